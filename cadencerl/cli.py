@@ -1,0 +1,143 @@
+"""The `cadencerl` command line. Bad input gets one line naming the field, and exit code 2."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from cadencerl.config import ConfigError, Scenario, builtin_names, builtin_scenario, load_scenario_file
+from cadencerl.report_table import comparison_table, console, per_accelerator_table, print_tables, run_table
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+                  rich_markup_mode=None, help="CadenceRL: rollout control plane for asynchronous RL post-training.")
+
+
+def _fail(message: str) -> None:
+    Console(stderr=True).print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
+    raise typer.Exit(2)
+
+
+def _scenario(name: Optional[str], config: Optional[Path], overrides: dict) -> Scenario:
+    if (name is None) == (config is None):
+        _fail("give exactly one of --scenario NAME or --config FILE")
+    try:
+        s = builtin_scenario(name) if name else load_scenario_file(config)
+        changes: dict = {}
+        for section, key, value in (("workload", "trajectories", overrides.get("trajectories")),
+                                    ("policy", "eta", overrides.get("eta")),
+                                    ("policy", "delta", overrides.get("delta"))):
+            if value is not None:
+                changes.setdefault(section, {})[key] = value
+        if overrides.get("seed") is not None:
+            changes["seed"] = overrides["seed"]
+        return s.with_overrides(**changes) if changes else s
+    except ConfigError as exc:
+        _fail(str(exc))
+
+
+def _progress(enabled: bool):
+    return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                    console=Console(stderr=True), transient=True, disable=not enabled)
+
+
+def _write_json(target: Optional[str], payload) -> None:
+    if target is None:
+        return
+    text = json.dumps(payload, indent=2)
+    if target == "-":
+        sys.stdout.write(text + "\n")
+    else:
+        Path(target).parent.mkdir(parents=True, exist_ok=True)
+        Path(target).write_text(text + "\n")
+
+
+def _run_policies(scenario: Scenario, names: list[str], exact: bool, show_progress: bool) -> list[dict]:
+    from cadencerl.core.actions import ActionError
+    from cadencerl.core.controller import StallError
+    from cadencerl.policies.registry import make_policy
+    from cadencerl.sim.run import simulate
+
+    for n in names:
+        try:
+            make_policy(n, scenario)
+        except (ConfigError, ValueError) as exc:
+            _fail(str(exc))
+    results = []
+    with _progress(show_progress) as progress:
+        for n in names:
+            task = progress.add_task(f"{scenario.name} / {n}", total=scenario.workload.trajectories)
+            try:
+                results.append(simulate(scenario, n, exact=exact,
+                                        progress=lambda done, total, t=task: progress.update(t, completed=done)))
+            except (StallError, ActionError) as exc:
+                _fail(f"policy {n}: {exc}")
+    return results
+
+
+ScenarioOpt = typer.Option(None, "--scenario", "-s", help="built-in scenario name (see `cadencerl scenarios`)")
+ConfigOpt = typer.Option(None, "--config", "-c", help="a scenario file (YAML or TOML)")
+JsonOpt = typer.Option(None, "--json", help="write the figures as JSON to PATH, or '-' for stdout only")
+
+
+@app.command()
+def sim(scenario: Optional[str] = ScenarioOpt, config: Optional[Path] = ConfigOpt,
+        policy: str = typer.Option("cadence", "--policy", "-p"),
+        json_out: Optional[str] = JsonOpt,
+        exact: bool = typer.Option(False, "--exact", help="step every decode iteration (reference mode)"),
+        seed: Optional[int] = typer.Option(None, min=0), trajectories: Optional[int] = typer.Option(None, min=1),
+        eta: Optional[int] = typer.Option(None, min=0), delta: Optional[int] = typer.Option(None, min=0)) -> None:
+    """Simulate one policy on a scenario and print its figures."""
+    s = _scenario(scenario, config, dict(seed=seed, trajectories=trajectories, eta=eta, delta=delta))
+    to_stderr = json_out == "-"
+    result = _run_policies(s, [policy], exact, show_progress=True)[0]
+    print_tables([run_table([result], f"{s.name}: {policy}"), per_accelerator_table(result)], to_stderr)
+    _write_json(json_out, result)
+
+
+@app.command()
+def compare(scenario: Optional[str] = ScenarioOpt, config: Optional[Path] = ConfigOpt,
+            policies: str = typer.Option("cadence,laminar,areal,least-loaded", "--policies"),
+            json_out: Optional[str] = JsonOpt,
+            seed: Optional[int] = typer.Option(None, min=0), trajectories: Optional[int] = typer.Option(None, min=1),
+            eta: Optional[int] = typer.Option(None, min=0), delta: Optional[int] = typer.Option(None, min=0)) -> None:
+    """Run several policies on the same seeded workload, side by side."""
+    s = _scenario(scenario, config, dict(seed=seed, trajectories=trajectories, eta=eta, delta=delta))
+    names = [p.strip() for p in policies.split(",") if p.strip()]
+    if not names:
+        _fail("policies: give at least one policy name")
+    results = _run_policies(s, names, False, show_progress=True)
+    print_tables([comparison_table(results, "cadence")], json_out == "-")
+    _write_json(json_out, results)
+
+
+@app.command()
+def scenarios() -> None:
+    """List the built-in scenarios."""
+    from rich.table import Table
+
+    table = Table(title="built-in scenarios")
+    for col in ("name", "workers", "devices", "model", "trajectories", "description"):
+        table.add_column(col, overflow="fold")
+    for name in builtin_names():
+        s = builtin_scenario(name)
+        table.add_row(name, str(sum(g.workers for g in s.pool)), str(sum(g.devices for g in s.pool)), s.model,
+                      str(s.workload.trajectories), s.description)
+    console().print(table)
+
+
+def main() -> None:
+    try:
+        app()
+    except KeyboardInterrupt:
+        Console(stderr=True).print("interrupted")
+        sys.exit(130)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,89 @@
+"""The seam between the controller and whatever runs the tokens: a simulator or real engines."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+from typing import Protocol
+
+from cadencerl.core.trajectory import Trajectory
+from cadencerl.core.worker import Worker
+
+
+class Restore(Enum):
+    """How a trajectory's context gets onto its destination's KV cache."""
+
+    PREFILL = "prefill"          # token transfer + (re-)prefill on the destination
+    CACHED = "cached"            # back where its prefix is still cached: nothing to recompute
+    KV_TRANSFER = "kv-transfer"  # prepared KV loaded over the cluster link (no recompute)
+
+
+@dataclass(frozen=True, slots=True)
+class Finished:
+    traj: Trajectory
+    time: float
+
+
+@dataclass(frozen=True, slots=True)
+class TurnEnded:
+    """A multi-turn trajectory finished a reply and now waits on a tool (it left its worker)."""
+
+    traj: Trajectory
+    time: float
+
+
+@dataclass(frozen=True, slots=True)
+class ToolReturned:
+    traj: Trajectory
+    time: float
+    observation_tokens: int
+
+
+@dataclass(frozen=True, slots=True)
+class Timer:
+    time: float
+    tag: str
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerLost:
+    worker: int
+    time: float
+
+
+Event = Finished | TurnEnded | ToolReturned | Timer | WorkerLost
+
+
+class Backend(Protocol):
+    """Turns placements into work and reports what happened; owns the clock."""
+
+    def now(self) -> float: ...
+
+    def start(self, workers: list[Worker]) -> None: ...
+
+    def sync(self, now: float) -> None:
+        """Bring every observation (token counts, KV use) up to `now`."""
+
+    def kv_committed(self, worker: int) -> int:
+        """KV tokens held or reserved by the worker's residents right now."""
+
+    def place(self, traj: Trajectory, worker: int, restore: Restore, delay_s: float) -> None: ...
+
+    def evict(self, traj: Trajectory) -> None:
+        """Abort; afterwards `traj.tokens` holds every token it generated."""
+
+    def set_version(self, worker: int, version: int) -> None: ...
+
+    def commit(self, now: float) -> None:
+        """End of a decision: let the engines act on the changes."""
+
+    def schedule(self, time: float, tag: str) -> None: ...
+
+    def advance(self, until: float) -> list[Event]:
+        """Run until `until` or the first timer, whichever is first; return what happened."""
+
+    def idle(self) -> bool:
+        """Nothing is running or scheduled: time would not move without a new placement."""
+
+    def verify(self) -> list[str]:
+        """Conservation problems found by the engine side (empty when all is well)."""

@@ -1,0 +1,353 @@
+"""The controller: authoritative state, the trainer, and the one place actions are validated.
+
+The same object drives the simulator and real engines; only the backend differs. Policies propose,
+the controller disposes: every action is checked against capacity, version and staleness rules
+before the backend sees it, so a buggy policy fails loudly instead of corrupting a run.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from cadencerl.config import PolicySpec
+from cadencerl.core.actions import ActionError, Admit, Advance, Evict, Interrupt, Place
+from cadencerl.core.backend import Backend, Finished, Restore, Timer, ToolReturned, TurnEnded, WorkerLost
+from cadencerl.core.credits import CreditModel
+from cadencerl.core.pending import PendingSet
+from cadencerl.core.trainer import Trainer
+from cadencerl.core.trajectory import State, Trajectory
+from cadencerl.core.view import Policy, PoolView
+from cadencerl.core.worker import Worker
+
+PUBLISH = "publish"
+
+
+class StallError(RuntimeError):
+    """Nothing can make progress: a policy bug or an impossible configuration."""
+
+
+@dataclass
+class Counters:
+    evictions: int = 0
+    migrations: int = 0
+    kv_transfers: int = 0
+    reprefills: int = 0
+    migrated_kv_bytes: float = 0.0
+    migrated_token_bytes: float = 0.0
+    interrupts: int = 0
+    decisions: int = 0
+    max_kv_overcommit: int = 0   # placements never exceed capacity; kept to prove it
+    samples: list[tuple[float, int, float, int]] = field(default_factory=list)  # (t, worker, mean ctx, n)
+
+
+class Controller:
+    def __init__(self, policy: Policy, backend: Backend, workers: list[Worker], trajectories: list[Trajectory],
+                 *, batch_size: int, params: PolicySpec, train_time_s: float, train_time_per_token_s: float = 0.0,
+                 kv_transfer_time: Callable[[Worker, Worker, int], float] | None = None,
+                 kv_bytes_per_token: float = 0.0, sample_every_s: float = 5.0) -> None:
+        self.policy = policy
+        self.backend = backend
+        self.workers = workers
+        self.trajectories = {t.id: t for t in trajectories}
+        self.fresh: deque[Trajectory] = deque(trajectories)
+        self.pending = PendingSet()
+        self.params = params
+        self.credits = CreditModel(batch_size, params.eta, len(trajectories))
+        self.trainer = Trainer(batch_size, params.eta, len(trajectories), train_time_s, train_time_per_token_s)
+        self.kv_transfer_time = kv_transfer_time
+        self.kv_bytes_per_token = kv_bytes_per_token
+        self.counters = Counters()
+        self.done = 0
+        self.tool_waiting: dict[int, int] = {}   # version -> trajectories off-worker on a tool call
+        self.now = 0.0
+        self.sample_every_s = sample_every_s
+        self._next_sample = 0.0
+        self.on_progress: Callable[[int, int], None] | None = None
+
+    # -- the loop -------------------------------------------------------------------------------
+
+    def run(self) -> None:
+        self.backend.start(self.workers)
+        tick = self.params.tick_s
+        self._decide(0.0)
+        next_tick = tick
+        while not self._finished():
+            events = self.backend.advance(next_tick)
+            self.now = self.backend.now()
+            urgent = False
+            for ev in events:
+                urgent |= self._handle(ev)
+            if urgent or self.now >= next_tick - 1e-12:
+                acted = self._decide(self.now)
+                if self.now >= next_tick - 1e-12:
+                    next_tick = self.now + tick
+                if not acted and not events and self.backend.idle() and not self._finished():
+                    self._stalled()
+        problems = self.check_conservation()
+        if problems:
+            raise AssertionError("conservation check failed: " + "; ".join(problems[:5]))
+
+    def _finished(self) -> bool:
+        return self.done == len(self.trajectories) and self.trainer.all_consumed
+
+    def _stalled(self) -> None:
+        raise StallError(
+            f"policy {self.policy.name!r} stalled at t={self.now:.1f}s: {len(self.fresh)} fresh, "
+            f"{len(self.pending)} pending, {self.done}/{len(self.trajectories)} done, trainer at version "
+            f"{self.trainer.version}, worker versions {sorted({w.version for w in self.workers})}")
+
+    def _handle(self, ev) -> bool:
+        """Apply one backend event; True when it warrants an immediate decision."""
+        if isinstance(ev, Finished):
+            self._finish(ev.traj, ev.time)
+            return False
+        if isinstance(ev, TurnEnded):
+            self._leave_worker(ev.traj, ev.time)
+            ev.traj.state = State.TOOL
+            v = ev.traj.version
+            self.tool_waiting[v] = self.tool_waiting.get(v, 0) + 1
+            return False
+        if isinstance(ev, ToolReturned):
+            traj = ev.traj
+            self.tool_waiting[traj.version] -= 1
+            traj.observation_tokens += ev.observation_tokens
+            traj.turn += 1
+            traj.state = State.PENDING
+            traj.departed_at = ev.time
+            self.pending.add(traj)
+            return False
+        if isinstance(ev, Timer) and ev.tag == PUBLISH:
+            self.trainer.publish(ev.time)
+            self._maybe_train(ev.time)
+            return True
+        if isinstance(ev, WorkerLost):
+            self._lose_worker(ev.worker, ev.time)
+            return True
+        return False
+
+    def _decide(self, now: float) -> bool:
+        self.backend.sync(now)
+        for w in self.workers:
+            if w.alive:
+                w.kv_used = self.backend.kv_committed(w.id)
+        if now >= self._next_sample:
+            self._sample(now)
+        view = PoolView(now, self.trainer.version, self.trainer.next_batch, self.workers, self.pending, self.fresh,
+                        self.credits, self.params, self.trainer.busy_until is not None,
+                        self.credits.admitted - self.done, len(self.trainer.completed), self.tool_waiting)
+        acted = False
+        for action in self.policy.decide(view):
+            self.apply(action, now)
+            acted = True
+        self.backend.commit(now)
+        self.counters.decisions += 1
+        return acted
+
+    def _sample(self, now: float) -> None:
+        """Mean resident context per worker, for the specialization-over-time plot."""
+        self._next_sample = now + self.sample_every_s
+        for w in self.workers:
+            if w.residents:
+                self.counters.samples.append((now, w.id, w.kv_used / len(w.residents), len(w.residents)))
+
+    # -- actions --------------------------------------------------------------------------------
+
+    def apply(self, action, now: float) -> None:
+        if isinstance(action, Admit):
+            self._admit(action, now)
+        elif isinstance(action, Place):
+            self._place_pending(action, now)
+        elif isinstance(action, Evict):
+            self._evict(action, now)
+        elif isinstance(action, Advance):
+            self._advance(action)
+        elif isinstance(action, Interrupt):
+            self._interrupt(action, now)
+        else:
+            raise ActionError(f"unknown action {action!r}")
+
+    def _worker(self, wid: int) -> Worker:
+        if not 0 <= wid < len(self.workers) or not self.workers[wid].alive:
+            raise ActionError(f"worker {wid} does not exist or is lost")
+        return self.workers[wid]
+
+    def _check_fits(self, w: Worker, traj: Trajectory) -> None:
+        if w.kv_used + traj.context > w.kv_capacity:
+            raise ActionError(f"placing trajectory {traj.id} ({traj.context} tokens) on worker {w.id} exceeds its "
+                              f"KV capacity ({w.kv_used}/{w.kv_capacity})")
+
+    def _admit(self, a: Admit, now: float) -> None:
+        w = self._worker(a.worker)
+        allowed = min(len(self.fresh), self.credits.admissible(w.version, self.trainer.next_batch))
+        if a.count < 1 or a.count > allowed:
+            raise ActionError(f"admit {a.count} on worker {w.id} at version {w.version}: budget allows {allowed}")
+        for _ in range(a.count):
+            traj = self.fresh[0]
+            self._check_fits(w, traj)
+            self.fresh.popleft()
+            traj.tag = w.version
+            traj.versions.append(w.version)
+            traj.admitted_at = now
+            self.credits.record(w.version)
+            self.trainer.started(traj)
+            self._attach(traj, w, Restore.PREFILL, 0.0, now)
+
+    def _place_pending(self, a: Place, now: float) -> None:
+        traj = self._traj(a.traj)
+        w = self._worker(a.worker)
+        if traj not in self.pending:
+            raise ActionError(f"trajectory {traj.id} is not pending")
+        if w.version != traj.version:
+            raise ActionError(f"trajectory {traj.id} of version {traj.version} cannot run on worker {w.id} at "
+                              f"version {w.version}")
+        self._check_fits(w, traj)
+        self.pending.remove(traj)
+        traj.pending_time += now - traj.departed_at
+        restore, delay = Restore.PREFILL, 0.0
+        home = self.workers[traj.kv_home] if traj.kv_home is not None else None
+        if home is w:
+            restore = Restore.CACHED
+        elif home is not None:
+            self.counters.migrations += 1
+            traj.migrations += 1
+            if self.policy.kv_transfer and home.alive and home.compatible(w) and self.kv_transfer_time:
+                restore, delay = Restore.KV_TRANSFER, self.kv_transfer_time(home, w, traj.context)
+                self.counters.kv_transfers += 1
+                self.counters.migrated_kv_bytes += traj.context * self.kv_bytes_per_token
+            else:
+                self.counters.reprefills += 1
+                self.counters.migrated_token_bytes += 4.0 * traj.context
+        self._attach(traj, w, restore, delay, now)
+
+    def _attach(self, traj: Trajectory, w: Worker, restore: Restore, delay: float, now: float) -> None:
+        traj.state = State.RESIDENT
+        traj.worker = w.id
+        traj.placed_at = now
+        traj.placements += 1
+        w.residents[traj.id] = traj
+        w.kv_used += traj.context
+        self.backend.place(traj, w.id, restore, delay)
+
+    def _evict(self, a: Evict, now: float) -> None:
+        traj = self._traj(a.traj)
+        if traj.state is not State.RESIDENT:
+            raise ActionError(f"trajectory {traj.id} is not resident")
+        w = self.workers[traj.worker]
+        self.backend.evict(traj)
+        self._leave_worker(traj, now, freed=traj.context)
+        traj.state = State.PENDING
+        traj.departed_at = now
+        traj.departures += 1
+        self.counters.evictions += 1
+        self.pending.add(traj)
+
+    def _leave_worker(self, traj: Trajectory, now: float, freed: int | None = None) -> None:
+        w = self.workers[traj.worker]
+        del w.residents[traj.id]
+        w.kv_used -= traj.context if freed is None else freed
+        traj.resident_time += now - traj.placed_at
+        traj.kv_home = w.id
+        traj.worker = None
+
+    def _advance(self, a: Advance) -> None:
+        w = self._worker(a.worker)
+        if w.residents:
+            raise ActionError(f"worker {w.id} cannot advance with {len(w.residents)} residents")
+        if not w.version < a.version <= self.trainer.version:
+            raise ActionError(f"worker {w.id} cannot move from version {w.version} to {a.version} "
+                              f"(trainer at {self.trainer.version})")
+        if self._last_home(w):
+            raise ActionError(f"worker {w.id} is the last worker of version {w.version}, which still has work")
+        w.version = a.version
+        self.backend.set_version(w.id, a.version)
+
+    def _last_home(self, w: Worker) -> bool:
+        """Would advancing `w` strand trajectories of its version with no worker to run on?"""
+        if any(o.version == w.version and o.alive for o in self.workers if o is not w):
+            return False
+        return bool(self.pending.count(w.version) or self.tool_waiting.get(w.version, 0))
+
+    def _retag_stranded(self, w: Worker) -> None:
+        """AReaL resumes off-worker trajectories with the new weights: move them to the new version
+        when no worker of their old version is left."""
+        for v in [v for v in self.pending.versions() if v < w.version]:
+            if any(o.version == v and o.alive for o in self.workers):
+                continue
+            for traj in self.pending.at(v):
+                self.pending.remove(traj)
+                traj.versions.append(w.version)
+                traj.kv_home = None
+                self.pending.add(traj)
+
+    def _interrupt(self, a: Interrupt, now: float) -> None:
+        """Abort, update weights, resume in place with re-prefill (the prefix cache is stale)."""
+        w = self._worker(a.worker)
+        if not w.version < a.version <= self.trainer.version:
+            raise ActionError(f"worker {w.id} cannot move from version {w.version} to {a.version}")
+        residents = list(w.residents.values())
+        for traj in residents:
+            self.backend.evict(traj)
+            self._leave_worker(traj, now, freed=traj.context)
+        w.version = a.version
+        self.backend.set_version(w.id, a.version)
+        self.counters.interrupts += 1
+        for traj in residents:
+            traj.versions.append(a.version)
+            traj.kv_home = None
+            self._attach(traj, w, Restore.PREFILL, 0.0, now)
+        self._retag_stranded(w)
+
+    def _traj(self, tid: int) -> Trajectory:
+        traj = self.trajectories.get(tid)
+        if traj is None:
+            raise ActionError(f"unknown trajectory {tid}")
+        return traj
+
+    # -- completions and the trainer ------------------------------------------------------------
+
+    def _finish(self, traj: Trajectory, now: float) -> None:
+        if traj.state is not State.RESIDENT:
+            raise AssertionError(f"trajectory {traj.id} finished twice or while {traj.state.value}")
+        self._leave_worker(traj, now)
+        traj.state = State.DONE
+        traj.completed_at = now
+        self.done += 1
+        self.trainer.finished(traj)
+        self._maybe_train(now)
+        if self.on_progress:
+            self.on_progress(self.done, len(self.trajectories))
+
+    def _maybe_train(self, now: float) -> None:
+        publish_at = self.trainer.try_start(now)
+        if publish_at is not None:
+            self.backend.schedule(publish_at, PUBLISH)
+
+    def _lose_worker(self, wid: int, now: float) -> None:
+        w = self.workers[wid]
+        w.alive = False
+        for traj in list(w.residents.values()):
+            self.backend.evict(traj)
+            self._leave_worker(traj, now, freed=traj.context)
+            traj.kv_home = None
+            traj.state = State.PENDING
+            traj.departed_at = now
+            self.pending.add(traj)
+
+    # -- conservation -----------------------------------------------------------------------------
+
+    def check_conservation(self) -> list[str]:
+        problems = list(self.backend.verify())
+        states = {}
+        for t in self.trajectories.values():
+            states[t.state] = states.get(t.state, 0) + 1
+            if t.state is State.DONE and t.completed_at < t.admitted_at:
+                problems.append(f"trajectory {t.id} completed before it was admitted")
+        if states.get(State.DONE, 0) != len(self.trajectories):
+            problems.append(f"not every trajectory completed: {({k.value: v for k, v in states.items()})}")
+        if len(self.pending):
+            problems.append(f"pending set not empty at the end: {len(self.pending)}")
+        if self.trainer.consumed != len(self.trajectories):
+            problems.append(f"trainer consumed {self.trainer.consumed} of {len(self.trajectories)}")
+        return problems

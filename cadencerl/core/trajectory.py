@@ -1,0 +1,76 @@
+"""The controller's record of one trajectory: observable facts only, plus where it is."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Protocol
+
+from cadencerl.sim.workload import TrajectorySpec
+
+
+class State(Enum):
+    FRESH = "fresh"          # not yet admitted
+    PENDING = "pending"      # departed, waiting in P_v for a destination
+    RESIDENT = "resident"    # placed on a worker (queued, loading, prefilling or decoding)
+    TOOL = "tool"            # between turns, waiting on a tool call
+    DONE = "done"
+
+
+class TokenMeter(Protocol):
+    """A live count of tokens generated while resident (the sim computes it from the step counter)."""
+
+    def generated(self) -> int: ...
+
+
+@dataclass(eq=False, slots=True)
+class Trajectory:
+    spec: TrajectorySpec
+    state: State = State.FRESH
+    worker: int | None = None
+    tag: int | None = None                 # policy version it started under (staleness is counted from it)
+    versions: list[int] = field(default_factory=list)  # every version that generated part of it
+    tokens: int = 0                        # tokens generated, as of the last departure or turn end
+    observation_tokens: int = 0            # tool observations appended so far (multi-turn)
+    turn: int = 0
+    meter: TokenMeter | None = None
+    kv_home: int | None = None             # worker whose KV snapshot it can be restored from
+    admitted_at: float = -1.0
+    completed_at: float = -1.0
+    placed_at: float = -1.0
+    departed_at: float = -1.0
+    resident_time: float = 0.0
+    pending_time: float = 0.0
+    departures: int = 0
+    migrations: int = 0
+    placements: int = 0
+
+    @property
+    def id(self) -> int:
+        return self.spec.id
+
+    @property
+    def group(self) -> int:
+        return self.spec.group
+
+    @property
+    def prompt_len(self) -> int:
+        return self.spec.prompt_len
+
+    @property
+    def workload_class(self) -> str:
+        return self.spec.workload_class
+
+    @property
+    def generated(self) -> int:
+        return self.meter.generated() if self.meter is not None else self.tokens
+
+    @property
+    def context(self) -> int:
+        """Tokens of KV this trajectory needs now: prompt + observations + generated."""
+        return self.spec.prompt_len + self.observation_tokens + self.generated
+
+    @property
+    def version(self) -> int | None:
+        """The version it would run under next: its latest."""
+        return self.versions[-1] if self.versions else None

@@ -1,0 +1,35 @@
+"""The controller's record of one inference worker (an engine instance)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from cadencerl.core.trajectory import Trajectory
+
+
+@dataclass(eq=False)
+class Worker:
+    id: int
+    accelerator: str
+    cluster: str
+    tp: int
+    kv_capacity: int             # tokens
+    max_num_seqs: int
+    affinity: int                # 0 is the highest: the preferred home of long-context tail work
+    version: int = 0
+    alive: bool = True
+    residents: dict[int, Trajectory] = field(default_factory=dict)
+    kv_used: int = 0             # tokens committed to residents (running, queued or loading)
+    preemptions: int = 0
+
+    @property
+    def headroom(self) -> int:
+        return self.kv_capacity - self.kv_used
+
+    @property
+    def load(self) -> int:
+        return len(self.residents)
+
+    def compatible(self, other: "Worker") -> bool:
+        """KV can move between workers of one type in one cluster; otherwise re-prefill."""
+        return self.accelerator == other.accelerator and self.cluster == other.cluster and self.tp == other.tp

@@ -1,0 +1,361 @@
+"""Start and stop a pool of local vLLM CPU servers serving the tiny model, for development and tests.
+
+Why this shape:
+- Each server runs in its own session/process group (vLLM forks an engine core, a worker and a
+  resource tracker), so stopping a server means signalling its group: SIGTERM, then SIGKILL.
+- A JSON state file is written as soon as each server is spawned, so `down(state_dir)` can stop
+  exactly those process groups from another process, even after a crash mid-start. The leader's
+  start time is recorded too, so a recycled pid is never signalled.
+- KV capacity is given in tokens and turned into `--kv-cache-memory-bytes` with the model's KV
+  bytes per token, because `VLLM_CPU_KVCACHE_SPACE` only takes whole GiB (and overrides the flag,
+  so it is removed from the servers' environment).
+- The interpreter that runs vLLM may differ from the caller's (vLLM pins its own torch): it is
+  `PoolConfig.python`, else `$CADENCERL_VLLM_PYTHON`, else the current one. The model is built by
+  that interpreter too, so the caller needs neither torch nor transformers.
+- Servers bind 127.0.0.1 only.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from types import TracebackType
+
+import httpx
+
+from cadencerl.engine.tiny_model import TINY_ARCH, ModelArch, is_built
+
+SERVED_MODEL_NAME = "tiny"
+STATE_FILE = "pool.json"
+HOST = "127.0.0.1"
+_REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+class PoolError(RuntimeError):
+    """A server of the pool failed to start or to stop; the message points at its log."""
+
+
+def vllm_python(explicit: str | None = None) -> str:
+    """The interpreter that has vLLM installed."""
+    return explicit or os.environ.get("CADENCERL_VLLM_PYTHON") or sys.executable
+
+
+def vllm_available(python: str | None = None) -> bool:
+    """Whether `python` can import vLLM (checked without importing it here)."""
+    code = "import importlib.util,sys; sys.exit(importlib.util.find_spec('vllm') is None)"
+    try:
+        return subprocess.run([vllm_python(python), "-c", code], timeout=60).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
+@dataclass(frozen=True)
+class PoolConfig:
+    """How many servers and how each is sized. `kv_tokens` may differ per worker."""
+
+    num_workers: int = 2
+    kv_tokens: int | Sequence[int] = 8192
+    max_num_seqs: int = 64
+    max_model_len: int = 4096
+    block_size: int = 32
+    seed: int = 0
+    start_timeout_s: float = 240.0
+    stop_timeout_s: float = 15.0
+    python: str | None = None
+    model_dir: Path | None = None
+    extra_args: tuple[str, ...] = ()
+    arch: ModelArch = TINY_ARCH
+
+    def kv_tokens_of(self, index: int) -> int:
+        """KV tokens of worker `index`, rounded up to whole blocks."""
+        kv = self.kv_tokens if isinstance(self.kv_tokens, int) else self.kv_tokens[index]
+        return -(-kv // self.block_size) * self.block_size
+
+    def validate(self) -> None:
+        if self.num_workers < 1:
+            raise ValueError("num_workers must be >= 1")
+        if not isinstance(self.kv_tokens, int) and len(self.kv_tokens) != self.num_workers:
+            raise ValueError("kv_tokens needs one entry per worker")
+        if self.block_size % 32:
+            raise ValueError("vLLM CPU needs a block size that is a multiple of 32")
+        for i in range(self.num_workers):
+            if self.kv_tokens_of(i) < self.max_model_len:
+                raise ValueError(
+                    f"worker {i}: kv_tokens {self.kv_tokens_of(i)} < max_model_len "
+                    f"{self.max_model_len}; vLLM refuses to start"
+                )
+
+
+@dataclass(frozen=True)
+class ServerInfo:
+    """One started server, as recorded in the state file."""
+
+    index: int
+    url: str
+    port: int
+    pid: int
+    start_ticks: int
+    core: int
+    kv_tokens: int
+    log_path: str
+
+
+@dataclass
+class PoolState:
+    model_dir: str
+    servers: list[ServerInfo] = field(default_factory=list)
+
+    def write(self, state_dir: Path) -> None:
+        tmp = state_dir / f".{STATE_FILE}.tmp"
+        tmp.write_text(json.dumps(asdict(self), indent=2) + "\n")
+        os.replace(tmp, state_dir / STATE_FILE)
+
+    @classmethod
+    def read(cls, state_dir: Path) -> PoolState | None:
+        try:
+            data = json.loads((Path(state_dir) / STATE_FILE).read_text())
+        except FileNotFoundError:
+            return None
+        return cls(model_dir=data["model_dir"], servers=[ServerInfo(**s) for s in data["servers"]])
+
+
+class LocalPool:
+    """N local vLLM CPU servers; `with LocalPool(dir, cfg) as pool:` stops them on exit, always."""
+
+    def __init__(self, state_dir: Path, config: PoolConfig = PoolConfig()) -> None:
+        config.validate()
+        self.state_dir = Path(state_dir)
+        self.config = config
+        self.model_dir = Path(config.model_dir or self.state_dir / "model")
+        self.servers: list[ServerInfo] = []
+        self._procs: list[subprocess.Popen[bytes]] = []
+
+    @property
+    def urls(self) -> list[str]:
+        return [s.url for s in self.servers]
+
+    def __enter__(self) -> LocalPool:
+        self.start()
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()
+
+    def start(self) -> list[ServerInfo]:
+        """Build the model, spawn every server, wait until all are healthy; stop all on failure."""
+        if PoolState.read(self.state_dir) is not None:
+            down(self.state_dir, timeout_s=self.config.stop_timeout_s)  # leftovers of a crashed run
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        (self.state_dir / "logs").mkdir(exist_ok=True)
+        try:
+            self._build_model()
+            state = PoolState(model_dir=str(self.model_dir))
+            for index in range(self.config.num_workers):
+                self.servers.append(self._spawn(index))
+                state.servers = list(self.servers)
+                state.write(self.state_dir)
+            self._wait_healthy()
+        except BaseException:
+            self.stop()
+            raise
+        return list(self.servers)
+
+    def stop(self) -> None:
+        """Stop every server this pool started (idempotent)."""
+        for proc in self._procs:
+            proc.poll()  # reap exited leaders so they do not linger as zombies
+        down(self.state_dir, timeout_s=self.config.stop_timeout_s, procs=self._procs)
+        self.servers = []
+        self._procs = []
+
+    def _build_model(self) -> None:
+        if is_built(self.model_dir, seed=self.config.seed):
+            return
+        cmd = [vllm_python(self.config.python), "-m", "cadencerl.engine.tiny_model",
+               str(self.model_dir), "--seed", str(self.config.seed)]
+        env = {**os.environ, "PYTHONPATH": _pythonpath()}
+        result = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+        if result.returncode != 0:
+            tail = "\n".join(result.stderr.strip().splitlines()[-5:])
+            raise PoolError(f"building the tiny model failed:\n{tail}")
+
+    def _spawn(self, index: int) -> ServerInfo:
+        cfg = self.config
+        port = _free_port()
+        kv_tokens = cfg.kv_tokens_of(index)
+        cores = sorted(os.sched_getaffinity(0))
+        core = cores[index % len(cores)]
+        log_path = self.state_dir / "logs" / f"worker-{index}.log"
+        cmd = [
+            vllm_python(cfg.python), "-m", "vllm.entrypoints.openai.api_server",
+            "--model", str(self.model_dir),
+            "--served-model-name", SERVED_MODEL_NAME,
+            "--host", HOST, "--port", str(port),
+            "--dtype", "bfloat16",
+            "--max-model-len", str(cfg.max_model_len),
+            "--max-num-seqs", str(cfg.max_num_seqs),
+            "--block-size", str(cfg.block_size),
+            "--kv-cache-memory-bytes", str(kv_tokens * cfg.arch.kv_bytes_per_token),
+            "--enable-prefix-caching", "--enable-scale-out", "--enforce-eager",
+            "--seed", str(cfg.seed),
+            *cfg.extra_args,
+        ]
+        env = _server_env(core)
+        with open(log_path, "wb") as log:
+            proc = subprocess.Popen(
+                cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                env=env, start_new_session=True, cwd=self.state_dir,
+            )
+        self._procs.append(proc)
+        return ServerInfo(
+            index=index, url=f"http://{HOST}:{port}", port=port, pid=proc.pid,
+            start_ticks=_start_ticks(proc.pid) or 0, core=core, kv_tokens=kv_tokens,
+            log_path=str(log_path),
+        )
+
+    def _wait_healthy(self) -> None:
+        deadline = time.monotonic() + self.config.start_timeout_s
+        pending = {s.index: s for s in self.servers}
+        with httpx.Client(timeout=httpx.Timeout(2.0), trust_env=False) as http:
+            while pending:
+                for index, server in list(pending.items()):
+                    code = self._procs[index].poll()
+                    if code is not None:
+                        raise PoolError(
+                            f"worker {index} exited with {code} while starting; "
+                            f"log {server.log_path}:\n{_log_tail(server.log_path)}"
+                        )
+                    try:
+                        if http.get(f"{server.url}/health").status_code == 200:
+                            del pending[index]
+                    except httpx.HTTPError:
+                        pass
+                if pending and time.monotonic() > deadline:
+                    first = next(iter(pending.values()))
+                    raise PoolError(
+                        f"workers {sorted(pending)} not healthy after "
+                        f"{self.config.start_timeout_s:.0f} s; see {first.log_path}"
+                    )
+                if pending:
+                    time.sleep(0.5)
+
+
+def down(
+    state_dir: Path,
+    *,
+    timeout_s: float = 15.0,
+    procs: Sequence[subprocess.Popen[bytes]] = (),
+) -> list[int]:
+    """Stop the servers recorded in `state_dir`'s state file; return the leader pids signalled.
+
+    SIGTERM each server's process group, wait up to `timeout_s`, then SIGKILL what is left and
+    wait again. A group whose leader pid now belongs to another process is left alone. The state
+    file is removed once every group is gone.
+    """
+    state_dir = Path(state_dir)
+    state = PoolState.read(state_dir)
+    if state is None:
+        return []
+    ours = [s.pid for s in state.servers if _is_ours(s)]
+    for sig, wait_s in ((signal.SIGTERM, timeout_s), (signal.SIGKILL, 5.0)):
+        alive = [pgid for pgid in ours if group_members(pgid)]
+        if not alive:
+            break
+        for pgid in alive:
+            try:
+                os.killpg(pgid, sig)
+            except ProcessLookupError:
+                pass
+        _wait_groups_gone(alive, wait_s, procs)
+    left = {pgid: group_members(pgid) for pgid in ours}
+    left = {k: v for k, v in left.items() if v}
+    if left:
+        raise PoolError(f"processes still alive after SIGKILL: {left}")
+    (state_dir / STATE_FILE).unlink(missing_ok=True)
+    return ours
+
+
+def group_members(pgid: int) -> list[int]:
+    """Live (non-zombie) pids whose process group is `pgid`, read from /proc."""
+    members: list[int] = []
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        stat = _read_stat(int(entry.name))
+        if stat is not None and stat[2] != "Z" and int(stat[4]) == pgid:
+            members.append(int(entry.name))
+    return members
+
+
+def _is_ours(server: ServerInfo) -> bool:
+    """False only when the leader pid is alive but is a different process (pid recycled)."""
+    ticks = _start_ticks(server.pid)
+    return ticks is None or server.start_ticks == 0 or ticks == server.start_ticks
+
+
+def _wait_groups_gone(pgids: list[int], wait_s: float, procs: Sequence[subprocess.Popen[bytes]]) -> None:
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline:
+        for proc in procs:
+            proc.poll()
+        if not any(group_members(pgid) for pgid in pgids):
+            return
+        time.sleep(0.1)
+
+
+def _read_stat(pid: int) -> list[str] | None:
+    """Fields of /proc/PID/stat with the command name collapsed, so index 2 is the state."""
+    try:
+        raw = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    head, _, rest = raw.rpartition(")")
+    return [head.split(" (", 1)[0], "comm", *rest.split()]
+
+
+def _start_ticks(pid: int) -> int | None:
+    stat = _read_stat(pid)
+    return int(stat[21]) if stat is not None else None
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((HOST, 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def _pythonpath() -> str:
+    existing = os.environ.get("PYTHONPATH")
+    return f"{_REPO_ROOT}{os.pathsep}{existing}" if existing else str(_REPO_ROOT)
+
+
+def _server_env(core: int) -> dict[str, str]:
+    env = dict(os.environ)
+    env.pop("VLLM_CPU_KVCACHE_SPACE", None)  # would override --kv-cache-memory-bytes
+    env.update(
+        VLLM_CPU_OMP_THREADS_BIND=str(core),
+        HF_HUB_OFFLINE="1",
+        TRANSFORMERS_OFFLINE="1",
+        VLLM_NO_USAGE_STATS="1",
+        DO_NOT_TRACK="1",
+        PYTHONUNBUFFERED="1",
+    )
+    return env
+
+
+def _log_tail(path: str, lines: int = 15) -> str:
+    try:
+        return "\n".join(Path(path).read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "(no log)"

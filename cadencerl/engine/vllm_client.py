@@ -1,0 +1,401 @@
+"""An asyncio client for one vLLM server: token ids in, token ids out, abort, metrics.
+
+Why this shape:
+- Generation goes through vLLM's token-in/token-out endpoint `POST /inference/v1/generate`
+  (served with `--enable-scale-out`) rather than `/v1/completions`, because it takes the caller's
+  request id, which makes an explicit abort possible. The server prefixes that id with
+  `generate-tokens-`; `abort()` adds the prefix (the bare id is silently ignored by the server).
+- Closing the stream (e.g. when the asyncio task running `generate` is cancelled) disconnects,
+  and vLLM aborts a disconnected request and frees its KV, so cancellation needs no extra call.
+- A failed generation is an *outcome*, not an exception: the tokens streamed before the failure
+  are what lets the controller resume the trajectory elsewhere, so `generate` returns them with
+  `finish_reason="error"` and the `EngineError` that ended it.
+- The endpoint silently truncates at max_model_len instead of rejecting, so `generate` checks the
+  length itself once `check_model` has learned the server's limit.
+- Every call has a timeout; connection failures (nothing was sent yet) are retried a bounded number
+  of times with a short backoff; everything else becomes one `EngineError` naming the URL.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any, Literal, TypeVar
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+FinishReason = Literal["length", "stop", "aborted", "error"]
+"""`stop` only appears if a stop condition was set server-side; requests here use ignore_eos."""
+
+SERVER_REQUEST_ID_PREFIX = "generate-tokens-"
+"""vLLM names a /inference/v1/generate request `generate-tokens-<caller id>` internally."""
+
+_T = TypeVar("_T")
+
+
+class EngineError(Exception):
+    """Any failure talking to a vLLM server; the message is one line and names the URL."""
+
+    def __init__(self, message: str, *, url: str) -> None:
+        super().__init__(f"{message} [{url}]")
+        self.url = url
+
+
+class EngineConnectionError(EngineError):
+    """The server could not be reached, or the connection broke mid-request."""
+
+
+class EngineTimeoutError(EngineError):
+    """The server did not answer (or become healthy) in time."""
+
+
+class EngineHTTPError(EngineError):
+    """The server answered with an HTTP error status."""
+
+    def __init__(self, message: str, *, url: str, status_code: int) -> None:
+        super().__init__(message, url=url)
+        self.status_code = status_code
+
+
+class EngineProtocolError(EngineError):
+    """The server answered something this client does not understand, or reported an error."""
+
+
+class ModelMismatchError(EngineError):
+    """The server does not serve the model the caller expects."""
+
+
+@dataclass(frozen=True)
+class Timeouts:
+    """Seconds. `stream_read` bounds the gap between two chunks of a generation stream."""
+
+    connect: float = 2.0
+    request: float = 10.0
+    stream_read: float = 60.0
+
+
+@dataclass(frozen=True)
+class GenerationOutcome:
+    """What one generate call produced; `token_ids` are kept whatever the finish reason."""
+
+    token_ids: list[int]
+    finish_reason: FinishReason
+    error: EngineError | None = None
+
+    def raise_for_error(self) -> None:
+        if self.error is not None:
+            raise self.error
+
+
+@dataclass(frozen=True)
+class EngineMetrics:
+    """The scheduler-relevant gauges and counters of /metrics, summed over engines."""
+
+    kv_cache_usage: float
+    num_requests_running: int
+    num_requests_waiting: int
+    num_preemptions_total: int
+    prefix_cache_queries_total: int
+    prefix_cache_hits_total: int
+    raw: dict[str, float] = field(default_factory=dict, repr=False)
+
+
+_METRIC_SAMPLES = {
+    "kv_cache_usage": "vllm:kv_cache_usage_perc",
+    "num_requests_running": "vllm:num_requests_running",
+    "num_requests_waiting": "vllm:num_requests_waiting",
+    "num_preemptions_total": "vllm:num_preemptions_total",
+    "prefix_cache_queries_total": "vllm:prefix_cache_queries_total",
+    "prefix_cache_hits_total": "vllm:prefix_cache_hits_total",
+}
+_REQUIRED_GAUGES = ("vllm:kv_cache_usage_perc", "vllm:num_requests_running")
+
+
+def parse_metrics(text: str, *, url: str = "<metrics>") -> EngineMetrics:
+    """Parse Prometheus text from vLLM's /metrics; label sets (engines) are summed."""
+    wanted = set(_METRIC_SAMPLES.values())
+    totals: dict[str, float] = {}
+    try:
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                if sample.name in wanted:
+                    totals[sample.name] = totals.get(sample.name, 0.0) + float(sample.value)
+    except ValueError as exc:
+        raise EngineProtocolError(f"unparsable /metrics: {exc}", url=url) from exc
+    missing = [name for name in _REQUIRED_GAUGES if name not in totals]
+    if missing:
+        raise EngineProtocolError(f"/metrics lacks {', '.join(missing)}", url=url)
+
+    def count(key: str) -> int:
+        return int(totals.get(_METRIC_SAMPLES[key], 0.0))
+
+    return EngineMetrics(
+        kv_cache_usage=totals[_METRIC_SAMPLES["kv_cache_usage"]],
+        num_requests_running=count("num_requests_running"),
+        num_requests_waiting=count("num_requests_waiting"),
+        num_preemptions_total=count("num_preemptions_total"),
+        prefix_cache_queries_total=count("prefix_cache_queries_total"),
+        prefix_cache_hits_total=count("prefix_cache_hits_total"),
+        raw=totals,
+    )
+
+
+class VLLMClient:
+    """Client for ONE vLLM OpenAI-compatible server started with `--enable-scale-out`.
+
+    Use as `async with VLLMClient(url, model="tiny") as client: ...` (or call `aclose()`).
+    """
+
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        model: str,
+        timeouts: Timeouts = Timeouts(),
+        retries: int = 3,
+        backoff_s: float = 0.2,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.model = model
+        self.timeouts = timeouts
+        self.retries = max(1, retries)
+        self.backoff_s = backoff_s
+        self.max_model_len: int | None = None
+        self._http = httpx.AsyncClient(
+            base_url=self.base_url,
+            timeout=httpx.Timeout(timeouts.request, connect=timeouts.connect),
+            transport=transport,
+            trust_env=False,  # never route a server call through an environment proxy
+        )
+
+    async def __aenter__(self) -> VLLMClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+    def _url(self, path: str) -> str:
+        return f"{self.base_url}{path}"
+
+    async def _with_retries(self, path: str, call: Callable[[], Awaitable[_T]]) -> _T:
+        """Run `call`, retrying only failures where the request never reached the server."""
+        url = self._url(path)
+        for attempt in range(self.retries):
+            try:
+                return await call()
+            except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
+                if attempt + 1 == self.retries:
+                    raise EngineConnectionError(
+                        f"cannot connect after {self.retries} tries: {_describe(exc)}", url=url
+                    ) from exc
+                await asyncio.sleep(self.backoff_s * 2**attempt)
+            except httpx.TimeoutException as exc:
+                raise EngineTimeoutError(f"timed out: {_describe(exc)}", url=url) from exc
+            except httpx.TransportError as exc:
+                raise EngineConnectionError(f"connection failed: {_describe(exc)}", url=url) from exc
+        raise AssertionError("unreachable")
+
+    async def _request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        response = await self._with_retries(path, lambda: self._http.request(method, path, **kwargs))
+        _raise_for_status(response, self._url(path))
+        return response
+
+    async def health(self) -> bool:
+        """True when GET /health answers 200 within the connect/request timeouts; never raises."""
+        try:
+            response = await self._http.get("/health", timeout=self.timeouts.request)
+        except httpx.HTTPError:
+            return False
+        return response.status_code == 200
+
+    async def wait_healthy(self, timeout_s: float, *, poll_s: float = 0.5) -> None:
+        """Poll /health until it answers 200; raise `EngineTimeoutError` after `timeout_s`."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while True:
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                raise EngineTimeoutError(f"not healthy after {timeout_s:.0f} s", url=self._url("/health"))
+            try:
+                if await asyncio.wait_for(self.health(), timeout=remaining):
+                    return
+            except asyncio.TimeoutError:
+                continue
+            await asyncio.sleep(min(poll_s, max(0.0, deadline - loop.time())))
+
+    async def check_model(self, name: str | None = None) -> int:
+        """Check the server serves `name` (default: the client's model); return its max_model_len."""
+        name = name or self.model
+        path = "/v1/models"
+        data = _json(await self._request("GET", path), self._url(path))
+        served = {m.get("id"): m for m in data.get("data", []) if isinstance(m, dict)}
+        if name not in served:
+            raise ModelMismatchError(
+                f"model {name!r} not served; server has {sorted(map(str, served))}", url=self._url(path)
+            )
+        max_len = served[name].get("max_model_len")
+        if isinstance(max_len, int):
+            self.max_model_len = max_len
+        return max_len if isinstance(max_len, int) else 0
+
+    async def metrics(self) -> EngineMetrics:
+        path = "/metrics"
+        response = await self._request("GET", path)
+        return parse_metrics(response.text, url=self._url(path))
+
+    async def abort(self, request_id: str) -> None:
+        """Ask the server to abort `request_id` (as passed to `generate`); the stream then ends
+        with finish_reason "aborted". Unknown or finished ids are a no-op on the server."""
+        await self.abort_many([request_id])
+
+    async def abort_many(self, request_ids: Iterable[str]) -> None:
+        ids = [SERVER_REQUEST_ID_PREFIX + rid for rid in request_ids]
+        if ids:
+            await self._request("POST", "/inference/v1/abort_requests", json={"request_ids": ids})
+
+    async def generate(
+        self,
+        request_id: str,
+        token_ids: list[int],
+        max_tokens: int,
+        on_tokens: Callable[[list[int]], None] | None = None,
+        *,
+        temperature: float = 0.0,
+        seed: int | None = None,
+    ) -> GenerationOutcome:
+        """Stream up to `max_tokens` new ids after the prompt `token_ids` (EOS ignored).
+
+        `on_tokens` gets each new chunk of ids as it arrives. Server or transport failures are
+        returned as `finish_reason="error"` with the ids received so far; invalid arguments raise
+        `ValueError`. Cancelling the calling task closes the stream, which aborts the request.
+        """
+        if not token_ids:
+            raise ValueError("token_ids must not be empty")
+        if max_tokens < 1:
+            raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
+        if self.max_model_len is not None and len(token_ids) + max_tokens > self.max_model_len:
+            raise ValueError(
+                f"prompt {len(token_ids)} + max_tokens {max_tokens} exceeds "
+                f"max_model_len {self.max_model_len} of {self.base_url}"
+            )
+        sampling: dict[str, Any] = {
+            "max_tokens": max_tokens,
+            "ignore_eos": True,
+            "temperature": temperature,
+            "detokenize": False,
+        }
+        if seed is not None:
+            sampling["seed"] = seed
+        body = {
+            "request_id": request_id,
+            "model": self.model,
+            "token_ids": token_ids,
+            "sampling_params": sampling,
+            "stream": True,
+        }
+        received: list[int] = []
+        try:
+            finish = await self._stream_generate(body, received, on_tokens)
+        except EngineError as exc:
+            return GenerationOutcome(received, "error", exc)
+        return GenerationOutcome(received, finish)
+
+    async def _stream_generate(
+        self,
+        body: dict[str, Any],
+        received: list[int],
+        on_tokens: Callable[[list[int]], None] | None,
+    ) -> FinishReason:
+        path = "/inference/v1/generate"
+        url = self._url(path)
+        timeout = httpx.Timeout(self.timeouts.stream_read, connect=self.timeouts.connect)
+        request = self._http.build_request("POST", path, json=body, timeout=timeout)
+        response = await self._with_retries(path, lambda: self._http.send(request, stream=True))
+        try:
+            if response.status_code >= 400:
+                await response.aread()
+                _raise_for_status(response, url)
+            finish: str | None = None
+            try:
+                async for line in response.aiter_lines():
+                    if not line.startswith("data:"):
+                        continue
+                    payload = line[5:].strip()
+                    if payload == "[DONE]":
+                        break
+                    chunk = _loads(payload, url)
+                    if "error" in chunk:
+                        raise EngineProtocolError(f"server error in stream: {_error_text(chunk)}", url=url)
+                    for choice in chunk.get("choices") or ():
+                        new = choice.get("token_ids") or []
+                        if new:
+                            received.extend(new)
+                            if on_tokens is not None:
+                                on_tokens(list(new))
+                        finish = choice.get("finish_reason") or finish
+            except httpx.TimeoutException as exc:
+                raise EngineTimeoutError(
+                    f"no stream data for {self.timeouts.stream_read:.0f} s after "
+                    f"{len(received)} tokens", url=url
+                ) from exc
+            except httpx.TransportError as exc:
+                raise EngineConnectionError(
+                    f"stream broke after {len(received)} tokens: {_describe(exc)}", url=url
+                ) from exc
+        finally:
+            await response.aclose()
+        if finish is None:
+            raise EngineProtocolError(f"stream ended without a finish reason after {len(received)} tokens", url=url)
+        if finish not in _FINISH:
+            raise EngineProtocolError(f"unexpected finish reason {finish!r}", url=url)
+        return _FINISH[finish]
+
+
+_FINISH: dict[str, FinishReason] = {"length": "length", "abort": "aborted", "stop": "stop"}
+
+
+def _describe(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
+
+
+def _loads(payload: str, url: str) -> dict[str, Any]:
+    try:
+        data = json.loads(payload)
+    except ValueError as exc:
+        raise EngineProtocolError(f"invalid JSON from server: {payload[:120]!r}", url=url) from exc
+    if not isinstance(data, dict):
+        raise EngineProtocolError(f"unexpected JSON from server: {payload[:120]!r}", url=url)
+    return data
+
+
+def _json(response: httpx.Response, url: str) -> dict[str, Any]:
+    return _loads(response.text, url)
+
+
+def _error_text(data: dict[str, Any]) -> str:
+    error = data.get("error")
+    if isinstance(error, dict):
+        return str(error.get("message", error)).splitlines()[0][:300]
+    return str(error or data.get("detail") or data)[:300]
+
+
+def _raise_for_status(response: httpx.Response, url: str) -> None:
+    if response.status_code < 400:
+        return
+    try:
+        detail = _error_text(response.json())
+    except ValueError:
+        detail = response.text.strip().splitlines()[0][:300] if response.text.strip() else ""
+    raise EngineHTTPError(
+        f"HTTP {response.status_code} {response.reason_phrase}: {detail}".rstrip(": "),
+        url=url,
+        status_code=response.status_code,
+    )

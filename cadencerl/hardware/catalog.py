@@ -1,0 +1,188 @@
+"""Accelerators, models and links, each number with the source it came from.
+
+Numbers live here and nowhere else; `perf.py` turns them into step times. A value marked
+"est." is an engineering estimate, "2nd-hand" one known only from a digest of a paper; the
+reasoning is in the source string so a reader can replace it with a measurement.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+
+GB = 1e9
+GIB = 2**30
+KIB = 2**10
+
+
+@dataclass(frozen=True)
+class Accelerator:
+    """One device type. Efficiencies and overheads are what turn a datasheet into step times."""
+
+    name: str
+    hbm_gb: float
+    mem_bw_gbs: float
+    bf16_tflops: float
+    scaleup_link_gbs: float
+    price_per_hour: float | None
+    bw_efficiency: float = 0.7
+    compute_efficiency: float = 0.5
+    step_overhead_s: float = 0.005
+    allreduce_latency_s: float = 10e-6
+    memory_utilization: float = 0.9
+    activation_reserve_gb: float = 2.0
+    sources: dict[str, str] = field(default_factory=dict, compare=False, repr=False)
+
+
+@dataclass(frozen=True)
+class Model:
+    """A decoder-only transformer; for a MoE, `expert_params` is the routed part of `params_total`."""
+
+    name: str
+    layers: int
+    hidden: int
+    q_heads: int
+    kv_heads: int
+    head_dim: int
+    params_total: float
+    params_active: float
+    experts: int = 0
+    experts_per_token: int = 0
+    bytes_per_param: int = 2
+    sources: dict[str, str] = field(default_factory=dict, compare=False, repr=False)
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        """K and V, every layer, every KV head, BF16."""
+        return 2 * self.layers * self.kv_heads * self.head_dim * self.bytes_per_param
+
+    @property
+    def weight_bytes(self) -> float:
+        return self.params_total * self.bytes_per_param
+
+    @property
+    def is_moe(self) -> bool:
+        return self.experts > 0
+
+    @property
+    def expert_params(self) -> float:
+        """Routed-expert parameters, derived from total and active counts (top-k of E experts)."""
+        if not self.is_moe:
+            return 0.0
+        return (self.params_total - self.params_active) * self.experts / (self.experts - self.experts_per_token)
+
+
+@dataclass(frozen=True)
+class Link:
+    """A path KV bytes can travel between workers."""
+
+    name: str
+    bandwidth_gbs: float
+    latency_s: float
+    sources: dict[str, str] = field(default_factory=dict, compare=False, repr=False)
+
+
+_EFF = {
+    "bw_efficiency": "est.: large-batch decode reaches 0.6-0.8 of peak HBM bandwidth (reference/hardware.md roofline notes)",
+    "compute_efficiency": "est.: ~50% MFU for prefill (reference/hardware.md, re-prefill estimate)",
+    "step_overhead_s": "est.: 3-10 ms per engine step of scheduling and launch overhead (reference/hardware.md)",
+    "allreduce_latency_s": "est.: ~10 us per intra-node all-reduce launch on a scale-up link",
+    "memory_utilization": "vLLM default gpu_memory_utilization=0.9 (vllm EngineArgs)",
+    "activation_reserve_gb": "est.: activations, CUDA graphs and runtime buffers per device beyond weights and KV",
+}
+
+
+def _acc(name: str, hbm: float, bw: float, tflops: float, link: float, price: float | None,
+         src: dict[str, str], **overrides: float) -> Accelerator:
+    sources = dict(_EFF)
+    sources.update(src)
+    return Accelerator(name=name, hbm_gb=hbm, mem_bw_gbs=bw, bf16_tflops=tflops, scaleup_link_gbs=link,
+                       price_per_hour=price, sources=sources, **overrides)
+
+
+_NV = "NVIDIA datasheet"
+_NO_PRICE = "not listed in the CadenceRL paper; no price assumed"
+
+ACCELERATORS: dict[str, Accelerator] = {
+    a.name: a
+    for a in [
+        _acc("H800", 80, 3350, 989, 400, 2.00, {
+            "hbm_gb": f"{_NV} (H100 SXM class)", "mem_bw_gbs": "CadenceRL Table 1 (2nd-hand); H100 SXM datasheet",
+            "bf16_tflops": f"{_NV} (H100 SXM class, dense)", "scaleup_link_gbs": "NVLink 400 GB/s (2nd-hand)",
+            "price_per_hour": "CadenceRL Table 1 (2nd-hand)"}),
+        _acc("H100", 80, 3350, 989, 900, None, {
+            "hbm_gb": _NV, "mem_bw_gbs": _NV, "bf16_tflops": f"{_NV} (dense)", "scaleup_link_gbs": _NV,
+            "price_per_hour": _NO_PRICE}),
+        _acc("H200", 141, 4800, 989, 900, None, {
+            "hbm_gb": _NV, "mem_bw_gbs": _NV, "bf16_tflops": f"{_NV} (dense)", "scaleup_link_gbs": _NV,
+            "price_per_hour": _NO_PRICE}),
+        _acc("A100", 80, 2039, 312, 600, None, {
+            "hbm_gb": f"{_NV} (A100 80GB SXM)", "mem_bw_gbs": _NV, "bf16_tflops": f"{_NV} (dense)",
+            "scaleup_link_gbs": _NV, "price_per_hour": _NO_PRICE}),
+        _acc("A800", 80, 2039, 312, 400, None, {
+            "hbm_gb": "NVIDIA A800 80GB", "mem_bw_gbs": "NVIDIA A800 80GB", "bf16_tflops": "NVIDIA A800 (dense)",
+            "scaleup_link_gbs": "NVIDIA A800 NVLink 400 GB/s", "price_per_hour": _NO_PRICE}),
+        _acc("L40S", 48, 864, 362, 0, None, {
+            "hbm_gb": _NV, "mem_bw_gbs": _NV, "bf16_tflops": f"{_NV} (dense)", "scaleup_link_gbs": "no NVLink",
+            "price_per_hour": _NO_PRICE}),
+        _acc("MI300X", 192, 5300, 1307, 896, None, {
+            "hbm_gb": "AMD datasheet", "mem_bw_gbs": "AMD datasheet", "bf16_tflops": "AMD datasheet (dense)",
+            "scaleup_link_gbs": "AMD Infinity Fabric 896 GB/s", "price_per_hour": _NO_PRICE}),
+        _acc("A910X", 64, 1935, 354, 392, 0.67, {
+            "hbm_gb": "Ascend 910B2; CadenceRL seed: 128 GB at TP=2",
+            "mem_bw_gbs": "CadenceRL Table 1 (2nd-hand); 1.6 TB/s nominal per CANN platform files",
+            "bf16_tflops": "est. ~354 from CANN platform files (gitcode cann/ops-cv #997)",
+            "scaleup_link_gbs": "HCCS ~392 GB/s (est.)", "price_per_hour": "CadenceRL Table 1 (2nd-hand)"}),
+        _acc("BI-V150", 32, 800, 128, 0, 0.22, {
+            "hbm_gb": "FlagOS porting note: 32 GB per visible device; CadenceRL seed: 64 GB at TP=2",
+            "mem_bw_gbs": "CadenceRL Table 1 (2nd-hand)",
+            "bf16_tflops": "not published; est. 128 so FLOP/byte matches A100-class parts (affects prefill only)",
+            "scaleup_link_gbs": "not found; TP all-reduce modeled over the cluster link",
+            "price_per_hour": "CadenceRL Table 1 (2nd-hand)"}),
+    ]
+}
+
+_QWEN = "Qwen3 config.json on the Hugging Face hub (reference/hardware.md)"
+
+MODELS: dict[str, Model] = {
+    m.name: m
+    for m in [
+        Model("Qwen3-8B", 36, 4096, 32, 8, 128, 8.2e9, 8.2e9, sources={"*": _QWEN}),
+        Model("Qwen3-14B", 40, 5120, 40, 8, 128, 14.8e9, 14.8e9, sources={"*": _QWEN}),
+        Model("Qwen3-32B", 64, 5120, 64, 8, 128, 32.8e9, 32.8e9, sources={"*": _QWEN}),
+        Model("Qwen3-30B-A3B", 48, 2048, 32, 4, 128, 30.5e9, 3.3e9, experts=128, experts_per_token=8,
+              sources={"*": _QWEN + "; 128 experts, top-8"}),
+    ]
+}
+
+LINKS: dict[str, Link] = {
+    "intra-cluster": Link("intra-cluster", 25.0, 20e-6, sources={
+        "bandwidth_gbs": "one 200G RoCE NIC per device = 25 GB/s (CadenceRL setup: 8x200G RoCE per node, 2nd-hand)",
+        "latency_s": "est.: RDMA setup latency ~20 us"}),
+    "cross-cluster": Link("cross-cluster", 2.5, 1e-3, sources={
+        "bandwidth_gbs": "CadenceRL setup: 20 Gbps between clusters (2nd-hand)",
+        "latency_s": "est.: ~1 ms WAN round trip"}),
+}
+
+
+class CatalogError(ValueError):
+    """An unknown catalog name; the message names the field and the known choices."""
+
+
+def accelerator(name: str, field_name: str = "accelerator") -> Accelerator:
+    return _lookup(ACCELERATORS, name, field_name)
+
+
+def model(name: str, field_name: str = "model") -> Model:
+    return _lookup(MODELS, name, field_name)
+
+
+def _lookup(table: dict, name: str, field_name: str):
+    if name not in table:
+        raise CatalogError(f"{field_name}: unknown {field_name.split('.')[-1]} {name!r} (known: {', '.join(table)})")
+    return table[name]
+
+
+def numeric_fields(entry: Accelerator | Model | Link) -> list[str]:
+    """The number-valued fields of an entry, which each need a source."""
+    return [f.name for f in fields(entry) if isinstance(getattr(entry, f.name), (int, float))
+            and not isinstance(getattr(entry, f.name), bool)]

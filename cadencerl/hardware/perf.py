@@ -1,0 +1,183 @@
+"""Roofline step-time model: pure functions from (accelerator, model, TP) to seconds.
+
+Decode is modeled per engine step as
+    t(B, C) = t0 + t_comm(B) + max(bytes(B, C) / (eff_bw * BW), flops(B, C) / (eff_c * peak))
+with C the total context of the batch. For a fixed batch both terms are linear in C, and C grows
+by B every step, so the time of n steps is a sum of the max of two lines: closed form, which is
+what lets the simulator jump from event to event instead of stepping token by token.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from cadencerl.hardware.catalog import GB, LINKS, Accelerator, Link, Model
+
+
+class DoesNotFitError(ValueError):
+    """The model's weights leave no room for KV on this worker."""
+
+
+@dataclass(frozen=True)
+class DecodeLine:
+    """Step time of a fixed batch as a function of the step index k (context C0 + B*k).
+
+    time(k) = base + max(p0 + p1*k, q0 + q1*k): p is the memory term, q the compute term.
+    """
+
+    base: float
+    p0: float
+    p1: float
+    q0: float
+    q1: float
+
+    def step(self, k: int) -> float:
+        return self.base + max(self.p0 + self.p1 * k, self.q0 + self.q1 * k)
+
+    def _pieces(self, n: int) -> list[tuple[int, int, float, float]]:
+        """Split [0, n) into runs where one term dominates: (start, end, intercept, slope)."""
+        a0, a1 = self.base + self.p0, self.p1
+        b0, b1 = self.base + self.q0, self.q1
+        if a1 == b1:
+            return [(0, n, max(a0, b0), a1)]
+        cross = (b0 - a0) / (a1 - b1)  # where the lines meet
+        split = min(max(math.ceil(cross), 0), n)
+        if a1 > b1:  # memory term wins after the crossing
+            first, second = (b0, b1), (a0, a1)
+        else:
+            first, second = (a0, a1), (b0, b1)
+        out = []
+        if split > 0:
+            out.append((0, split, *first))
+        if split < n:
+            out.append((split, n, *second))
+        return out
+
+    def time(self, n: int) -> float:
+        """Seconds for steps 0..n-1."""
+        total = 0.0
+        for lo, hi, c0, c1 in self._pieces(n):
+            m = hi - lo
+            total += m * c0 + c1 * (lo + hi - 1) * m / 2.0
+        return total
+
+    def steps_within(self, budget: float, limit: int) -> int:
+        """The most whole steps (at most `limit`) that finish within `budget` seconds."""
+        if budget <= 0.0 or limit <= 0:
+            return 0
+        spent = 0.0
+        done = 0
+        for lo, hi, c0, c1 in self._pieces(limit):
+            m = hi - lo
+            piece = m * c0 + c1 * (lo + hi - 1) * m / 2.0
+            if spent + piece <= budget:
+                spent += piece
+                done = hi
+                continue
+            # Inside this piece: step j (absolute) costs c0 + c1*j; solve the quadratic.
+            left = budget - spent
+            a = c0 + c1 * lo  # cost of the first step in the piece
+            if c1 == 0.0:
+                j = int(left / a)
+            else:
+                half = c1 / 2.0
+                lin = a - half
+                j = int((-lin + math.sqrt(lin * lin + 4.0 * half * left)) / (2.0 * half))
+            j = max(0, min(j, m))
+            while j < m and (j + 1) * a + c1 * j * (j + 1) / 2.0 <= left:
+                j += 1
+            while j > 0 and j * a + c1 * (j - 1) * j / 2.0 > left:
+                j -= 1
+            return lo + j
+        return done
+
+
+@dataclass(frozen=True)
+class WorkerPerf:
+    """Step-time model of one worker: an accelerator type at a TP degree serving a model."""
+
+    accel: Accelerator
+    model: Model
+    tp: int
+    tp_link_gbs: float = 0.0
+    _lines: dict = field(default_factory=dict, compare=False, repr=False)
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        return self.model.kv_bytes_per_token
+
+    def kv_capacity_tokens(self) -> int:
+        """HBM x TP x memory utilization, minus weights and activation reserve, over KV bytes/token."""
+        a, m = self.accel, self.model
+        free = (a.hbm_gb * a.memory_utilization - a.activation_reserve_gb) * self.tp * GB - m.weight_bytes
+        if free <= 0:
+            raise DoesNotFitError(
+                f"model {m.name} ({m.weight_bytes / GB:.1f} GB of weights) does not fit on "
+                f"{a.name} x TP={self.tp} ({a.hbm_gb * self.tp:.0f} GB HBM): use a larger TP or another accelerator")
+        return int(free // m.kv_bytes_per_token)
+
+    # -- decode -------------------------------------------------------------------------------
+
+    def weight_bytes_read(self, batch: int) -> float:
+        """Weights streamed per step; for a MoE only the experts some token in the batch routes to."""
+        m = self.model
+        if not m.is_moe:
+            return m.weight_bytes
+        touched = 1.0 - (1.0 - m.experts_per_token / m.experts) ** batch
+        dense = m.params_total - m.expert_params
+        return (dense + m.expert_params * touched) * m.bytes_per_param
+
+    def _comm(self, tokens: int) -> float:
+        """Two ring all-reduces of the hidden state per layer under tensor parallelism."""
+        if self.tp <= 1:
+            return 0.0
+        link = (self.accel.scaleup_link_gbs or self.tp_link_gbs or 25.0) * GB
+        nbytes = tokens * self.model.hidden * self.model.bytes_per_param
+        per = self.accel.allreduce_latency_s + 2.0 * (self.tp - 1) / self.tp * nbytes / link
+        return 2 * self.model.layers * per
+
+    def decode_line(self, batch: int, context0: int) -> DecodeLine:
+        """Step-time line of `batch` sequences whose total context is `context0` at step 0."""
+        coef = self._lines.get(batch)
+        if coef is None:
+            a, m = self.accel, self.model
+            bw = a.bw_efficiency * a.mem_bw_gbs * GB * self.tp
+            peak = a.compute_efficiency * a.bf16_tflops * 1e12 * self.tp
+            attn_flops = 4.0 * m.layers * m.q_heads * m.head_dim
+            coef = (a.step_overhead_s + self._comm(batch),
+                    self.weight_bytes_read(batch) / bw, m.kv_bytes_per_token / bw,
+                    2.0 * m.params_active * batch / peak, attn_flops / peak)
+            self._lines[batch] = coef
+        base, mem0, mem1, cmp0, cmp1 = coef
+        return DecodeLine(base, mem0 + mem1 * context0, mem1 * batch, cmp0 + cmp1 * context0, cmp1 * batch)
+
+    def decode_step_time(self, batch: int, context: int) -> float:
+        return self.decode_line(batch, context).step(0)
+
+    # -- prefill and movement -------------------------------------------------------------------
+
+    def prefill_time(self, new_tokens: list[int], cached: list[int] | None = None) -> float:
+        """One prefill pass over several requests: compute-bound, attention quadratic in length."""
+        if not new_tokens:
+            return 0.0
+        cached = cached or [0] * len(new_tokens)
+        a, m = self.accel, self.model
+        total = sum(new_tokens)
+        flops = 2.0 * m.params_active * total
+        attn = 4.0 * m.layers * m.q_heads * m.head_dim
+        flops += attn * sum(n * (c + n / 2.0) for n, c in zip(new_tokens, cached))
+        bw = a.bw_efficiency * a.mem_bw_gbs * GB * self.tp
+        peak = a.compute_efficiency * a.bf16_tflops * 1e12 * self.tp
+        return a.step_overhead_s + self._comm(total) + max(self.weight_bytes_read(total) / bw, flops / peak)
+
+    def kv_transfer_time(self, tokens: int, link: Link) -> float:
+        """Move a KV prefix of `tokens` over `link`; each TP shard travels on its own NIC."""
+        nbytes = tokens * self.model.kv_bytes_per_token
+        return link.latency_s + nbytes / (link.bandwidth_gbs * GB * self.tp)
+
+
+def make_perf(accel: Accelerator, model: Model, tp: int) -> WorkerPerf:
+    perf = WorkerPerf(accel, model, tp, tp_link_gbs=LINKS["intra-cluster"].bandwidth_gbs)
+    perf.kv_capacity_tokens()  # fail early, with the clear message, if it does not fit
+    return perf

@@ -1,0 +1,73 @@
+"""The figures of a run, as one JSON-ready dict (the contract of `cadencerl sim --json`)."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+import numpy as np
+
+from cadencerl.core.controller import Controller
+from cadencerl.core.trajectory import State
+
+
+def _pct(values, q: float) -> float:
+    return float(np.percentile(values, q)) if len(values) else 0.0
+
+
+def summarize(scenario_name: str, policy_name: str, ctl: Controller, engines, wall_time_s: float,
+              events: int) -> dict:
+    trajs = [t for t in ctl.trajectories.values() if t.state is State.DONE]
+    latency = np.array([t.completed_at - t.admitted_at for t in trajs])
+    nonres = np.array([max(0.0, 1.0 - t.resident_time / max(t.completed_at - t.admitted_at, 1e-12)) for t in trajs])
+    makespan = max((t.completed_at for t in trajs), default=0.0)
+    tokens = sum(t.tokens for t in trajs)
+    per_type: dict[str, dict] = {}
+    by_type_workers = defaultdict(list)
+    for w in ctl.workers:
+        by_type_workers[w.accelerator].append(w.id)
+    ctx_samples = defaultdict(list)
+    for _t, wid, mean_ctx, _n in ctl.counters.samples:
+        ctx_samples[ctl.workers[wid].accelerator].append(mean_ctx)
+    for acc, ids in by_type_workers.items():
+        gen = sum(engines[i].tokens_generated for i in ids)
+        per_type[acc] = {
+            "workers": len(ids),
+            "throughput_tok_s": gen / makespan if makespan else 0.0,
+            "mean_context": float(np.mean(ctx_samples[acc])) if ctx_samples[acc] else 0.0,
+            "preemptions": sum(engines[i].preemptions for i in ids),
+        }
+    publish = ctl.trainer.publish_times
+    iterations = np.diff([0.0] + publish).tolist() if publish else []
+    c = ctl.counters
+    return {
+        "scenario": scenario_name,
+        "policy": policy_name,
+        "throughput_tok_s": tokens / makespan if makespan else 0.0,
+        "latency_p50_s": _pct(latency, 50),
+        "latency_p95_s": _pct(latency, 95),
+        "latency_p99_s": _pct(latency, 99),
+        "latency_mean_s": float(latency.mean()) if len(latency) else 0.0,
+        "trajectories_submitted": len(ctl.trajectories),
+        "trajectories_completed": len(trajs),
+        "tokens_generated": int(tokens),
+        "preemptions": int(sum(e.preemptions for e in engines)),
+        "evictions": c.evictions,
+        "migrations": c.migrations,
+        "kv_transfers": c.kv_transfers,
+        "reprefill_migrations": c.reprefills,
+        "migrated_kv_bytes": c.migrated_kv_bytes,
+        "migrated_token_bytes": c.migrated_token_bytes,
+        "interrupts": c.interrupts,
+        "prefill_tokens": int(sum(e.prefill_tokens for e in engines)),
+        "non_resident_p50": _pct(nonres, 50),
+        "non_resident_p95": _pct(nonres, 95),
+        "staleness_histogram": {str(k): v for k, v in sorted(ctl.trainer.staleness.items())},
+        "iteration_times_s": iterations,
+        "versions_published": ctl.trainer.version,
+        "per_accelerator": per_type,
+        "sim_time_s": makespan,
+        "train_end_s": publish[-1] if publish else makespan,
+        "wall_time_s": wall_time_s,
+        "events": events,
+        "decisions": c.decisions,
+    }

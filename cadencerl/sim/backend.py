@@ -1,0 +1,174 @@
+"""SimBackend: a pool of simulated engines on a virtual clock, driven by one event heap.
+
+Engines only wake when something happens to them (a completion, a KV overflow, a prefill end, an
+arrival of transferred KV, a tool return), so a run costs O(events), not O(tokens).
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+
+from cadencerl.core.backend import Event, Finished, Restore, Timer, ToolReturned, TurnEnded
+from cadencerl.core.trajectory import Trajectory
+from cadencerl.core.worker import Worker
+from cadencerl.hardware.perf import WorkerPerf
+from cadencerl.sim.engine import Request, SimEngine
+
+_ENGINE, _ARRIVAL, _TIMER, _TOOL = range(4)
+
+
+class SimBackend:
+    def __init__(self, perfs: list[WorkerPerf], key: object, *, exact: bool = False) -> None:
+        self._perfs = perfs
+        self._key = key            # opens the sealed target lengths: the engine decides when EOS happens
+        self.exact = exact
+        self.engines: list[SimEngine] = []
+        self._heap: list = []
+        self._seq = itertools.count()
+        self._clock = 0.0
+        self._dirty: set[int] = set()
+        self._requests: dict[int, Request] = {}
+        self._transit: dict[int, int] = {}
+        self.events_processed = 0
+        self.length_mismatches: list[str] = []
+        self.completions: dict[int, int] = {}
+
+    # -- Backend protocol -------------------------------------------------------------------------
+
+    def now(self) -> float:
+        return self._clock
+
+    def start(self, workers: list[Worker]) -> None:
+        self.engines = [SimEngine(w.id, p, w.kv_capacity, w.max_num_seqs, exact=self.exact)
+                        for w, p in zip(workers, self._perfs)]
+        self._transit = {w.id: 0 for w in workers}
+
+    def sync(self, now: float) -> None:
+        self._clock = max(self._clock, now)
+        for e in self.engines:
+            e.sync(now)
+
+    def kv_committed(self, worker: int) -> int:
+        return self.engines[worker].kv_committed() + self._transit[worker]
+
+    def place(self, traj: Trajectory, worker: int, restore: Restore, delay_s: float) -> None:
+        engine = self.engines[worker]
+        req = Request(traj, engine, traj.tokens, traj.context, self._turn_target(traj), restore)
+        traj.meter = req
+        self._requests[traj.id] = req
+        if delay_s > 0:
+            req.in_transit = True
+            self._transit[worker] += req.ctx0
+            self._push(self._clock + delay_s, _ARRIVAL, req)
+        else:
+            engine.enqueue(req)
+            self._dirty.add(worker)
+
+    def evict(self, traj: Trajectory) -> None:
+        req = self._requests.pop(traj.id)
+        engine = req.engine
+        if req.in_transit:
+            req.live = req.in_transit = False
+            self._transit[engine.id] -= req.ctx0
+        else:
+            engine.remove(req)
+            self._dirty.add(engine.id)
+        traj.tokens = req.generated()
+        traj.meter = None
+
+    def set_version(self, worker: int, version: int) -> None:
+        """Weights are not simulated beyond the version number; the update itself is instant."""
+
+    def commit(self, now: float) -> None:
+        for wid in sorted(self._dirty):
+            self._schedule_engine(self.engines[wid], self.engines[wid].restart(now))
+        self._dirty.clear()
+
+    def schedule(self, time: float, tag: str) -> None:
+        self._push(time, _TIMER, tag)
+
+    def advance(self, until: float) -> list[Event]:
+        out: list[Event] = []
+        heap = self._heap
+        while heap and heap[0][0] <= until:
+            t, _, kind, payload, epoch = heapq.heappop(heap)
+            if kind == _ENGINE:
+                engine = self.engines[payload]
+                if epoch != engine.epoch:
+                    continue
+                self._clock = t
+                self.events_processed += 1
+                self._on_engine(engine, t, out)
+            elif kind == _ARRIVAL:
+                self._clock = t
+                req = payload
+                if req.live:
+                    req.in_transit = False
+                    self._transit[req.engine.id] -= req.ctx0
+                    req.engine.sync(t)
+                    req.engine.enqueue(req)
+                    self._schedule_engine(req.engine, req.engine.restart(t))
+            elif kind == _TOOL:
+                self._clock = t
+                traj, obs = payload
+                out.append(ToolReturned(traj, t, obs))
+            else:
+                self._clock = t
+                out.append(Timer(t, payload))
+                return out
+        self._clock = max(self._clock, until)
+        return out
+
+    def idle(self) -> bool:
+        return not self._heap
+
+    def verify(self) -> list[str]:
+        problems = list(self.length_mismatches)
+        for e in self.engines:
+            if e.peak_kv > e.capacity:
+                problems.append(f"worker {e.id} held {e.peak_kv} KV tokens over its capacity {e.capacity}")
+            if e.running or e.waiting or e.prefilling:
+                problems.append(f"worker {e.id} still holds requests at the end")
+        dup = [tid for tid, n in self.completions.items() if n != 1]
+        if dup:
+            problems.append(f"trajectories completed more than once: {dup[:5]}")
+        return problems
+
+    # -- internals --------------------------------------------------------------------------------
+
+    def _turn_target(self, traj: Trajectory) -> int:
+        """Total generated tokens at which the current turn ends."""
+        spec = traj.spec
+        total = spec.response.reveal(self._key)
+        for turn in spec.later_turns[: traj.turn]:
+            total += turn.response.reveal(self._key)
+        return total
+
+    def _push(self, t: float, kind: int, payload, epoch: int = 0) -> None:
+        heapq.heappush(self._heap, (t, next(self._seq), kind, payload, epoch))
+
+    def _schedule_engine(self, engine: SimEngine, t: float | None) -> None:
+        if t is not None:
+            self._push(t, _ENGINE, engine.id, engine.epoch)
+
+    def _on_engine(self, engine: SimEngine, t: float, out: list[Event]) -> None:
+        finished: list[Request] = []
+        nxt = engine.on_event(t, finished)
+        for req in finished:
+            traj = req.traj
+            traj.tokens = req.gen0
+            traj.meter = None
+            self._requests.pop(traj.id, None)
+            spec = traj.spec
+            if traj.turn < len(spec.later_turns):
+                turn = spec.later_turns[traj.turn]
+                out.append(TurnEnded(traj, t))
+                self._push(t + turn.tool_latency_s, _TOOL, (traj, turn.observation_len))
+                continue
+            expected = self._turn_target(traj)
+            if traj.tokens != expected:
+                self.length_mismatches.append(f"trajectory {traj.id} ended with {traj.tokens} tokens, target {expected}")
+            self.completions[traj.id] = self.completions.get(traj.id, 0) + 1
+            out.append(Finished(traj, t))
+        self._schedule_engine(engine, nxt)

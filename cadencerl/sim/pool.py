@@ -1,0 +1,50 @@
+"""Turn a scenario's pool description into workers with capacities, perf models and affinity ranks."""
+
+from __future__ import annotations
+
+from cadencerl.config import ConfigError, Scenario
+from cadencerl.core.worker import Worker
+from cadencerl.hardware import catalog
+from cadencerl.hardware.perf import WorkerPerf, make_perf
+
+
+def sweep_rate(perf: WorkerPerf) -> float:
+    """How many times per second a worker can read its whole KV cache: bandwidth / KV bytes.
+
+    The default affinity rule. Long-context tail work is bandwidth-per-KV bound, while large-memory
+    workers are best used as throughput workers; on the CadenceRL pools it reproduces the paper's
+    order H800 > BI-V150 > A910X.
+    """
+    a = perf.accel
+    return a.mem_bw_gbs * perf.tp * catalog.GB / (perf.kv_capacity_tokens() * perf.kv_bytes_per_token)
+
+
+def build_pool(scenario: Scenario) -> tuple[list[Worker], list[WorkerPerf]]:
+    model = catalog.model(scenario.model)
+    perfs: list[WorkerPerf] = []
+    groups = []
+    for g in scenario.pool:
+        perf = make_perf(catalog.accelerator(g.accelerator), model, g.tp)
+        groups.append((g, perf))
+    if scenario.affinity is not None:
+        order = {name: i for i, name in enumerate(scenario.affinity)}
+        rank = {g.accelerator: order[g.accelerator] for g, _ in groups}
+    else:
+        rates = sorted({g.accelerator: sweep_rate(p) for g, p in groups}.items(), key=lambda kv: -kv[1])
+        rank = {name: i for i, (name, _) in enumerate(rates)}
+    workers: list[Worker] = []
+    for g, perf in groups:
+        cap = perf.kv_capacity_tokens()
+        for _ in range(g.workers):
+            workers.append(Worker(len(workers), g.accelerator, g.cluster or g.accelerator, g.tp, cap,
+                                  g.max_num_seqs, rank[g.accelerator]))
+            perfs.append(perf)
+    longest = scenario.workload.prompt.cap + scenario.workload.response.cap
+    if scenario.workload.turns is not None:
+        t = scenario.workload.turns
+        longest += (t.turns_max - 1) * (t.observation.cap + scenario.workload.response.cap)
+    smallest = min(w.kv_capacity for w in workers)
+    if longest > smallest and scenario.workload.trace is None:
+        raise ConfigError(f"workload: the longest possible trajectory ({longest} tokens) exceeds the smallest "
+                          f"worker's KV capacity ({smallest} tokens)")
+    return workers, perfs
