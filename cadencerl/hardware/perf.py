@@ -42,7 +42,7 @@ class DecodeLine:
         if a1 == b1:
             return [(0, n, max(a0, b0), a1)]
         cross = (b0 - a0) / (a1 - b1)  # where the lines meet
-        split = min(max(math.ceil(cross), 0), n)
+        split = math.ceil(min(max(cross, 0.0), float(n)))
         if a1 > b1:  # memory term wins after the crossing
             first, second = (b0, b1), (a0, a1)
         else:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from cadencerl.config import Scenario
+from cadencerl.config import ConfigError, Scenario
 from cadencerl.core.controller import Controller
 from cadencerl.core.trajectory import Trajectory
 from cadencerl.hardware import catalog
@@ -26,6 +26,7 @@ def simulate(scenario: Scenario, policy_name: str, *, exact: bool = False,
     workers, perfs = build_pool(scenario)
     key = object()
     specs = generate(scenario.workload, scenario.seed, key)
+    _check_fits_somewhere(specs, workers, key)
     trajectories = [Trajectory(s) for s in specs]
     backend = SimBackend(perfs, key, exact=exact)
     link = catalog.LINKS["intra-cluster"]
@@ -42,3 +43,14 @@ def simulate(scenario: Scenario, policy_name: str, *, exact: bool = False,
     if keep is not None:
         keep.update(controller=ctl, backend=backend)
     return result
+
+
+def _check_fits_somewhere(specs, workers, key) -> None:
+    """A trajectory longer than every worker's KV could never run: say so before starting."""
+    largest = max(w.kv_capacity for w in workers)
+    for s in specs:
+        total = s.prompt_len + s.response.reveal(key) + sum(t.observation_len + t.response.reveal(key)
+                                                            for t in s.later_turns)
+        if total > largest:
+            raise ConfigError(f"workload: trajectory {s.id} needs {total} KV tokens, more than any worker holds "
+                              f"({largest})")

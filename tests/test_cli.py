@@ -1,0 +1,109 @@
+"""Bad input gets one line naming the field, exit code 2, and no traceback."""
+
+import json
+import subprocess
+import sys
+import textwrap
+
+import pytest
+from typer.testing import CliRunner
+
+from cadencerl.cli import app
+
+runner = CliRunner()
+
+GOOD = textwrap.dedent("""\
+    name: mine
+    model: Qwen3-8B
+    pool:
+      - {accelerator: H800, devices: 2, tp: 1}
+    workload:
+      trajectories: 16
+      group_size: 4
+      response: {median: 200, sigma: 0.5, cap: 1000}
+    trainer:
+      batch_size: 8
+      train_time_s: 1
+    """)
+
+
+def run(*args):
+    return runner.invoke(app, list(args))
+
+
+def write(tmp_path, text, name="s.yaml"):
+    p = tmp_path / name
+    p.write_text(text)
+    return str(p)
+
+
+def test_sim_json_to_stdout_is_only_json():
+    r = subprocess.run([sys.executable, "-m", "cadencerl.cli", "sim", "-s", "h800-16", "-p", "least-loaded",
+                        "--trajectories", "64", "--json", "-"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    data = json.loads(r.stdout)
+    assert data["trajectories_completed"] == 64 and data["policy"] == "least-loaded"
+    assert "throughput" in r.stderr  # the table went to stderr
+
+
+def test_user_config_file_runs(tmp_path):
+    r = run("sim", "--config", write(tmp_path, GOOD), "-p", "least-loaded")
+    assert r.exit_code == 0, r.output
+    assert "mine" in r.output
+
+
+@pytest.mark.parametrize("mutate, field", [
+    (lambda t: t.replace("H800", "H9000"), "pool.0.accelerator"),
+    (lambda t: t.replace("Qwen3-8B", "Llama-9"), "model"),
+    (lambda t: t.replace("devices: 2", "devices: -2"), "pool.0.devices"),
+    (lambda t: t.replace("  trajectories: 16\n", ""), "workload.trajectories"),
+    (lambda t: t.replace("H800, devices: 2, tp: 1", "BI-V150, devices: 2, tp: 2").replace("Qwen3-8B", "Qwen3-32B"),
+     "pool.0"),
+    (lambda t: t.replace("batch_size: 8", "batch_size: lots"), "trainer.batch_size"),
+    (lambda t: t + "bogus: 1\n", "bogus"),
+    (lambda t: t + "  : [\n", "not valid YAML"),
+])
+def test_bad_config_names_the_field(tmp_path, mutate, field):
+    r = run("sim", "--config", write(tmp_path, mutate(GOOD)), "-p", "least-loaded")
+    assert r.exit_code == 2
+    lines = [ln for ln in r.output.splitlines() if ln.strip()]
+    assert len(lines) == 1 and field in lines[0], r.output
+    assert "Traceback" not in r.output
+
+
+def test_model_that_does_not_fit_says_so(tmp_path):
+    bad = GOOD.replace("H800, devices: 2, tp: 1", "BI-V150, devices: 2, tp: 2").replace("Qwen3-8B", "Qwen3-32B")
+    r = run("sim", "--config", write(tmp_path, bad), "-p", "least-loaded")
+    assert r.exit_code == 2 and "does not fit" in r.output
+
+
+def test_malformed_trace_line_names_the_line(tmp_path):
+    trace = write(tmp_path, '{"prompt_len": 5, "response_len": 9}\n{"prompt_len": 5}\n', "t.jsonl")
+    cfg = GOOD.replace("  response:", f"  trace: {trace}\n  response:")
+    r = run("sim", "--config", write(tmp_path, cfg), "-p", "least-loaded")
+    assert r.exit_code == 2
+    assert "line 2" in r.output and "response_len" in r.output
+
+
+@pytest.mark.parametrize("args, text", [
+    (["sim", "-s", "nowhere"], "unknown scenario"),
+    (["sim", "-s", "h800-16", "-p", "magic"], "unknown policy"),
+    (["sim"], "--scenario"),
+    (["sim", "--config", "/no/such/file.yaml"], "no such file"),
+    (["compare", "-s", "h800-16", "--policies", ","], "at least one policy"),
+])
+def test_bad_cli_arguments(args, text):
+    r = run(*args)
+    assert r.exit_code == 2 and text in r.output and "Traceback" not in r.output
+
+
+def test_negative_option_is_rejected():
+    r = run("sim", "-s", "h800-16", "--seed", "-3")
+    assert r.exit_code == 2 and "--seed" in r.output
+
+
+def test_scenarios_lists_the_builtins():
+    r = run("scenarios")
+    assert r.exit_code == 0
+    for name in ("h800-16", "32a", "32b", "16a16b", "16a8h", "16b8h", "16a16b8h"):
+        assert name in r.output
