@@ -75,6 +75,8 @@ def _run_policies(scenario: Scenario, names: list[str], exact: bool, show_progre
             try:
                 results.append(simulate(scenario, n, exact=exact,
                                         progress=lambda done, total, t=task: progress.update(t, completed=done)))
+            except ConfigError as exc:
+                _fail(str(exc))
             except (StallError, ActionError) as exc:
                 _fail(f"policy {n}: {exc}")
     return results

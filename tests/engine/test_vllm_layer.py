@@ -1,0 +1,298 @@
+"""The real-vLLM layer: tiny model, client and local pool.
+
+Tests marked `engine` start real vLLM CPU servers (about a minute for the shared pool); the others
+need no server. Every test is bounded twice: by pytest-timeout and by asyncio.wait_for inside.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import socket
+import struct
+import time
+from collections.abc import Coroutine
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+
+from cadencerl.engine.local_pool import (
+    STATE_FILE,
+    LocalPool,
+    PoolConfig,
+    PoolError,
+    down,
+    group_members,
+)
+from cadencerl.engine.tiny_model import MARKER, TINY_ARCH, build_tiny_model
+from cadencerl.engine.vllm_client import (
+    EngineConnectionError,
+    EngineHTTPError,
+    EngineTimeoutError,
+    ModelMismatchError,
+    VLLMClient,
+    parse_metrics,
+)
+
+T = TypeVar("T")
+MODEL = "tiny"
+PROMPT = [(7 * i + 3) % TINY_ARCH.vocab_size for i in range(40)]
+
+
+def run(coro: Coroutine[Any, Any, T], timeout_s: float = 60.0) -> T:
+    async def bounded() -> T:
+        return await asyncio.wait_for(coro, timeout_s)
+
+    return asyncio.run(bounded())
+
+
+def closed_port_url() -> str:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return f"http://127.0.0.1:{sock.getsockname()[1]}"
+
+
+async def wait_for_tokens(received: list[int], count: int, timeout_s: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while len(received) < count:
+        assert time.monotonic() < deadline, f"only {len(received)} tokens after {timeout_s} s"
+        await asyncio.sleep(0.005)
+
+
+# --- no server needed ---------------------------------------------------------------------------
+
+METRICS_TEXT = """\
+# TYPE vllm:kv_cache_usage_perc gauge
+vllm:kv_cache_usage_perc{engine="0",model_name="tiny"} 0.25
+# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{engine="0",model_name="tiny"} 3.0
+# TYPE vllm:num_requests_waiting gauge
+vllm:num_requests_waiting{engine="0",model_name="tiny"} 1.0
+# TYPE vllm:num_preemptions counter
+vllm:num_preemptions_total{engine="0",model_name="tiny"} 2.0
+# TYPE vllm:prefix_cache_queries counter
+vllm:prefix_cache_queries_total{engine="0",model_name="tiny"} 640.0
+vllm:prefix_cache_queries_created{engine="0",model_name="tiny"} 1.7e+09
+# TYPE vllm:prefix_cache_hits counter
+vllm:prefix_cache_hits_total{engine="0",model_name="tiny"} 320.0
+"""
+
+
+def test_parse_metrics_text() -> None:
+    m = parse_metrics(METRICS_TEXT)
+    assert (m.kv_cache_usage, m.num_requests_running, m.num_requests_waiting) == (0.25, 3, 1)
+    assert (m.num_preemptions_total, m.prefix_cache_queries_total, m.prefix_cache_hits_total) == (2, 640, 320)
+
+
+def test_arch_numbers() -> None:
+    assert TINY_ARCH.kv_bytes_per_token == 2 * 4 * 2 * 64 * 2
+    assert TINY_ARCH.head_dim * TINY_ARCH.num_heads == TINY_ARCH.hidden_size
+    assert TINY_ARCH.max_position_embeddings >= 4096
+
+
+def test_pool_config_rejects_kv_smaller_than_a_request() -> None:
+    with pytest.raises(ValueError, match="max_model_len"):
+        PoolConfig(kv_tokens=1024, max_model_len=2048).validate()
+    assert PoolConfig(kv_tokens=1000, max_model_len=512).kv_tokens_of(0) == 1024
+
+
+@pytest.mark.timeout(30)
+def test_unreachable_server_gives_clear_errors() -> None:
+    url = closed_port_url()
+
+    async def scenario() -> None:
+        async with VLLMClient(url, model=MODEL, retries=2, backoff_s=0.05) as client:
+            assert await client.health() is False
+            with pytest.raises(EngineConnectionError, match=url):
+                await client.check_model()
+            outcome = await client.generate("r", [1, 2, 3], 4)
+            assert outcome.finish_reason == "error" and outcome.token_ids == []
+            assert isinstance(outcome.error, EngineConnectionError)
+            start = time.monotonic()
+            with pytest.raises(EngineTimeoutError, match="not healthy"):
+                await client.wait_healthy(1.0, poll_s=0.1)
+            assert time.monotonic() - start < 3.0
+
+    run(scenario(), 20)
+
+
+# --- real servers -------------------------------------------------------------------------------
+
+
+def safetensors_param_count(path: Path) -> int:
+    """Parameter count from a safetensors header, without torch."""
+    with open(path, "rb") as f:
+        (size,) = struct.unpack("<Q", f.read(8))
+        header = json.loads(f.read(size))
+    total = 0
+    for name, info in header.items():
+        if name != "__metadata__":
+            n = 1
+            for dim in info["shape"]:
+                n *= dim
+            total += n
+    return total
+
+
+@pytest.mark.engine
+@pytest.mark.timeout(240)
+def test_tiny_model_built_and_served(engine_pool: LocalPool, tiny_model_dir: Path) -> None:
+    marker = json.loads((tiny_model_dir / MARKER).read_text())
+    assert marker["num_params"] == TINY_ARCH.num_params
+    assert safetensors_param_count(tiny_model_dir / "model.safetensors") == TINY_ARCH.num_params
+    config = json.loads((tiny_model_dir / "config.json").read_text())
+    assert (config["num_hidden_layers"], config["num_key_value_heads"]) == (4, 2)
+    start = time.monotonic()
+    assert build_tiny_model(tiny_model_dir) == tiny_model_dir  # idempotent: no rebuild
+    assert time.monotonic() - start < 1.0
+
+    async def scenario() -> None:
+        for url in engine_pool.urls:
+            async with VLLMClient(url, model=MODEL) as client:
+                assert await client.health()
+                assert await client.check_model() == engine_pool.config.max_model_len
+
+    run(scenario(), 30)
+
+
+@pytest.mark.engine
+@pytest.mark.timeout(240)
+def test_generate_returns_exactly_max_tokens(engine_pool: LocalPool) -> None:
+    async def scenario() -> None:
+        async with VLLMClient(engine_pool.urls[0], model=MODEL) as client:
+            await client.check_model()
+            chunks: list[list[int]] = []
+            outcome = await client.generate("exact-1", PROMPT, 48, chunks.append)
+            assert outcome.finish_reason == "length" and outcome.error is None
+            assert len(outcome.token_ids) == 48
+            assert [t for c in chunks for t in c] == outcome.token_ids
+            assert all(0 <= t < TINY_ARCH.vocab_size for t in outcome.token_ids)
+            with pytest.raises(ValueError, match="max_model_len"):
+                await client.generate("too-long", PROMPT, engine_pool.config.max_model_len)
+
+    run(scenario(), 60)
+
+
+@pytest.mark.engine
+@pytest.mark.timeout(240)
+def test_abort_then_resume_on_other_server(engine_pool: LocalPool) -> None:
+    target = 400
+
+    async def scenario() -> None:
+        url_a, url_b = engine_pool.urls
+        async with VLLMClient(url_a, model=MODEL) as a, VLLMClient(url_b, model=MODEL) as b:
+            reference = await b.generate("ref-1", PROMPT, target)
+            assert len(reference.token_ids) == target
+
+            streamed: list[int] = []
+            task = asyncio.create_task(a.generate("job-42", PROMPT, target, streamed.extend))
+            await wait_for_tokens(streamed, 16)
+            await a.abort("job-42")
+            first = await task
+            assert first.finish_reason == "aborted"
+            assert 16 <= len(first.token_ids) < target
+            assert first.token_ids == streamed
+
+            rest = target - len(first.token_ids)
+            second = await b.generate("job-42-resume", PROMPT + first.token_ids, rest)
+            assert second.finish_reason == "length"
+            assert len(first.token_ids) + len(second.token_ids) == target
+            assert first.token_ids + second.token_ids == reference.token_ids  # greedy: exact
+
+    run(scenario(), 90)
+
+
+@pytest.mark.engine
+@pytest.mark.timeout(240)
+def test_cancel_disconnects_and_metrics_parse(engine_pool: LocalPool) -> None:
+    async def scenario() -> None:
+        async with VLLMClient(engine_pool.urls[1], model=MODEL) as client:
+            before = await client.metrics()
+            await client.generate("warm-prefix", PROMPT * 2, 4)  # 80 tokens: 2 full blocks cached
+            streamed: list[int] = []
+            task = asyncio.create_task(client.generate("cancel-1", PROMPT * 2, 1500, streamed.extend))
+            await wait_for_tokens(streamed, 8)
+            busy = await client.metrics()
+            assert busy.num_requests_running == 1 and 0 < busy.kv_cache_usage <= 1
+            assert busy.prefix_cache_hits_total >= before.prefix_cache_hits_total + 64
+            assert busy.prefix_cache_queries_total > before.prefix_cache_queries_total
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            deadline = time.monotonic() + 10
+            while (m := await client.metrics()).num_requests_running:
+                assert time.monotonic() < deadline, "request still running 10 s after disconnect"
+                await asyncio.sleep(0.1)
+            assert m.kv_cache_usage == 0.0 and m.num_requests_waiting == 0
+
+    run(scenario(), 60)
+
+
+@pytest.mark.engine
+@pytest.mark.timeout(240)
+def test_model_mismatch_is_clear(engine_pool: LocalPool) -> None:
+    async def scenario() -> None:
+        async with VLLMClient(engine_pool.urls[0], model="not-tiny") as client:
+            with pytest.raises(ModelMismatchError, match="not-tiny"):
+                await client.check_model()
+            outcome = await client.generate("wrong-model", PROMPT, 4)
+            assert outcome.finish_reason == "error"
+            assert isinstance(outcome.error, EngineHTTPError) and outcome.error.status_code == 404
+            assert engine_pool.urls[0] in str(outcome.error)
+
+    run(scenario(), 30)
+
+
+@pytest.mark.engine
+@pytest.mark.timeout(240)
+def test_killed_server_gives_error_and_down_leaves_nothing(
+    require_vllm: None, tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    """Own one-server pool: kill it mid-stream, then `down()` from its state file alone."""
+    config = PoolConfig(num_workers=1, kv_tokens=4096, max_num_seqs=8, max_model_len=2048,
+                        model_dir=tiny_model_dir, start_timeout_s=180)
+    pool = LocalPool(tmp_path / "pool", config)
+    with pool:
+        (server,) = pool.servers
+        members = group_members(server.pid)
+        assert server.pid in members and len(members) >= 3  # api server, engine core, worker
+
+        async def scenario() -> None:
+            async with VLLMClient(server.url, model=MODEL, retries=2, backoff_s=0.05) as client:
+                streamed: list[int] = []
+                task = asyncio.create_task(client.generate("doomed", PROMPT, 1800, streamed.extend))
+                await wait_for_tokens(streamed, 8)
+                os.kill(server.pid, signal.SIGKILL)  # the API server dies mid-stream
+                outcome = await asyncio.wait_for(task, 15)
+                assert outcome.finish_reason == "error"
+                assert isinstance(outcome.error, EngineConnectionError)
+                assert server.url in str(outcome.error)
+                assert outcome.token_ids == streamed and len(streamed) >= 8
+
+        run(scenario(), 60)
+        # What a separate `cadencerl ... down` would do: only the state dir is needed.
+        assert down(pool.state_dir) == [server.pid]
+        assert not any(os.path.exists(f"/proc/{pid}") and group_members(server.pid) for pid in members)
+        assert group_members(server.pid) == []
+        assert not (pool.state_dir / STATE_FILE).exists()
+    assert down(pool.state_dir) == []  # idempotent; the context exit found nothing left
+
+
+def test_down_without_state_is_noop(tmp_path: Path) -> None:
+    assert down(tmp_path) == []
+
+
+def test_pool_start_failure_cleans_up(tmp_path: Path) -> None:
+    """A server that cannot start (bogus interpreter) raises PoolError and leaves no state."""
+    model_dir = tmp_path / "model"
+    model_dir.mkdir()
+    (model_dir / MARKER).write_text(json.dumps({"format": 1, "seed": 0}))
+    config = PoolConfig(num_workers=1, python="/bin/false", model_dir=model_dir, start_timeout_s=20,
+                        kv_tokens=4096, max_model_len=2048)
+    with pytest.raises(PoolError, match="exited"):
+        with LocalPool(tmp_path / "state", config):
+            pass
+    assert not (tmp_path / "state" / STATE_FILE).exists()
