@@ -55,7 +55,7 @@ class Controller:
         self.pending = PendingSet()
         self.params = params
         self.credits = CreditModel(batch_size, params.eta, len(trajectories))
-        self.trainer = Trainer(batch_size, params.eta, len(trajectories), train_time_s, train_time_per_token_s)
+        self.trainer = Trainer(self.credits, train_time_s, train_time_per_token_s)
         self.kv_transfer_time = kv_transfer_time
         self.kv_bytes_per_token = kv_bytes_per_token
         self.counters = Counters()
@@ -136,7 +136,7 @@ class Controller:
             self._sample(now)
         view = PoolView(now, self.trainer.version, self.trainer.next_batch, self.workers, self.pending, self.fresh,
                         self.credits, self.params, self.trainer.busy_until is not None,
-                        self.credits.admitted - self.done, len(self.trainer.completed), self.tool_waiting)
+                        self.credits.admitted - self.done, self.trainer.completed_count, self.tool_waiting)
         acted = False
         for action in self.policy.decide(view):
             self.apply(action, now)
@@ -191,7 +191,6 @@ class Controller:
             traj.versions.append(w.version)
             traj.admitted_at = now
             self.credits.record(w.version)
-            self.trainer.started(traj)
             self._attach(traj, w, Restore.PREFILL, 0.0, now)
 
     def _place_pending(self, a: Place, now: float) -> None:

@@ -1,14 +1,17 @@
 """The admission budget eta: how far fresh work may run ahead of training consumption.
 
-A trajectory tagged v may be consumed by batches v..v+eta at the latest, so fresh work is admitted
-under version v only while (a) batch v+eta has not been formed yet and (b) everything tagged <= v
-fits in batches 0..v+eta: count(tag <= v) <= (v + eta + 1) * batch_size. This is AReaL's
-`(max_staleness + version + 1) * batch - (accepted + running)` bound, per version. In steady state
-it keeps about (eta+1) batches in flight; eta = 0 is synchronous, eta = 1 one-step off-policy.
+A trajectory tagged v must be consumed by batch v + eta at the latest. With k the next batch to
+be formed, the trajectories tagged <= t that are started but not consumed must fit in batches
+k..t+eta, for every tag t:  outstanding(<= t) <= (t + eta - k + 1) * batch_size.
+Fresh work under version v raises outstanding(<= t) for every t >= v, so it is admitted only while
+all those inequalities keep room. With every batch consumed in tag order this is exactly AReaL's
+`(max_staleness + version + 1) * batch - (accepted + running)`; it stays safe when trajectories
+finish out of order. In steady state about (eta+1) batches are in flight; eta = 0 is synchronous.
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field
 
 
@@ -17,21 +20,31 @@ class CreditModel:
     batch_size: int
     eta: int
     total: int
-    admitted_by_tag: dict[int, int] = field(default_factory=dict)
+    admitted: int = 0
+    outstanding_by_tag: Counter = field(default_factory=Counter)   # started, not yet consumed
 
-    @property
-    def admitted(self) -> int:
-        return sum(self.admitted_by_tag.values())
-
-    def admitted_up_to(self, version: int) -> int:
-        return sum(n for v, n in self.admitted_by_tag.items() if v <= version)
+    def room(self, tag: int, next_batch: int, extra: Counter | None = None) -> int:
+        """Slack of the tightest constraint for tags >= `tag`, after removing `extra` (a batch being formed)."""
+        extra = extra or Counter()
+        tags = sorted(set(self.outstanding_by_tag) | {tag})
+        left = 0
+        slack = None
+        for t in tags:
+            left += self.outstanding_by_tag.get(t, 0) - extra.get(t, 0)
+            if t >= tag:
+                s = (t + self.eta - next_batch + 1) * self.batch_size - left
+                slack = s if slack is None else min(slack, s)
+        return slack if slack is not None else 0
 
     def admissible(self, version: int, next_batch: int) -> int:
         """How many more fresh trajectories may start under `version` now."""
-        if version + self.eta < next_batch:
-            return 0
-        room = (version + self.eta + 1) * self.batch_size - self.admitted_up_to(version)
-        return max(0, min(room, self.total - self.admitted))
+        return max(0, min(self.room(version, next_batch), self.total - self.admitted))
 
     def record(self, version: int, n: int = 1) -> None:
-        self.admitted_by_tag[version] = self.admitted_by_tag.get(version, 0) + n
+        self.admitted += n
+        self.outstanding_by_tag[version] += n
+
+    def consumed(self, tag: int) -> None:
+        self.outstanding_by_tag[tag] -= 1
+        if not self.outstanding_by_tag[tag]:
+            del self.outstanding_by_tag[tag]

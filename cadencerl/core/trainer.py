@@ -1,8 +1,10 @@
 """The trainer as the rollout pool sees it: it consumes batches and publishes versions.
 
-Batch k may be formed only when every trajectory tagged <= k - eta has completed, and it takes
-completed trajectories oldest tag first, so no sample is ever consumed more than eta versions
-after the version it started under. Training takes a fixed time (plus an optional per-token
+A trajectory tagged t must be consumed by batch t + eta at the latest. Batch k takes completed
+trajectories oldest tag first, and is formed only if afterwards, for every tag t, the trajectories
+tagged <= t still unconsumed fit in the batches k+1..t+eta that remain for them. Otherwise the
+trainer waits for stragglers: so no sample is ever consumed more than eta versions after the
+version it started under, whatever order trajectories finish in. Training takes a fixed time (plus an optional per-token
 time), then version k+1 is published.
 """
 
@@ -11,21 +13,20 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 
+from cadencerl.core.credits import CreditModel
 from cadencerl.core.trajectory import Trajectory
 
 
 @dataclass
 class Trainer:
-    batch_size: int
-    eta: int
-    total: int
+    credits: CreditModel
     train_time_s: float
     train_time_per_token_s: float = 0.0
     version: int = 0                 # latest published version
     busy_until: float | None = None  # training in progress until then
     consumed: int = 0
-    completed: list[Trajectory] = field(default_factory=list)
-    unfinished_by_tag: Counter = field(default_factory=Counter)
+    completed: dict[int, list[Trajectory]] = field(default_factory=dict)  # by tag, in completion order
+    completed_count: int = 0
     staleness: Counter = field(default_factory=Counter)
     publish_times: list[float] = field(default_factory=list)
     batch_tokens: list[int] = field(default_factory=list)
@@ -35,39 +36,65 @@ class Trainer:
         """Index of the next batch to train; equals the version it will produce minus one."""
         return self.version + (1 if self.busy_until is not None else 0)
 
-    def started(self, traj: Trajectory) -> None:
-        self.unfinished_by_tag[traj.tag] += 1
+    @property
+    def batch_size(self) -> int:
+        return self.credits.batch_size
+
+    @property
+    def eta(self) -> int:
+        return self.credits.eta
+
+    @property
+    def total(self) -> int:
+        return self.credits.total
 
     def finished(self, traj: Trajectory) -> None:
-        self.unfinished_by_tag[traj.tag] -= 1
-        if not self.unfinished_by_tag[traj.tag]:
-            del self.unfinished_by_tag[traj.tag]
-        self.completed.append(traj)
+        self.completed.setdefault(traj.tag, []).append(traj)
+        self.completed_count += 1
 
-    def _batch_ready(self) -> bool:
-        k = self.next_batch
-        oldest_unfinished = min(self.unfinished_by_tag, default=None)
-        if oldest_unfinished is not None and oldest_unfinished <= k - self.eta:
-            return False  # a straggler must make it into this batch
-        remaining = self.total - self.consumed
-        return len(self.completed) >= min(self.batch_size, remaining) > 0
+    def _take(self) -> Counter | None:
+        """How many of each tag the next batch takes (oldest tag first), or None if forming it
+        now could strand a straggler."""
+        n = min(self.batch_size, self.total - self.consumed)
+        if n == 0 or self.completed_count < n:
+            return None
+        taken: Counter = Counter()
+        for tag in sorted(self.completed):
+            k = min(n, len(self.completed[tag]))
+            taken[tag] = k
+            n -= k
+            if n == 0:
+                break
+        # after this batch the next one is k+1: every constraint must still hold then
+        if self.credits.room(min(self.credits.outstanding_by_tag), self.next_batch + 1, taken) < 0:
+            return None
+        return taken
 
     def try_start(self, now: float) -> float | None:
         """Start training if a batch is ready; returns the publish time."""
-        if self.busy_until is not None or not self._batch_ready():
+        if self.busy_until is not None:
+            return None
+        taken = self._take()
+        if taken is None:
             return None
         k = self.next_batch
-        self.completed.sort(key=lambda t: (t.tag, t.completed_at))
-        n = min(self.batch_size, len(self.completed))
-        batch, self.completed = self.completed[:n], self.completed[n:]
+        batch: list[Trajectory] = []
+        for tag, count in taken.items():
+            bucket = self.completed[tag]
+            batch += bucket[:count]
+            del bucket[:count]
+            if not bucket:
+                del self.completed[tag]
+        self.completed_count -= len(batch)
         tokens = 0
         for traj in batch:
             stale = k - traj.tag
-            if stale > self.eta or stale < 0:
+            if not 0 <= stale <= self.eta:
                 raise AssertionError(f"staleness bound broken: trajectory {traj.id} tag {traj.tag} in batch {k}")
             self.staleness[stale] += 1
+            self.credits.consumed(traj.tag)
             tokens += traj.tokens
-        self.consumed += n
+        self.consumed += len(batch)
         self.batch_tokens.append(tokens)
         self.busy_until = now + self.train_time_s + self.train_time_per_token_s * tokens
         return self.busy_until

@@ -69,6 +69,7 @@ class PoolConfig:
     seed: int = 0
     start_timeout_s: float = 240.0
     stop_timeout_s: float = 15.0
+    enforce_eager: bool = True  # starts faster; see docs/vllm-cpu-notes.md for the throughput cost
     python: str | None = None
     model_dir: Path | None = None
     extra_args: tuple[str, ...] = ()
@@ -132,9 +133,11 @@ class LocalPool:
 
     def __init__(self, state_dir: Path, config: PoolConfig = PoolConfig()) -> None:
         config.validate()
-        self.state_dir = Path(state_dir)
+        self.state_dir = Path(state_dir).resolve()
         self.config = config
-        self.model_dir = Path(config.model_dir or self.state_dir / "model")
+        # Absolute: servers run with the state dir as cwd, and vLLM takes an unknown relative
+        # path for a hub repo id.
+        self.model_dir = Path(config.model_dir or self.state_dir / "model").resolve()
         self.servers: list[ServerInfo] = []
         self._procs: list[subprocess.Popen[bytes]] = []
 
@@ -206,7 +209,8 @@ class LocalPool:
             "--max-num-seqs", str(cfg.max_num_seqs),
             "--block-size", str(cfg.block_size),
             "--kv-cache-memory-bytes", str(kv_tokens * cfg.arch.kv_bytes_per_token),
-            "--enable-prefix-caching", "--enable-scale-out", "--enforce-eager",
+            "--enable-prefix-caching", "--enable-scale-out",
+            *(["--enforce-eager"] if cfg.enforce_eager else []),
             "--seed", str(cfg.seed),
             *cfg.extra_args,
         ]
@@ -295,6 +299,12 @@ def group_members(pgid: int) -> list[int]:
         if stat is not None and stat[2] != "Z" and int(stat[4]) == pgid:
             members.append(int(entry.name))
     return members
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether `pid` is a live process (a zombie counts as gone)."""
+    stat = _read_stat(pid)
+    return stat is not None and stat[2] != "Z"
 
 
 def _is_ours(server: ServerInfo) -> bool:

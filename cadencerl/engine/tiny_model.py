@@ -25,7 +25,8 @@ from pathlib import Path
 MARKER = "cadencerl-tiny-model.json"
 """Written last, so its presence means the folder is complete."""
 
-_FORMAT_VERSION = 1
+FORMAT_VERSION = 1
+"""Bumped whenever the build changes, so that older folders are rebuilt."""
 _CORPUS_BYTES = 4_000_000
 """How much local text trains the tokenizer: enough for a 4k vocab, small enough to stay fast."""
 
@@ -123,7 +124,7 @@ def _read_marker(out_dir: Path) -> dict[str, object] | None:
 def is_built(out_dir: Path, *, seed: int = 0) -> bool:
     """Whether `out_dir` holds a complete tiny model built with `seed` by this code version."""
     marker = _read_marker(Path(out_dir))
-    return marker is not None and marker.get("seed") == seed and marker.get("format") == _FORMAT_VERSION
+    return marker is not None and marker.get("seed") == seed and marker.get("format") == FORMAT_VERSION
 
 
 def _train_tokenizer(out_dir: Path, files: list[Path], vocab_size: int) -> None:
@@ -199,7 +200,7 @@ def build_tiny_model(out_dir: Path, *, seed: int = 0) -> Path:
         eos_id = PreTrainedTokenizerFast.from_pretrained(tmp).eos_token_id
         num_params = _save_model(tmp, TINY_ARCH, seed, eos_id)
         info = {
-            "format": _FORMAT_VERSION,
+            "format": FORMAT_VERSION,
             "seed": seed,
             "arch": asdict(TINY_ARCH),
             "num_params": num_params,

@@ -19,78 +19,75 @@ class DoesNotFitError(ValueError):
     """The model's weights leave no room for KV on this worker."""
 
 
-@dataclass(frozen=True)
 class DecodeLine:
     """Step time of a fixed batch as a function of the step index k (context C0 + B*k).
 
-    time(k) = base + max(p0 + p1*k, q0 + q1*k): p is the memory term, q the compute term.
+    time(k) = base + max(p0 + p1*k, q0 + q1*k): p is the memory term, q the compute term. The max
+    of two lines is one line up to the crossing `split` and another after it, so sums over steps
+    are two arithmetic series. (A plain slotted class: this is the simulator's hot path.)
     """
 
-    base: float
-    p0: float
-    p1: float
-    q0: float
-    q1: float
+    __slots__ = ("base", "p0", "p1", "q0", "q1", "split", "a0", "a1", "b0", "b1")
+
+    def __init__(self, base: float, p0: float, p1: float, q0: float, q1: float) -> None:
+        self.base, self.p0, self.p1, self.q0, self.q1 = base, p0, p1, q0, q1
+        m0, m1, c0, c1 = base + p0, p1, base + q0, q1
+        if m1 == c1:
+            self.split, self.a0, self.a1, self.b0, self.b1 = 0, 0.0, 0.0, max(m0, c0), m1
+            return
+        cross = (c0 - m0) / (m1 - c1)
+        # (a0, a1) holds before `split`, (b0, b1) from it on
+        first, second = ((c0, c1), (m0, m1)) if m1 > c1 else ((m0, m1), (c0, c1))
+        self.split = math.ceil(cross) if 0.0 < cross < 1e15 else (0 if cross <= 0.0 else 10**15)
+        (self.a0, self.a1), (self.b0, self.b1) = first, second
 
     def step(self, k: int) -> float:
         return self.base + max(self.p0 + self.p1 * k, self.q0 + self.q1 * k)
 
-    def _pieces(self, n: int) -> list[tuple[int, int, float, float]]:
-        """Split [0, n) into runs where one term dominates: (start, end, intercept, slope)."""
-        a0, a1 = self.base + self.p0, self.p1
-        b0, b1 = self.base + self.q0, self.q1
-        if a1 == b1:
-            return [(0, n, max(a0, b0), a1)]
-        cross = (b0 - a0) / (a1 - b1)  # where the lines meet
-        split = math.ceil(min(max(cross, 0.0), float(n)))
-        if a1 > b1:  # memory term wins after the crossing
-            first, second = (b0, b1), (a0, a1)
-        else:
-            first, second = (a0, a1), (b0, b1)
-        out = []
-        if split > 0:
-            out.append((0, split, *first))
-        if split < n:
-            out.append((split, n, *second))
-        return out
-
     def time(self, n: int) -> float:
         """Seconds for steps 0..n-1."""
+        split = self.split if self.split < n else n
         total = 0.0
-        for lo, hi, c0, c1 in self._pieces(n):
-            m = hi - lo
-            total += m * c0 + c1 * (lo + hi - 1) * m / 2.0
+        if split > 0:
+            total = split * self.a0 + self.a1 * (split - 1) * split / 2.0
+        if split < n:
+            m = n - split
+            total += m * self.b0 + self.b1 * (split + n - 1) * m / 2.0
         return total
 
     def steps_within(self, budget: float, limit: int) -> int:
         """The most whole steps (at most `limit`) that finish within `budget` seconds."""
         if budget <= 0.0 or limit <= 0:
             return 0
-        spent = 0.0
-        done = 0
-        for lo, hi, c0, c1 in self._pieces(limit):
-            m = hi - lo
-            piece = m * c0 + c1 * (lo + hi - 1) * m / 2.0
-            if spent + piece <= budget:
-                spent += piece
-                done = hi
-                continue
-            # Inside this piece: step j (absolute) costs c0 + c1*j; solve the quadratic.
-            left = budget - spent
-            a = c0 + c1 * lo  # cost of the first step in the piece
-            if c1 == 0.0:
-                j = int(left / a)
-            else:
-                half = c1 / 2.0
-                lin = a - half
-                j = int((-lin + math.sqrt(lin * lin + 4.0 * half * left)) / (2.0 * half))
-            j = max(0, min(j, m))
-            while j < m and (j + 1) * a + c1 * j * (j + 1) / 2.0 <= left:
-                j += 1
-            while j > 0 and j * a + c1 * (j - 1) * j / 2.0 > left:
-                j -= 1
-            return lo + j
-        return done
+        split = self.split if self.split < limit else limit
+        if split > 0:
+            first = split * self.a0 + self.a1 * (split - 1) * split / 2.0
+            if first > budget:
+                return _solve(self.a0, self.a1, 0, split, budget)
+            budget -= first
+        if split >= limit:
+            return limit
+        return split + _solve(self.b0, self.b1, split, limit - split, budget)
+
+    def __repr__(self) -> str:
+        return f"DecodeLine({self.base}, {self.p0}, {self.p1}, {self.q0}, {self.q1})"
+
+
+def _solve(c0: float, c1: float, lo: int, m: int, left: float) -> int:
+    """Largest j <= m with sum_{i<j} (c0 + c1*(lo+i)) <= left."""
+    a = c0 + c1 * lo  # cost of the first step
+    if c1 * m <= 1e-12 * a:  # flat enough: the linear estimate, corrected below
+        j = int(min(left / a, m + 1.0))
+    else:
+        half = c1 / 2.0
+        lin = a - half
+        j = int((-lin + math.sqrt(lin * lin + 4.0 * half * left)) / (2.0 * half))
+    j = max(0, min(j, m))
+    while j < m and (j + 1) * a + c1 * j * (j + 1) / 2.0 <= left:
+        j += 1
+    while j > 0 and j * a + c1 * (j - 1) * j / 2.0 > left:
+        j -= 1
+    return j
 
 
 @dataclass(frozen=True)

@@ -15,9 +15,11 @@ from cadencerl.engine.local_pool import LocalPool, PoolConfig, vllm_available
 
 
 @pytest.fixture(scope="session")
-def tiny_model_dir(request: pytest.FixtureRequest) -> Path:
-    """Kept in pytest's cache folder so that later runs reuse the built model."""
-    return Path(request.config.cache.mkdir("cadencerl-tiny-model")) / "seed0"
+def tiny_model_dir(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Kept in pytest's cache folder (when enabled) so that later runs reuse the built model."""
+    cache = getattr(request.config, "cache", None)
+    root = Path(cache.mkdir("cadencerl-tiny-model")) if cache else tmp_path_factory.mktemp("model")
+    return root / "seed0"
 
 
 @pytest.fixture(scope="session")

@@ -26,8 +26,9 @@ from cadencerl.engine.local_pool import (
     PoolError,
     down,
     group_members,
+    pid_alive,
 )
-from cadencerl.engine.tiny_model import MARKER, TINY_ARCH, build_tiny_model
+from cadencerl.engine.tiny_model import FORMAT_VERSION, MARKER, TINY_ARCH, build_tiny_model
 from cadencerl.engine.vllm_client import (
     EngineConnectionError,
     EngineHTTPError,
@@ -275,7 +276,7 @@ def test_killed_server_gives_error_and_down_leaves_nothing(
         run(scenario(), 60)
         # What a separate `cadencerl ... down` would do: only the state dir is needed.
         assert down(pool.state_dir) == [server.pid]
-        assert not any(os.path.exists(f"/proc/{pid}") and group_members(server.pid) for pid in members)
+        assert [pid for pid in members if pid_alive(pid)] == []
         assert group_members(server.pid) == []
         assert not (pool.state_dir / STATE_FILE).exists()
     assert down(pool.state_dir) == []  # idempotent; the context exit found nothing left
@@ -289,7 +290,7 @@ def test_pool_start_failure_cleans_up(tmp_path: Path) -> None:
     """A server that cannot start (bogus interpreter) raises PoolError and leaves no state."""
     model_dir = tmp_path / "model"
     model_dir.mkdir()
-    (model_dir / MARKER).write_text(json.dumps({"format": 1, "seed": 0}))
+    (model_dir / MARKER).write_text(json.dumps({"format": FORMAT_VERSION, "seed": 0}))
     config = PoolConfig(num_workers=1, python="/bin/false", model_dir=model_dir, start_timeout_s=20,
                         kv_tokens=4096, max_model_len=2048)
     with pytest.raises(PoolError, match="exited"):
