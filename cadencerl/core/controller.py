@@ -271,14 +271,21 @@ class Controller:
     def _retag_stranded(self, w: Worker) -> None:
         """AReaL resumes off-worker trajectories with the new weights: move them to the new version
         when no worker of their old version is left."""
-        for v in [v for v in self.pending.versions() if v < w.version]:
-            if any(o.version == v and o.alive for o in self.workers):
-                continue
+        live = {o.version for o in self.workers if o.alive}
+        for v in [v for v in self.pending.versions() if v < w.version and v not in live]:
             for traj in self.pending.at(v):
                 self.pending.remove(traj)
                 traj.versions.append(w.version)
                 traj.kv_home = None
                 self.pending.add(traj)
+        stale = [v for v, n in self.tool_waiting.items() if n and v < w.version and v not in live]
+        if stale:
+            for traj in self.trajectories.values():
+                if traj.state is State.TOOL and traj.version in stale:
+                    self.tool_waiting[traj.version] -= 1
+                    traj.versions.append(w.version)
+                    traj.kv_home = None
+                    self.tool_waiting[w.version] = self.tool_waiting.get(w.version, 0) + 1
 
     def _interrupt(self, a: Interrupt, now: float) -> None:
         """Abort, update weights, resume in place with re-prefill (the prefix cache is stale)."""

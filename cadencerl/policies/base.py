@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
 
-from cadencerl.core.actions import Action, Admit, Advance
+from cadencerl.core.actions import Action, Admit, Advance, Evict, Place
 from cadencerl.core.trajectory import Trajectory
 from cadencerl.core.view import PoolView
 from cadencerl.core.worker import Worker
@@ -37,3 +37,27 @@ def admit_fresh(view: PoolView, choose: Callable[[list[Worker], Trajectory], Wor
 
 def resident_order(worker: Worker, longest_first: bool = True) -> list[Trajectory]:
     return sorted(worker.residents.values(), key=lambda t: t.context, reverse=longest_first)
+
+
+def pack(trajs: Iterable[Trajectory], targets: list[Worker], margin: Callable[[Worker], int] = lambda w: 0,
+         ) -> list[tuple[Trajectory, Worker]] | None:
+    """First fit of every trajectory onto `targets` (in their order), or None if one does not fit."""
+    room = {w.id: w.headroom - margin(w) for w in targets}
+    slots = {w.id: w.max_num_seqs - w.load for w in targets}
+    plan = []
+    for t in trajs:
+        dst = next((w for w in targets if room[w.id] >= t.context and slots[w.id] > 0), None)
+        if dst is None:
+            return None
+        room[dst.id] -= t.context
+        slots[dst.id] -= 1
+        plan.append((t, dst))
+    return plan
+
+
+def move(plan: list[tuple[Trajectory, Worker]]) -> Iterator[Action]:
+    """Depart every planned trajectory first, then place each: one migration cascade."""
+    for traj, _dst in plan:
+        yield Evict(traj.id)
+    for traj, dst in plan:
+        yield Place(traj.id, dst.id)

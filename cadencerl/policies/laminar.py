@@ -1,0 +1,66 @@
+"""Laminar: independent weight advancement plus dynamic repack (arXiv 2510.12633, summary App. D).
+
+Each worker pulls new weights on its own as soon as its residents of the old version are gone (no
+global barrier). Fresh work goes to the least-loaded worker whose version still has budget. Once
+a version can admit no more fresh work its remaining trajectories are a long tail; a repack then
+consolidates the tail from under-utilized workers onto the fullest workers of that version that
+have room, so the freed workers advance. Moves restore KV over the cluster link where the
+workers are compatible, else re-prefill.
+
+Where the paper is silent: a worker is under-utilized below `REPACK_UTILIZATION` of its sequence
+slots, targets keep `TARGET_MARGIN` of their KV free, and a source moves only if all of its
+residents fit (a partial move frees nothing).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from cadencerl.core.actions import Action, Place
+from cadencerl.core.view import PoolView
+from cadencerl.core.worker import Worker
+from cadencerl.policies.base import admit_fresh, advance_idle, fits, move, pack
+from cadencerl.policies.registry import register
+
+REPACK_UTILIZATION = 0.25
+TARGET_MARGIN = 0.10
+
+
+class Laminar:
+    name = "laminar"
+    kv_transfer = True
+
+    def decide(self, view: PoolView) -> Iterator[Action]:
+        yield from advance_idle(view)
+        for traj in sorted(view.pending, key=lambda t: -t.context):
+            ws = [w for w in view.alive() if w.version == traj.version and fits(w, traj.context, _margin(w))]
+            if ws:
+                yield Place(traj.id, max(ws, key=lambda w: (w.load, -w.id)).id)
+        yield from self._repack(view)
+        yield from advance_idle(view)
+        yield from admit_fresh(view, lambda ws, _t: min(ws, key=lambda w: (w.load, w.id)))
+
+    def _repack(self, view: PoolView) -> Iterator[Action]:
+        groups: dict[int, list[Worker]] = {}
+        for w in view.alive():
+            groups.setdefault(w.version, []).append(w)
+        for v, workers in groups.items():
+            if view.admissible(v) > 0 or view.pending.count(v) or v >= view.trainer_version:
+                continue  # still fresh work, or nothing newer to free workers for
+            sources = sorted((w for w in workers if 0 < w.load < REPACK_UTILIZATION * w.max_num_seqs),
+                             key=lambda w: (w.load, w.id))
+            for src in sources:
+                if not src.residents:
+                    continue
+                targets = sorted((w for w in workers if w is not src and w.load >= src.load),
+                                 key=lambda w: (-w.load, w.id))
+                plan = pack(sorted(src.residents.values(), key=lambda t: -t.context), targets, _margin)
+                if plan is not None:
+                    yield from move(plan)
+
+
+def _margin(w: Worker) -> int:
+    return int(TARGET_MARGIN * w.kv_capacity)
+
+
+register("laminar", lambda s: Laminar())

@@ -1,0 +1,55 @@
+"""Sync and One-off: rollout in whole batches behind a barrier (CadenceRL summary, Appendix D).
+
+* Sync: roll out batch k with version k, train, publish k+1, then roll out batch k+1: no overlap,
+  no staleness.
+* One-off: batch k+1 is rolled out with version k while batch k trains (staleness <= 1).
+
+Both dispatch a batch's trajectories to the least-loaded worker and never migrate; all workers
+take the new weights together at the barrier, when the pool is empty.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from cadencerl.core.actions import Action, Admit, Advance, Place
+from cadencerl.core.view import PoolView
+from cadencerl.policies.base import fits
+from cadencerl.policies.registry import register
+
+
+class Synchronous:
+    kv_transfer = False
+
+    def __init__(self, overlap: bool) -> None:
+        self.overlap = overlap
+        self.name = "one-off" if overlap else "sync"
+
+    def decide(self, view: PoolView) -> Iterator[Action]:
+        b = view.credits.batch_size
+        admitted = view.credits.admitted
+        batch = admitted // b                  # the batch being (or next to be) rolled out
+        if admitted % b == 0:                  # between batches: the barrier
+            if view.in_flight or not view.fresh:
+                return
+            ready = view.trainer_version >= batch - 1 if self.overlap else (
+                view.trainer_version >= batch and not view.trainer_busy)
+            if not ready:
+                return
+            for w in view.alive():
+                if w.version < view.trainer_version:
+                    yield Advance(w.id, view.trainer_version)
+        for traj in sorted(view.pending, key=lambda t: t.context):   # only after a lost worker
+            ws = [w for w in view.alive() if w.version == traj.version and fits(w, traj.context)]
+            if ws:
+                yield Place(traj.id, min(ws, key=lambda w: (w.load, w.id)).id)
+        while view.fresh and view.credits.admitted < (batch + 1) * b:
+            nxt = view.fresh[0]
+            ws = [w for w in view.alive() if view.admissible(w.version) > 0 and fits(w, nxt.context)]
+            if not ws:
+                return
+            yield Admit(min(ws, key=lambda w: (w.load, w.id)).id, 1)
+
+
+register("sync", lambda s: Synchronous(overlap=False))
+register("one-off", lambda s: Synchronous(overlap=True))

@@ -1,0 +1,33 @@
+"""No policy reads a trajectory's target length: the length is sealed and raises when read."""
+
+import pytest
+
+from cadencerl.policies import registry
+from cadencerl.policies.least_loaded import LeastLoaded
+from cadencerl.sim.run import simulate
+from cadencerl.sim.workload import PeekError
+from tests.conftest import small
+
+
+class Peeker(LeastLoaded):
+    name = "peeker"
+
+    def decide(self, view):
+        for w in view.workers:
+            for t in w.residents.values():
+                if t.spec.response > 1000:  # what an oracle would like to know
+                    pass
+        yield from super().decide(view)
+
+
+def test_a_policy_that_peeks_fails_loudly(monkeypatch):
+    monkeypatch.setitem(registry._FACTORIES, "peeker", lambda s: Peeker())
+    with pytest.raises(PeekError):
+        simulate(small("16a8h", trajectories=64, batch=16), "peeker")
+
+
+@pytest.mark.parametrize("policy", [p for p in registry.policy_names() if p != "dora"] + ["dora"])
+def test_every_policy_runs_with_sealed_lengths(policy):
+    scenario = small("h800-16" if policy == "dora" else "16a16b8h", trajectories=160, batch=40)
+    r = simulate(scenario, policy)
+    assert r["trajectories_completed"] == 160
