@@ -38,3 +38,18 @@ def test_every_figure_of_the_json_contract_is_present(small_scenario):
         assert key in r
     assert r["trajectories_completed"] == r["trajectories_submitted"] == 192
     assert r["latency_p50_s"] <= r["latency_p95_s"] <= r["latency_p99_s"]
+
+
+def test_credit_room_matches_the_definition():
+    from itertools import product
+
+    from cadencerl.core.credits import CreditModel
+
+    for eta, k, counts in product([0, 1, 3], [0, 1, 2, 4], [{0: 5}, {0: 3, 2: 4}, {1: 10, 3: 1}, {}]):
+        c = CreditModel(batch_size=4, eta=eta, total=100)
+        for tag, n in counts.items():
+            c.record(tag, n)
+        for tag in range(6):
+            tags = sorted(set(counts) | {tag})
+            want = min((t + eta - k + 1) * 4 - sum(n for u, n in counts.items() if u <= t) for t in tags if t >= tag)
+            assert c.room(tag, k) == want, (eta, k, counts, tag)

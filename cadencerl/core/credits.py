@@ -23,18 +23,20 @@ class CreditModel:
     admitted: int = 0
     outstanding_by_tag: Counter = field(default_factory=Counter)   # started, not yet consumed
 
-    def room(self, tag: int, next_batch: int, extra: Counter | None = None) -> int:
+    def room(self, tag: int, next_batch: int, extra: dict[int, int] | None = None) -> int:
         """Slack of the tightest constraint for tags >= `tag`, after removing `extra` (a batch being formed)."""
-        extra = extra or Counter()
-        tags = sorted(set(self.outstanding_by_tag) | {tag})
+        out, b = self.outstanding_by_tag, self.batch_size
+        base = self.eta - next_batch + 1
         left = 0
         slack = None
-        for t in tags:
-            left += self.outstanding_by_tag.get(t, 0) - extra.get(t, 0)
+        for t in sorted(out):
+            if t > tag and slack is None:  # the constraint at `tag` itself
+                slack = (tag + base) * b - left
+            left += out[t] - (extra.get(t, 0) if extra else 0)
             if t >= tag:
-                s = (t + self.eta - next_batch + 1) * self.batch_size - left
-                slack = s if slack is None else min(slack, s)
-        return slack if slack is not None else 0
+                s = (t + base) * b - left
+                slack = s if slack is None or s < slack else slack
+        return (tag + base) * b - left if slack is None else slack
 
     def admissible(self, version: int, next_batch: int) -> int:
         """How many more fresh trajectories may start under `version` now."""

@@ -1,4 +1,4 @@
-"""Start and stop a pool of local vLLM CPU servers serving the tiny model, for development and tests.
+"""Start and stop a pool of local vLLM CPU servers serving the tiny model, for dev and tests.
 
 Why this shape:
 - Each server runs in its own session/process group (vLLM forks an engine core, a worker and a
@@ -17,8 +17,10 @@ Why this shape:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -28,7 +30,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from types import TracebackType
-from typing import Literal
+from typing import Literal, Self
 
 import httpx
 
@@ -53,7 +55,10 @@ def vllm_available(python: str | None = None) -> bool:
     """Whether `python` can import vLLM (checked without importing it here)."""
     code = "import importlib.util,sys; sys.exit(importlib.util.find_spec('vllm') is None)"
     try:
-        return subprocess.run([vllm_python(python), "-c", code], timeout=60).returncode == 0
+        return (
+            subprocess.run([vllm_python(python), "-c", code], check=False, timeout=60).returncode
+            == 0
+        )
     except (OSError, subprocess.TimeoutExpired):
         return False
 
@@ -85,7 +90,9 @@ class PoolConfig:
 
     @property
     def kv_bytes_per_token(self) -> int:
-        return replace(self.arch, dtype_bytes=4 if self.dtype == "float32" else 2).kv_bytes_per_token
+        return replace(
+            self.arch, dtype_bytes=4 if self.dtype == "float32" else 2
+        ).kv_bytes_per_token
 
     def validate(self) -> None:
         if self.num_workers < 1:
@@ -152,12 +159,15 @@ class LocalPool:
     def urls(self) -> list[str]:
         return [s.url for s in self.servers]
 
-    def __enter__(self) -> LocalPool:
+    def __enter__(self) -> Self:
         self.start()
         return self
 
     def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
     ) -> None:
         self.stop()
 
@@ -191,46 +201,66 @@ class LocalPool:
     def _build_model(self) -> None:
         if is_built(self.model_dir, seed=self.config.seed):
             return
-        cmd = [vllm_python(self.config.python), "-m", "cadencerl.engine.tiny_model",
-               str(self.model_dir), "--seed", str(self.config.seed)]
+        cmd = [
+            vllm_python(self.config.python),
+            "-m",
+            "cadencerl.engine.tiny_model",
+            str(self.model_dir),
+            "--seed",
+            str(self.config.seed),
+        ]
         env = {**os.environ, "PYTHONPATH": _pythonpath()}
-        result = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+        result = subprocess.run(
+            cmd, check=False, env=env, capture_output=True, text=True, timeout=300
+        )
         if result.returncode != 0:
             tail = "\n".join(result.stderr.strip().splitlines()[-5:])
             raise PoolError(f"building the tiny model failed:\n{tail}")
 
     def _spawn(self, index: int) -> ServerInfo:
         cfg = self.config
-        port = _free_port()
+        port = _free_port(exclude={s.port for s in self.servers})
         kv_tokens = cfg.kv_tokens_of(index)
         cores = sorted(os.sched_getaffinity(0))
         core = cores[index % len(cores)]
         log_path = self.state_dir / "logs" / f"worker-{index}.log"
-        cmd = [
-            vllm_python(cfg.python), "-m", "vllm.entrypoints.openai.api_server",
-            "--model", str(self.model_dir),
-            "--served-model-name", SERVED_MODEL_NAME,
-            "--host", HOST, "--port", str(port),
-            "--dtype", cfg.dtype,
-            "--max-model-len", str(cfg.max_model_len),
-            "--max-num-seqs", str(cfg.max_num_seqs),
-            "--block-size", str(cfg.block_size),
-            "--kv-cache-memory-bytes", str(kv_tokens * cfg.kv_bytes_per_token),
-            "--enable-prefix-caching", "--enable-scale-out",
-            *(["--enforce-eager"] if cfg.enforce_eager else []),
-            "--seed", str(cfg.seed),
-            *cfg.extra_args,
-        ]
+        options = {
+            "--model": str(self.model_dir),
+            "--served-model-name": SERVED_MODEL_NAME,
+            "--host": HOST,
+            "--port": str(port),
+            "--dtype": cfg.dtype,
+            "--max-model-len": str(cfg.max_model_len),
+            "--max-num-seqs": str(cfg.max_num_seqs),
+            "--block-size": str(cfg.block_size),
+            "--kv-cache-memory-bytes": str(kv_tokens * cfg.kv_bytes_per_token),
+            "--seed": str(cfg.seed),
+        }
+        switches = ["--enable-prefix-caching", "--enable-scale-out"]
+        switches += ["--enforce-eager"] if cfg.enforce_eager else []
+        cmd = [vllm_python(cfg.python), "-m", "vllm.entrypoints.openai.api_server"]
+        cmd += [item for pair in options.items() for item in pair] + switches
+        cmd += list(cfg.extra_args)
         env = _server_env(core)
         with open(log_path, "wb") as log:
             proc = subprocess.Popen(
-                cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                env=env, start_new_session=True, cwd=self.state_dir,
+                cmd,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=env,
+                start_new_session=True,
+                cwd=self.state_dir,
             )
         self._procs.append(proc)
         return ServerInfo(
-            index=index, url=f"http://{HOST}:{port}", port=port, pid=proc.pid,
-            start_ticks=_start_ticks(proc.pid) or 0, core=core, kv_tokens=kv_tokens,
+            index=index,
+            url=f"http://{HOST}:{port}",
+            port=port,
+            pid=proc.pid,
+            start_ticks=_start_ticks(proc.pid) or 0,
+            core=core,
+            kv_tokens=kv_tokens,
             log_path=str(log_path),
         )
 
@@ -283,10 +313,8 @@ def down(
         if not alive:
             break
         for pgid in alive:
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.killpg(pgid, sig)
-            except ProcessLookupError:
-                pass
         _wait_groups_gone(alive, wait_s, procs)
     left = {pgid: group_members(pgid) for pgid in ours}
     left = {k: v for k, v in left.items() if v}
@@ -317,10 +345,12 @@ def pid_alive(pid: int) -> bool:
 def _is_ours(server: ServerInfo) -> bool:
     """False only when the leader pid is alive but is a different process (pid recycled)."""
     ticks = _start_ticks(server.pid)
-    return ticks is None or server.start_ticks == 0 or ticks == server.start_ticks
+    return ticks is None or server.start_ticks in (0, ticks)
 
 
-def _wait_groups_gone(pgids: list[int], wait_s: float, procs: Sequence[subprocess.Popen[bytes]]) -> None:
+def _wait_groups_gone(
+    pgids: list[int], wait_s: float, procs: Sequence[subprocess.Popen[bytes]]
+) -> None:
     deadline = time.monotonic() + wait_s
     while time.monotonic() < deadline:
         for proc in procs:
@@ -345,11 +375,28 @@ def _start_ticks(pid: int) -> int | None:
     return int(stat[21]) if stat is not None else None
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((HOST, 0))
-        port: int = sock.getsockname()[1]
-        return port
+def _free_port(exclude: set[int]) -> int:
+    """A free loopback port *below* the kernel's ephemeral range.
+
+    vLLM's own internal sockets bind ephemeral ports while a server starts; an API port taken from
+    that range could be grabbed by a sibling server before its owner binds it.
+    """
+    try:
+        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768
+    rng = random.Random()
+    for _ in range(200):
+        port = rng.randrange(max(1024, low - 12000), low)
+        if port in exclude:
+            continue
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            try:
+                sock.bind((HOST, port))
+            except OSError:
+                continue
+            return port
+    raise PoolError("no free loopback port found below the ephemeral range")
 
 
 def _pythonpath() -> str:

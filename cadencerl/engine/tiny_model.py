@@ -124,7 +124,9 @@ def _read_marker(out_dir: Path) -> dict[str, object] | None:
 def is_built(out_dir: Path, *, seed: int = 0) -> bool:
     """Whether `out_dir` holds a complete tiny model built with `seed` by this code version."""
     marker = _read_marker(Path(out_dir))
-    return marker is not None and marker.get("seed") == seed and marker.get("format") == FORMAT_VERSION
+    return (
+        marker is not None and marker.get("seed") == seed and marker.get("format") == FORMAT_VERSION
+    )
 
 
 def _train_tokenizer(out_dir: Path, files: list[Path], vocab_size: int) -> None:
@@ -141,7 +143,7 @@ def _train_tokenizer(out_dir: Path, files: list[Path], vocab_size: int) -> None:
         show_progress=False,
     )
     tokenizer.train([str(p) for p in files], trainer)
-    fast = PreTrainedTokenizerFast(
+    fast = PreTrainedTokenizerFast(  # type: ignore[no-untyped-call]
         tokenizer_object=tokenizer,
         eos_token=EOS_TOKEN,
         bos_token=EOS_TOKEN,
@@ -156,7 +158,7 @@ def _save_model(out_dir: Path, arch: ModelArch, seed: int, eos_id: int) -> int:
     import torch
     from transformers import AutoModelForCausalLM, Qwen2Config
 
-    config = Qwen2Config(
+    config = Qwen2Config(  # type: ignore[call-arg]  # head_dim is accepted at runtime
         vocab_size=arch.vocab_size,
         hidden_size=arch.hidden_size,
         intermediate_size=arch.intermediate_size,
@@ -172,7 +174,7 @@ def _save_model(out_dir: Path, arch: ModelArch, seed: int, eos_id: int) -> int:
         initializer_range=_INIT_STD,
     )
     torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(config).to(torch.bfloat16)
+    model = AutoModelForCausalLM.from_config(config).to(torch.bfloat16)  # type: ignore[no-untyped-call]
     model.config.dtype = "bfloat16"
     model.save_pretrained(out_dir)
     return sum(p.numel() for p in model.parameters())

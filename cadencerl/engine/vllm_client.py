@@ -22,7 +22,7 @@ import asyncio
 import json
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal, Self, TypeVar
 
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
@@ -172,7 +172,7 @@ class VLLMClient:
             trust_env=False,  # never route a server call through an environment proxy
         )
 
-    async def __aenter__(self) -> VLLMClient:
+    async def __aenter__(self) -> Self:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
@@ -199,11 +199,15 @@ class VLLMClient:
             except httpx.TimeoutException as exc:
                 raise EngineTimeoutError(f"timed out: {_describe(exc)}", url=url) from exc
             except httpx.TransportError as exc:
-                raise EngineConnectionError(f"connection failed: {_describe(exc)}", url=url) from exc
+                raise EngineConnectionError(
+                    f"connection failed: {_describe(exc)}", url=url
+                ) from exc
         raise AssertionError("unreachable")
 
     async def _request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
-        response = await self._with_retries(path, lambda: self._http.request(method, path, **kwargs))
+        response = await self._with_retries(
+            path, lambda: self._http.request(method, path, **kwargs)
+        )
         _raise_for_status(response, self._url(path))
         return response
 
@@ -222,23 +226,26 @@ class VLLMClient:
         while True:
             remaining = deadline - loop.time()
             if remaining <= 0:
-                raise EngineTimeoutError(f"not healthy after {timeout_s:.0f} s", url=self._url("/health"))
+                raise EngineTimeoutError(
+                    f"not healthy after {timeout_s:.0f} s", url=self._url("/health")
+                )
             try:
                 if await asyncio.wait_for(self.health(), timeout=remaining):
                     return
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 continue
             await asyncio.sleep(min(poll_s, max(0.0, deadline - loop.time())))
 
     async def check_model(self, name: str | None = None) -> int:
-        """Check the server serves `name` (default: the client's model); return its max_model_len."""
+        """Check the server serves `name` (default: the client's model); return max_model_len."""
         name = name or self.model
         path = "/v1/models"
         data = _json(await self._request("GET", path), self._url(path))
         served = {m.get("id"): m for m in data.get("data", []) if isinstance(m, dict)}
         if name not in served:
             raise ModelMismatchError(
-                f"model {name!r} not served; server has {sorted(map(str, served))}", url=self._url(path)
+                f"model {name!r} not served; server has {sorted(map(str, served))}",
+                url=self._url(path),
             )
         max_len = served[name].get("max_model_len")
         if isinstance(max_len, int):
@@ -322,40 +329,51 @@ class VLLMClient:
             if response.status_code >= 400:
                 await response.aread()
                 _raise_for_status(response, url)
-            finish: str | None = None
-            try:
-                async for line in response.aiter_lines():
-                    if not line.startswith("data:"):
-                        continue
-                    payload = line[5:].strip()
-                    if payload == "[DONE]":
-                        break
-                    chunk = _loads(payload, url)
-                    if "error" in chunk:
-                        raise EngineProtocolError(f"server error in stream: {_error_text(chunk)}", url=url)
-                    for choice in chunk.get("choices") or ():
-                        new = choice.get("token_ids") or []
-                        if new:
-                            received.extend(new)
-                            if on_tokens is not None:
-                                on_tokens(list(new))
-                        finish = choice.get("finish_reason") or finish
-            except httpx.TimeoutException as exc:
-                raise EngineTimeoutError(
-                    f"no stream data for {self.timeouts.stream_read:.0f} s after "
-                    f"{len(received)} tokens", url=url
-                ) from exc
-            except httpx.TransportError as exc:
-                raise EngineConnectionError(
-                    f"stream broke after {len(received)} tokens: {_describe(exc)}", url=url
-                ) from exc
+            finish = await _read_stream(response, url, received, on_tokens)
+        except httpx.TimeoutException as exc:
+            raise EngineTimeoutError(
+                f"no stream data for {self.timeouts.stream_read:.0f} s "
+                f"after {len(received)} tokens",
+                url=url,
+            ) from exc
+        except httpx.TransportError as exc:
+            raise EngineConnectionError(
+                f"stream broke after {len(received)} tokens: {_describe(exc)}", url=url
+            ) from exc
         finally:
-            await response.aclose()
-        if finish is None:
-            raise EngineProtocolError(f"stream ended without a finish reason after {len(received)} tokens", url=url)
+            await response.aclose()  # on cancellation too: the disconnect aborts the request
         if finish not in _FINISH:
-            raise EngineProtocolError(f"unexpected finish reason {finish!r}", url=url)
+            raise EngineProtocolError(
+                f"stream ended with finish reason {finish!r} after {len(received)} tokens", url=url
+            )
         return _FINISH[finish]
+
+
+async def _read_stream(
+    response: httpx.Response,
+    url: str,
+    received: list[int],
+    on_tokens: Callable[[list[int]], None] | None,
+) -> str | None:
+    """Consume the SSE events of one generation; return the last finish reason seen."""
+    finish: str | None = None
+    async for line in response.aiter_lines():
+        if not line.startswith("data:"):
+            continue
+        payload = line[5:].strip()
+        if payload == "[DONE]":
+            break
+        chunk = _loads(payload, url)
+        if "error" in chunk:
+            raise EngineProtocolError(f"server error in stream: {_error_text(chunk)}", url=url)
+        for choice in chunk.get("choices") or ():
+            new = choice.get("token_ids") or []
+            if new:
+                received.extend(new)
+                if on_tokens is not None:
+                    on_tokens(list(new))
+            finish = choice.get("finish_reason") or finish
+    return finish
 
 
 _FINISH: dict[str, FinishReason] = {"length": "length", "abort": "aborted", "stop": "stop"}

@@ -24,9 +24,11 @@ def advance_idle(view: PoolView, workers: Iterable[Worker] | None = None) -> Ite
 
 def admit_fresh(view: PoolView, choose: Callable[[list[Worker], Trajectory], Worker | None]) -> Iterator[Action]:
     """Admit fresh trajectories one at a time to the worker `choose` picks, within the eta budget."""
+    workers = view.alive()
     while view.fresh:
         nxt = view.fresh[0]
-        candidates = [w for w in view.alive() if view.admissible(w.version) > 0 and fits(w, nxt.context)]
+        open_versions = {v for v in {w.version for w in workers} if view.admissible(v) > 0}
+        candidates = [w for w in workers if w.version in open_versions and fits(w, nxt.context)]
         if not candidates:
             return
         w = choose(candidates, nxt)

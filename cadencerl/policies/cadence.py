@@ -44,6 +44,7 @@ class Cadence:
     def floor(self, w: Worker) -> int:
         return int(self.floor_frac * w.kv_capacity)
 
+
     def _feasible(self, w: Worker, tokens: int, reserve: int) -> bool:
         """Post-placement headroom clears the floor plus `reserve` decode tokens for every resident."""
         return w.load < w.max_num_seqs and w.headroom - tokens >= self.floor(w) + reserve * (w.load + 1)
@@ -67,48 +68,54 @@ class Cadence:
         for w in workers:
             while w.headroom < self.floor(w) and w.load > 1:
                 yield Evict(max(w.residents.values(), key=lambda t: t.context).id)
+        # Shortest first over fresh and pending work. Feasibility is monotone in length, so the
+        # first trajectory that fits nowhere ends its stream.
         pending = sorted(view.pending.at(v), key=lambda t: t.context)
+        i = 0
+        fresh_open = True
         siblings: dict[int, set[int]] | None = None
         last_fresh: tuple[int, int] | None = None   # (group, worker) of the last admission
-        i = 0
         while True:
-            fresh = view.fresh[0] if view.fresh and view.admissible(v) > 0 else None
+            fresh = view.fresh[0] if fresh_open and view.fresh and view.admissible(v) > 0 else None
             nxt = pending[i] if i < len(pending) else None
             if fresh is None and nxt is None:
                 return
-            if nxt is None or (fresh is not None and fresh.context <= nxt.context):
+            if fresh is not None and (nxt is None or fresh.context <= nxt.context):
                 w = None
                 if last_fresh and last_fresh[0] == fresh.group:
                     cand = view.workers[last_fresh[1]]
                     w = cand if self._feasible(cand, fresh.context, self.delta) else None
                 w = w or self._tight_fit(workers, fresh.context)
                 if w is None:
-                    fresh = None
-                    if nxt is None:
-                        return
-                else:
-                    last_fresh = (fresh.group, w.id)
-                    yield Admit(w.id, 1)
+                    fresh_open = False
                     continue
-            if nxt is None:
-                return
+                last_fresh = (fresh.group, w.id)
+                yield Admit(w.id, 1)
+                continue
+            tight = self._tight_fit(workers, nxt.context)
+            if tight is None:
+                pending = pending[:i]  # nothing longer fits either
+                continue
             if siblings is None:
-                siblings = _sibling_index(workers)
-            w = next((view.workers[wid] for wid in sorted(siblings.get(nxt.group, ()))
-                      if self._feasible(view.workers[wid], nxt.context, self.delta)), None)
-            w = w or self._tight_fit(workers, nxt.context)
+                siblings = _sibling_index(workers, {t.group for t in pending[i:]})
+            home = next((view.workers[wid] for wid in sorted(siblings.get(nxt.group, ()))
+                         if self._feasible(view.workers[wid], nxt.context, self.delta)), None)
+            w = home or tight
+            siblings.setdefault(nxt.group, set()).add(w.id)
             i += 1
-            if w is not None:
-                siblings.setdefault(nxt.group, set()).add(w.id)
-                yield Place(nxt.id, w.id)
+            yield Place(nxt.id, w.id)
 
     def _tight_fit(self, workers: list[Worker], tokens: int) -> Worker | None:
+        """The feasible worker left with the least spare room after the placement."""
         best, best_room = None, None
+        delta = self.delta
         for w in workers:
-            if self._feasible(w, tokens, self.delta):
-                room = w.headroom - tokens - self.delta * (w.load + 1)
-                if best_room is None or room < best_room:
-                    best, best_room = w, room
+            load = len(w.residents)
+            if load >= w.max_num_seqs:
+                continue
+            room = w.kv_capacity - w.kv_used - tokens - delta * (load + 1) - self.floor(w)
+            if room >= 0 and (best_room is None or room < best_room):
+                best, best_room = w, room
         return best
 
     # -- concentration --------------------------------------------------------------------------
@@ -163,11 +170,14 @@ class Cadence:
         return view.trainer_version
 
 
-def _sibling_index(workers: list[Worker]) -> dict[int, set[int]]:
+def _sibling_index(workers: list[Worker], groups: set[int]) -> dict[int, set[int]]:
+    """Which workers hold a resident of each prompt group in `groups`."""
     index: dict[int, set[int]] = {}
     for w in workers:
         for t in w.residents.values():
-            index.setdefault(t.group, set()).add(w.id)
+            g = t.spec.group
+            if g in groups:
+                index.setdefault(g, set()).add(w.id)
     return index
 
 

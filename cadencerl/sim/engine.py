@@ -34,7 +34,8 @@ class Request:
     def generated(self) -> int:
         if self.step0 < 0:
             return self.gen0
-        return self.gen0 + self.engine.steps - self.step0
+        e = self.engine
+        return self.gen0 + e.steps + e.lag - self.step0
 
 
 @dataclass(eq=False)
@@ -49,6 +50,7 @@ class SimEngine:
     prefilling: list[Request] = field(default_factory=list)
     prefill_end: float = -1.0      # >= 0 while a prefill pass holds the engine
     steps: int = 0                 # decode steps committed so far
+    lag: int = 0                   # steps finished since seg_start, observed by sync but not committed
     ctx_total: int = 0             # KV tokens of the running set at `steps`
     queued_ctx: int = 0            # KV tokens reserved by waiting, in-transit and prefilling requests
     seg_start: float = 0.0         # time of step `steps` (start of the in-progress step)
@@ -62,14 +64,21 @@ class SimEngine:
     peak_kv: int = 0
 
     def kv_committed(self) -> int:
-        return self.ctx_total + self.queued_ctx
+        return self.ctx_total + len(self.running) * self.lag + self.queued_ctx
 
     def sync(self, now: float) -> None:
-        """Commit the decode steps finished by `now` (never the scheduled event's own step)."""
+        """Observe the decode steps finished by `now` (never the scheduled event's own step).
+
+        Cheap on purpose: the steps are only counted (`lag`); they are folded into the segment
+        when the engine next changes, so the scheduled event stays valid."""
         if self.line is None or now <= self.seg_start:
             return
-        n = self.line.steps_within(now - self.seg_start, self.event_step - 1)
-        if n > 0:
+        self.lag = self.line.steps_within(now - self.seg_start, self.event_step - 1)
+
+    def _fold(self) -> None:
+        """Commit the observed steps before changing the batch."""
+        if self.lag:
+            n, self.lag = self.lag, 0
             self._commit(n, self.seg_start + self.line.time(n))
 
     def _commit(self, n: int, at: float) -> None:
@@ -88,11 +97,13 @@ class SimEngine:
     # -- mutations from the controller --------------------------------------------------------------
 
     def enqueue(self, req: Request) -> None:
+        self._fold()
         self.queued_ctx += req.ctx0
         self.waiting.append(req)
 
     def remove(self, req: Request) -> None:
         """Abort: the request leaves with every token it generated so far."""
+        self._fold()
         req.live = False
         if req.step0 >= 0:
             grown = self.steps - req.step0
@@ -113,6 +124,7 @@ class SimEngine:
     def restart(self, now: float) -> float | None:
         """After a change: the in-progress step restarts with the new batch; admit; plan."""
         self.epoch += 1
+        self._fold()
         if self.prefill_end < 0:
             if self.line is not None:
                 self.seg_start = max(self.seg_start, now - self.line.step(0))
@@ -125,6 +137,7 @@ class SimEngine:
     def on_event(self, now: float, finished: list[Request]) -> float | None:
         """The scheduled event happened at `now`: a step boundary or the end of a prefill."""
         self.epoch += 1
+        self.lag = 0  # the event's step count already includes every observed step
         if self.prefill_end >= 0:
             self._join_prefilled(now)
         elif self.line is not None:

