@@ -13,7 +13,8 @@ venv: $(BIN)/python
 	$(BIN)/pip install -q -e '.[test]'
 
 demo: venv
-	$(BIN)/cadencerl sim --scenario 16a16b8h --policy least-loaded
+	$(BIN)/cadencerl compare --scenario 16a16b8h --policies cadence,laminar,areal,one-off,sync,least-loaded --json out/demo.json
+	@echo "figures written to out/demo.json"
 
 test: venv
 	$(BIN)/python -m pytest -q

@@ -119,6 +119,46 @@ def compare(scenario: Optional[str] = ScenarioOpt, config: Optional[Path] = Conf
 
 
 @app.command()
+def sensitivity(scenario: Optional[str] = ScenarioOpt, config: Optional[Path] = ConfigOpt,
+                policy: str = typer.Option("cadence", "--policy", "-p"),
+                etas: str = typer.Option("1,2,3,4,6", "--etas"), deltas: str = typer.Option("512,1024,2048,4096", "--deltas"),
+                json_out: Optional[str] = JsonOpt, trajectories: Optional[int] = typer.Option(None, min=1)) -> None:
+    """Throughput and P95 latency over a grid of eta (admission budget) and delta (decode reserve)."""
+    from rich.table import Table
+
+    s = _scenario(scenario, config, dict(trajectories=trajectories))
+    eta_values, delta_values = _int_list("etas", etas), _int_list("deltas", deltas)
+    runs = []
+    with _progress(True) as progress:
+        task = progress.add_task(f"{s.name} / {policy} sensitivity", total=len(eta_values) * len(delta_values))
+        for eta in eta_values:
+            for delta in delta_values:
+                r = _run_policies(s.with_overrides(policy={"eta": eta, "delta": delta}), [policy], False, False)[0]
+                r.update(eta=eta, delta=delta)
+                runs.append(r)
+                progress.advance(task)
+    table = Table(title=f"{s.name}: {policy} throughput tok/s / P95 s by eta (rows) and delta (columns)")
+    table.add_column("eta")
+    for d in delta_values:
+        table.add_column(f"delta {d}", justify="right")
+    for eta in eta_values:
+        cells = [next(r for r in runs if r["eta"] == eta and r["delta"] == d) for d in delta_values]
+        table.add_row(str(eta), *(f"{r['throughput_tok_s']:,.0f} / {r['latency_p95_s']:.0f}" for r in cells))
+    print_tables([table], json_out == "-")
+    _write_json(json_out, runs)
+
+
+def _int_list(name: str, text: str) -> list[int]:
+    try:
+        values = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        _fail(f"{name}: expected comma-separated integers, got {text!r}")
+    if not values or any(v < 0 for v in values):
+        _fail(f"{name}: expected non-negative integers, got {text!r}")
+    return values
+
+
+@app.command()
 def scenarios() -> None:
     """List the built-in scenarios."""
     from rich.table import Table

@@ -83,7 +83,7 @@ class PolicySpec(_Strict):
     eta: int = Field(default=1, ge=0)
     delta: int = Field(default=1024, ge=0)
     headroom_floor: float = Field(default=0.05, ge=0, lt=1)
-    tick_s: float = Field(default=0.25, gt=0)
+    tick_s: float = Field(default=0.5, gt=0)
     kv_preparation: bool = True
 
 

@@ -36,6 +36,11 @@ def summarize(scenario_name: str, policy_name: str, ctl: Controller, engines, wa
             "mean_context": float(np.mean(ctx_samples[acc])) if ctx_samples[acc] else 0.0,
             "preemptions": sum(engines[i].preemptions for i in ids),
         }
+    timeline: dict[float, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
+    for t, wid, mean_ctx, _n in ctl.counters.samples:
+        timeline[t][ctl.workers[wid].accelerator].append(mean_ctx)
+    context_timeline = [{"t": t, **{acc: float(np.mean(v)) for acc, v in per.items()}}
+                        for t, per in sorted(timeline.items())]
     publish = ctl.trainer.publish_times
     iterations = np.diff([0.0] + publish).tolist() if publish else []
     c = ctl.counters
@@ -65,6 +70,8 @@ def summarize(scenario_name: str, policy_name: str, ctl: Controller, engines, wa
         "iteration_times_s": iterations,
         "versions_published": ctl.trainer.version,
         "per_accelerator": per_type,
+        "context_timeline": context_timeline,
+        "longest_trajectory": max(trajs, key=lambda t: t.tokens).id if trajs else None,
         "sim_time_s": makespan,
         "train_end_s": publish[-1] if publish else makespan,
         "wall_time_s": wall_time_s,

@@ -44,6 +44,9 @@ def check(result: dict, scenario) -> None:
     assert result["trajectories_completed"] == result["trajectories_submitted"] == n
     assert all(int(k) <= scenario.policy.eta for k in result["staleness_histogram"])
     assert sum(result["staleness_histogram"].values()) == n
+    # the oracle bound is never beaten
+    assert result["throughput_tok_s"] <= result["bound_throughput_tok_s"] * (1 + 1e-9)
+    assert result["latency_p95_s"] >= result["bound_latency_p95_s"] * (1 - 1e-9)
 
 
 ASYNC = [p for p in policy_names() if p not in ("dora",)]

@@ -65,6 +65,7 @@ class Controller:
         self.sample_every_s = sample_every_s
         self._next_sample = 0.0
         self.on_progress: Callable[[int, int], None] | None = None
+        self.traced: dict[int, list[tuple[float, str | None, int, float]]] = {}  # id -> (t, accel, ctx, kv share)
 
     # -- the loop -------------------------------------------------------------------------------
 
@@ -134,6 +135,13 @@ class Controller:
                 w.kv_used = self.backend.kv_committed(w.id)
         if now >= self._next_sample:
             self._sample(now)
+        for tid, points in self.traced.items():
+            t = self.trajectories[tid]
+            if t.state is State.RESIDENT:
+                w = self.workers[t.worker]
+                points.append((now, w.accelerator, t.context, t.context / max(w.kv_used, 1)))
+            elif t.state is not State.DONE and t.state is not State.FRESH:
+                points.append((now, None, t.context, 0.0))
         view = PoolView(now, self.trainer.version, self.trainer.next_batch, self.workers, self.pending, self.fresh,
                         self.credits, self.params, self.trainer.busy_until is not None,
                         self.credits.admitted - self.done, self.trainer.completed_count, self.tool_waiting)

@@ -8,6 +8,7 @@ from collections.abc import Callable
 from cadencerl.config import ConfigError, Scenario
 from cadencerl.core.controller import Controller
 from cadencerl.core.trajectory import Trajectory
+from cadencerl.bounds import oracle_bounds
 from cadencerl.hardware import catalog
 from cadencerl.metrics import summarize
 from cadencerl.policies.registry import make_policy
@@ -17,10 +18,12 @@ from cadencerl.sim.workload import generate
 
 
 def simulate(scenario: Scenario, policy_name: str, *, exact: bool = False,
-             progress: Callable[[int, int], None] | None = None, keep: dict | None = None) -> dict:
+             progress: Callable[[int, int], None] | None = None, keep: dict | None = None,
+             trace: tuple[int, ...] = ()) -> dict:
     """Simulate `policy_name` on `scenario`; the conservation check runs before returning.
 
-    `keep`, when given, receives the controller and backend for callers that want the traces.
+    `trace` names trajectories whose residency and KV share are recorded at every decision
+    (result key `traces`); `keep`, when given, receives the controller and backend.
     """
     started = time.perf_counter()
     workers, perfs = build_pool(scenario)
@@ -37,9 +40,15 @@ def simulate(scenario: Scenario, policy_name: str, *, exact: bool = False,
                      kv_transfer_time=lambda src, dst, tokens: perfs[dst.id].kv_transfer_time(tokens, link),
                      kv_bytes_per_token=catalog.model(scenario.model).kv_bytes_per_token)
     ctl.on_progress = progress
+    ctl.traced = {tid: [] for tid in trace}
     ctl.run()
     result = summarize(scenario.name, policy.name, ctl, backend.engines, time.perf_counter() - started,
                        backend.events_processed)
+    result.update(oracle_bounds(specs, workers, perfs, key))
+    if trace:
+        result["traces"] = {str(tid): [list(p) for p in pts] for tid, pts in ctl.traced.items()}
+    result["throughput_fraction_of_bound"] = result["throughput_tok_s"] / result["bound_throughput_tok_s"]
+    result["p95_multiple_of_bound"] = result["latency_p95_s"] / max(result["bound_latency_p95_s"], 1e-12)
     if keep is not None:
         keep.update(controller=ctl, backend=backend)
     return result
