@@ -91,7 +91,7 @@ def test_pacing_places_shortest_first_by_tight_fit():
     empty = worker(1, cap=10_000)
     acts = actions(view([full, empty], fresh=[traj(10, 50, group=5)], admitted=100, batch=100, total=300))
     # fresh work goes to the nearly full worker (smallest post-placement headroom that stays feasible)
-    assert acts == [Admit(0, 1)]
+    assert acts == [Admit(0, 10)]
 
 
 def test_pacing_respects_the_per_resident_decode_reserve():
@@ -99,8 +99,8 @@ def test_pacing_respects_the_per_resident_decode_reserve():
     residents = [traj(i, 350) for i in range(20)]
     crowded = worker(0, cap=10_000, residents=residents)
     roomy = worker(1, cap=10_000, residents=[traj(99, 1000)])
-    acts = actions(view([crowded, roomy], fresh=[traj(10, 50)], admitted=100, batch=100, total=300))
-    assert acts == [Admit(1, 1)]
+    acts = actions(view([crowded, roomy], fresh=[traj(100, 50)], admitted=100, batch=100, total=300))
+    assert acts == [Admit(1, 100)]
 
 
 def test_pacing_prefers_a_worker_holding_a_sibling():

@@ -7,10 +7,10 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True, slots=True)
 class Admit:
-    """Start the next `count` fresh trajectories on `worker`, tagged with the worker's version."""
+    """Start fresh trajectory `traj` on `worker`, tagged with the worker's version."""
 
     worker: int
-    count: int = 1
+    traj: int
 
 
 @dataclass(frozen=True, slots=True)

@@ -7,7 +7,6 @@ before the backend sees it, so a buggy policy fails loudly instead of corrupting
 
 from __future__ import annotations
 
-from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -15,6 +14,7 @@ from cadencerl.config import PolicySpec
 from cadencerl.core.actions import ActionError, Admit, Advance, Evict, Interrupt, Place
 from cadencerl.core.backend import Backend, Finished, Restore, Timer, ToolReturned, TurnEnded, WorkerLost
 from cadencerl.core.credits import CreditModel
+from cadencerl.core.fresh import FreshQueue
 from cadencerl.core.pending import PendingSet
 from cadencerl.core.trainer import Trainer
 from cadencerl.core.trajectory import State, Trajectory
@@ -51,7 +51,7 @@ class Controller:
         self.backend = backend
         self.workers = workers
         self.trajectories = {t.id: t for t in trajectories}
-        self.fresh: deque[Trajectory] = deque(trajectories)
+        self.fresh = FreshQueue(trajectories)
         self.pending = PendingSet()
         self.params = params
         self.credits = CreditModel(batch_size, params.eta, len(trajectories))
@@ -188,18 +188,18 @@ class Controller:
 
     def _admit(self, a: Admit, now: float) -> None:
         w = self._worker(a.worker)
-        allowed = min(len(self.fresh), self.credits.admissible(w.version, self.trainer.next_batch))
-        if a.count < 1 or a.count > allowed:
-            raise ActionError(f"admit {a.count} on worker {w.id} at version {w.version}: budget allows {allowed}")
-        for _ in range(a.count):
-            traj = self.fresh[0]
-            self._check_fits(w, traj)
-            self.fresh.popleft()
-            traj.tag = w.version
-            traj.versions.append(w.version)
-            traj.admitted_at = now
-            self.credits.record(w.version)
-            self._attach(traj, w, Restore.PREFILL, 0.0, now)
+        traj = self._traj(a.traj)
+        if traj.state is not State.FRESH:
+            raise ActionError(f"trajectory {traj.id} is not fresh")
+        if self.credits.admissible(w.version, self.trainer.next_batch) < 1:
+            raise ActionError(f"admit on worker {w.id} at version {w.version}: the eta budget is spent")
+        self._check_fits(w, traj)
+        self.fresh.take(traj)
+        traj.tag = w.version
+        traj.versions.append(w.version)
+        traj.admitted_at = now
+        self.credits.record(w.version)
+        self._attach(traj, w, Restore.PREFILL, 0.0, now)
 
     def _place_pending(self, a: Place, now: float) -> None:
         traj = self._traj(a.traj)

@@ -168,6 +168,9 @@ class VLLMClient:
         self._http = httpx.AsyncClient(
             base_url=self.base_url,
             timeout=httpx.Timeout(timeouts.request, connect=timeouts.connect),
+            # No cap on connections: each in-flight generation holds one stream, and a capped pool
+            # would turn "more streams than the cap" into pool timeouts. The server queues excess.
+            limits=httpx.Limits(max_connections=None, max_keepalive_connections=64),
             transport=transport,
             trust_env=False,  # never route a server call through an environment proxy
         )

@@ -34,12 +34,12 @@ class AReaL:
             w = self._next(workers, lambda w: w.version == traj.version and fits(w, traj.context))
             if w is not None:
                 yield Place(traj.id, w.id)
-        while view.fresh:
-            nxt = view.fresh[0]
-            w = self._next(workers, lambda w: view.admissible(w.version) > 0 and fits(w, nxt.context))
+        while (nxt := view.next_fresh()) is not None:
+            w = self._next(workers, lambda w: view.admissible(w.version) > 0 and fits(w, nxt.context)
+                           and view.accepts_new(w))
             if w is None:
                 return
-            yield Admit(w.id, 1)
+            yield Admit(w.id, nxt.id)
 
     def _next(self, workers, ok):
         """Round-robin: the next worker after the cursor that `ok` accepts."""

@@ -25,16 +25,16 @@ def advance_idle(view: PoolView, workers: Iterable[Worker] | None = None) -> Ite
 def admit_fresh(view: PoolView, choose: Callable[[list[Worker], Trajectory], Worker | None]) -> Iterator[Action]:
     """Admit fresh trajectories one at a time to the worker `choose` picks, within the eta budget."""
     workers = view.alive()
-    while view.fresh:
-        nxt = view.fresh[0]
+    while (nxt := view.next_fresh()) is not None:
         open_versions = {v for v in {w.version for w in workers} if view.admissible(v) > 0}
-        candidates = [w for w in workers if w.version in open_versions and fits(w, nxt.context)]
+        candidates = [w for w in workers if w.version in open_versions and fits(w, nxt.context)
+                      and view.accepts_new(w)]
         if not candidates:
             return
         w = choose(candidates, nxt)
         if w is None:
             return
-        yield Admit(w.id, 1)
+        yield Admit(w.id, nxt.id)
 
 
 def resident_order(worker: Worker, longest_first: bool = True) -> list[Trajectory]:

@@ -76,7 +76,7 @@ class Cadence:
         siblings: dict[int, set[int]] | None = None
         last_fresh: tuple[int, int] | None = None   # (group, worker) of the last admission
         while True:
-            fresh = view.fresh[0] if fresh_open and view.fresh and view.admissible(v) > 0 else None
+            fresh = view.next_fresh() if fresh_open and view.admissible(v) > 0 else None
             nxt = pending[i] if i < len(pending) else None
             if fresh is None and nxt is None:
                 return
@@ -84,13 +84,14 @@ class Cadence:
                 w = None
                 if last_fresh and last_fresh[0] == fresh.group:
                     cand = view.workers[last_fresh[1]]
-                    w = cand if self._feasible(cand, fresh.context, self.delta) else None
-                w = w or self._tight_fit(workers, fresh.context)
+                    w = cand if self._feasible(cand, fresh.context, self.delta) and view.accepts_new(cand) else None
+                w = w or self._tight_fit([x for x in workers if view.accepts_new(x)] if view.gate else workers,
+                                         fresh.context)
                 if w is None:
                     fresh_open = False
                     continue
                 last_fresh = (fresh.group, w.id)
-                yield Admit(w.id, 1)
+                yield Admit(w.id, fresh.id)
                 continue
             tight = self._tight_fit(workers, nxt.context)
             if tight is None:

@@ -43,12 +43,12 @@ class Synchronous:
             ws = [w for w in view.alive() if w.version == traj.version and fits(w, traj.context)]
             if ws:
                 yield Place(traj.id, min(ws, key=lambda w: (w.load, w.id)).id)
-        while view.fresh and view.credits.admitted < (batch + 1) * b:
-            nxt = view.fresh[0]
-            ws = [w for w in view.alive() if view.admissible(w.version) > 0 and fits(w, nxt.context)]
+        while view.credits.admitted < (batch + 1) * b and (nxt := view.next_fresh()) is not None:
+            ws = [w for w in view.alive() if view.admissible(w.version) > 0 and fits(w, nxt.context)
+                  and view.accepts_new(w)]
             if not ws:
                 return
-            yield Admit(min(ws, key=lambda w: (w.load, w.id)).id, 1)
+            yield Admit(min(ws, key=lambda w: (w.load, w.id)).id, nxt.id)
 
 
 register("sync", lambda s: Synchronous(overlap=False))
