@@ -13,8 +13,8 @@ from cadencerl.core.worker import Worker
 class Restore(Enum):
     """How a trajectory's context gets onto its destination's KV cache."""
 
-    PREFILL = "prefill"          # token transfer + (re-)prefill on the destination
-    CACHED = "cached"            # back where its prefix is still cached: nothing to recompute
+    PREFILL = "prefill"          # token transfer + prefill on the destination, less its prefix-cache hits
+    CACHED = "cached"            # already computed on this engine (after a prefill, or loaded KV)
     KV_TRANSFER = "kv-transfer"  # prepared KV loaded over the cluster link (no recompute)
 
 

@@ -212,11 +212,9 @@ class Controller:
         self._check_fits(w, traj)
         self.pending.remove(traj)
         traj.pending_time += now - traj.departed_at
-        restore, delay = Restore.PREFILL, 0.0
+        restore, delay = Restore.PREFILL, 0.0   # back home, the engine's prefix cache may still hold it
         home = self.workers[traj.kv_home] if traj.kv_home is not None else None
-        if home is w:
-            restore = Restore.CACHED
-        elif home is not None:
+        if home is not None and home is not w:
             self.counters.migrations += 1
             traj.migrations += 1
             if self.policy.kv_transfer and home.alive and home.compatible(w) and self.kv_transfer_time:

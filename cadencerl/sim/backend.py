@@ -86,12 +86,16 @@ class SimBackend:
         self._dirty.clear()
 
     def schedule(self, time: float, tag: str) -> None:
-        self._push(time, _TIMER, tag)
+        self._push(max(time, self._clock), _TIMER, tag)
 
     def advance(self, until: float) -> list[Event]:
+        """Process events up to `until`; return early, at the first instant that produced events
+        for the controller, so that what it schedules in response lands in the right order."""
         out: list[Event] = []
         heap = self._heap
         while heap and heap[0][0] <= until:
+            if out and heap[0][0] > self._clock:
+                return out
             t, _, kind, payload, epoch = heapq.heappop(heap)
             if kind == _ENGINE:
                 engine = self.engines[payload]

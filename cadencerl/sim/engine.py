@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from cadencerl.core.backend import Restore
 from cadencerl.core.trajectory import Trajectory
 from cadencerl.hardware.perf import DecodeLine, WorkerPerf
+from cadencerl.sim.prefix_cache import PrefixCache
 
 
 @dataclass(eq=False, slots=True)
@@ -62,6 +63,8 @@ class SimEngine:
     preemptions: int = 0
     prefill_tokens: int = 0
     peak_kv: int = 0
+    cache: PrefixCache = field(default_factory=PrefixCache)
+    preemptions_by_class: dict = field(default_factory=dict)
 
     def kv_committed(self) -> int:
         return self.ctx_total + len(self.running) * self.lag + self.queued_ctx
@@ -110,14 +113,17 @@ class SimEngine:
             self.running.remove(req)
             self.ctx_total -= req.ctx0 + grown
             req.gen0, req.ctx0, req.step0 = req.gen0 + grown, req.ctx0 + grown, -1
+            self._release(req)
             if self.prefill_end < 0:
                 self._reline()
         else:
-            for queue in (self.waiting, self.prefilling):
-                if req in queue:
-                    queue.remove(req)
-                    self.queued_ctx -= req.ctx0
-                    return
+            if req in self.waiting:
+                self.waiting.remove(req)
+                self.queued_ctx -= req.ctx0
+            elif req in self.prefilling:
+                self.prefilling.remove(req)
+                self.queued_ctx -= req.ctx0
+                self._release(req)
 
     # -- the engine's own scheduling ------------------------------------------------------------------
 
@@ -146,6 +152,7 @@ class SimEngine:
         self._relieve_overflow()
         if self.prefill_end < 0:
             self._admit(now)
+        self.cache.trim(self.capacity - self.ctx_total - len(self.running))
         return self._plan()
 
     def _collect_finished(self, finished: list[Request]) -> None:
@@ -159,6 +166,7 @@ class SimEngine:
             self.running.remove(req)
             self.ctx_total -= req.ctx0 + grown
             req.gen0, req.ctx0, req.step0 = req.gen0 + grown, req.ctx0 + grown, -1
+            self._release(req)
             finished.append(req)
         self._reline()
 
@@ -172,9 +180,12 @@ class SimEngine:
             self.ctx_total -= req.ctx0 + grown
             req.gen0, req.ctx0, req.step0 = req.gen0 + grown, req.ctx0 + grown, -1
             req.restore = Restore.PREFILL
+            self._release(req)
             self.waiting.appendleft(req)
             self.queued_ctx += req.ctx0
             self.preemptions += 1
+            cls = req.traj.spec.workload_class
+            self.preemptions_by_class[cls] = self.preemptions_by_class.get(cls, 0) + 1
         self._reline()
 
     def _admit(self, now: float) -> None:
@@ -193,12 +204,19 @@ class SimEngine:
         if not batch:
             return
         self.prefilling = batch
-        to_prefill = [r.ctx0 for r in batch if r.restore is Restore.PREFILL]
-        if not to_prefill:
+        new, cached = [], []
+        for r in batch:
+            spec = r.traj.spec
+            hit = self.cache.claim(spec.group, spec.id, spec.prompt_len, r.ctx0)
+            if r.restore is Restore.PREFILL:
+                new.append(r.ctx0 - hit)
+                cached.append(hit)
+        self.cache.trim(self.capacity - kv)
+        if not new:
             self._join_prefilled(now)
             return
-        self.prefill_tokens += sum(to_prefill)
-        self.prefill_end = now + self.perf.prefill_time(to_prefill)
+        self.prefill_tokens += sum(new)
+        self.prefill_end = now + self.perf.prefill_time(new, cached)
         self.line = None
 
     def _join_prefilled(self, now: float) -> None:
@@ -215,6 +233,11 @@ class SimEngine:
         self.seg_start = now
         self._reline()
         self.peak_kv = max(self.peak_kv, self.ctx_total)
+
+    def _release(self, req: Request) -> None:
+        spec = req.traj.spec
+        self.cache.release(spec.group, spec.id, spec.prompt_len, req.ctx0)
+        self.cache.trim(self.capacity - self.ctx_total - len(self.running))
 
     def _plan(self) -> float | None:
         """The time of this engine's next event, or None when it has nothing to do."""
