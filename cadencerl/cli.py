@@ -173,6 +173,31 @@ def scenarios() -> None:
     console().print(table)
 
 
+@app.command()
+def report(out: Optional[Path] = typer.Option(None, "--out", "-o", help="directory for report.md, figures/, results.json"),
+           quick: bool = typer.Option(False, "--quick", help="4096 trajectories per run, batch 1024, fewer sweep points"),
+           trajectories: Optional[int] = typer.Option(None, help="trajectories per run (batch = a quarter); overrides --quick's size"),
+           seed: Optional[int] = typer.Option(None, help="workload seed for every run (default: the scenarios' own, 0)")) -> None:
+    """Run the evaluation matrix (the paper's section 6) and write a markdown report with tables and plots."""
+    from cadencerl.report import ReportError, build_report
+
+    if out is None:
+        _fail("out: give --out DIR")
+    if out.exists() and not out.is_dir():
+        _fail(f"out: {str(out)!r} exists and is not a directory")
+    if trajectories is not None and trajectories < 8:
+        _fail(f"trajectories: must be at least 8, got {trajectories}")
+    if seed is not None and seed < 0:
+        _fail(f"seed: must be non-negative, got {seed}")
+    try:
+        path = build_report(out, quick=quick, trajectories=trajectories, seed=seed)
+    except (ConfigError, ReportError) as exc:
+        _fail(str(exc))
+    except OSError as exc:
+        _fail(f"out: cannot write to {str(out)!r}: {exc.strerror or exc}")
+    console().print(f"report written to {path}")
+
+
 def main() -> None:
     try:
         app()

@@ -61,14 +61,47 @@ class TurnSpec(_Strict):
     tool_latency_sigma: float = Field(default=1.0, ge=0)
 
 
-class WorkloadSpec(_Strict):
-    trajectories: int = Field(gt=0)
-    group_size: int = Field(default=8, gt=0)
+class ClassSpec(_Strict):
+    """One workload class of a mixed rollout (RLVR, RLHF, agentic...) and its target share."""
+
+    share: float = Field(gt=0)
+    group_size: int = Field(default=1, gt=0)
     prompt: LengthDist = LengthDist(median=512, sigma=0.5, cap=4096)
     response: LengthDist
     prompt_difficulty_sigma: float = Field(default=0.5, ge=0)
     turns: TurnSpec | None = None
+
+
+class WorkloadSpec(_Strict):
+    trajectories: int = Field(gt=0)
+    group_size: int = Field(default=8, gt=0)
+    prompt: LengthDist = LengthDist(median=512, sigma=0.5, cap=4096)
+    response: LengthDist | None = None
+    prompt_difficulty_sigma: float = Field(default=0.5, ge=0)
+    turns: TurnSpec | None = None
     trace: str | None = None  # a JSONL file replacing the sampled lengths
+    classes: dict[str, ClassSpec] | None = None  # a mixed workload; shares are the trainer's target mix
+
+    @model_validator(mode="after")
+    def _one_shape(self) -> "WorkloadSpec":
+        if self.classes is None and self.response is None and self.trace is None:
+            raise ValueError("response: required unless classes or a trace are given")
+        if self.classes is not None and not self.classes:
+            raise ValueError("classes: give at least one class")
+        return self
+
+    def class_specs(self) -> dict[str, ClassSpec]:
+        """Every workload as named classes (a plain workload is the single class 'rlvr')."""
+        if self.classes is not None:
+            return dict(self.classes)
+        return {"rlvr": ClassSpec(share=1.0, group_size=self.group_size, prompt=self.prompt,
+                                  response=self.response, prompt_difficulty_sigma=self.prompt_difficulty_sigma,
+                                  turns=self.turns)}
+
+    def target_mix(self) -> dict[str, float]:
+        specs = self.class_specs()
+        total = sum(c.share for c in specs.values())
+        return {name: c.share / total for name, c in specs.items()}
 
 
 class TrainerSpec(_Strict):

@@ -14,8 +14,40 @@ def _pct(values, q: float) -> float:
     return float(np.percentile(values, q)) if len(values) else 0.0
 
 
+def mixture_dtv_pp(batches: list, target: dict[str, float]) -> float:
+    """Mean total-variation distance (percentage points) between each consumed batch's class mix
+    and the trainer's target mix."""
+    if not batches:
+        return 0.0
+    dists = []
+    for counts in batches:
+        n = sum(counts.values())
+        classes = set(target) | set(counts)
+        dists.append(50.0 * sum(abs(counts.get(c, 0) / n - target.get(c, 0.0)) for c in classes))
+    return float(np.mean(dists))
+
+
+def per_class(trajs, engines, makespan: float, batches: list) -> dict[str, dict]:
+    by_class = defaultdict(list)
+    for t in trajs:
+        by_class[t.workload_class].append(t)
+    consumed = sum(sum(b.values()) for b in batches) or 1
+    out = {}
+    for cls, ts in sorted(by_class.items()):
+        lat = [t.completed_at - t.admitted_at for t in ts]
+        out[cls] = {
+            "trajectories": len(ts),
+            "throughput_tok_s": sum(t.tokens for t in ts) / makespan if makespan else 0.0,
+            "latency_p50_s": _pct(lat, 50),
+            "latency_p95_s": _pct(lat, 95),
+            "preemptions": int(sum(e.preemptions_by_class.get(cls, 0) for e in engines)),
+            "consumed_share": sum(b.get(cls, 0) for b in batches) / consumed,
+        }
+    return out
+
+
 def summarize(scenario_name: str, policy_name: str, ctl: Controller, engines, wall_time_s: float,
-              events: int) -> dict:
+              events: int, target_mix: dict[str, float] | None = None) -> dict:
     trajs = [t for t in ctl.trajectories.values() if t.state is State.DONE]
     latency = np.array([t.completed_at - t.admitted_at for t in trajs])
     nonres = np.array([max(0.0, 1.0 - t.resident_time / max(t.completed_at - t.admitted_at, 1e-12)) for t in trajs])
@@ -70,6 +102,9 @@ def summarize(scenario_name: str, policy_name: str, ctl: Controller, engines, wa
         "iteration_times_s": iterations,
         "versions_published": ctl.trainer.version,
         "per_accelerator": per_type,
+        "prefix_hit_rate": (sum(e.cache.hits for e in engines) / max(1, sum(e.cache.queried for e in engines))),
+        "mixture_dtv_pp": mixture_dtv_pp(ctl.trainer.batch_classes, target_mix or {}),
+        "per_class": per_class(trajs, engines, makespan, ctl.trainer.batch_classes),
         "context_timeline": context_timeline,
         "longest_trajectory": max(trajs, key=lambda t: t.tokens).id if trajs else None,
         "sim_time_s": makespan,

@@ -30,6 +30,7 @@ class Trainer:
     staleness: Counter = field(default_factory=Counter)
     publish_times: list[float] = field(default_factory=list)
     batch_tokens: list[int] = field(default_factory=list)
+    batch_classes: list[Counter] = field(default_factory=list)   # workload classes of each batch
 
     @property
     def next_batch(self) -> int:
@@ -96,6 +97,7 @@ class Trainer:
             tokens += traj.tokens
         self.consumed += len(batch)
         self.batch_tokens.append(tokens)
+        self.batch_classes.append(Counter(t.workload_class for t in batch))
         self.busy_until = now + self.train_time_s + self.train_time_per_token_s * tokens
         return self.busy_until
 

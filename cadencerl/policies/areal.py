@@ -12,9 +12,11 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from cadencerl.core.actions import Action, Admit, Interrupt, Place
+from cadencerl.core.actions import Action, Admit, Interrupt
+from cadencerl.core.trajectory import Trajectory
 from cadencerl.core.view import PoolView
-from cadencerl.policies.base import fits
+from cadencerl.core.worker import Worker
+from cadencerl.policies.base import fits, place_pending
 from cadencerl.policies.registry import register
 
 
@@ -30,10 +32,7 @@ class AReaL:
             if w.version < view.trainer_version:
                 yield Interrupt(w.id, view.trainer_version)
         workers = view.alive()
-        for traj in sorted(view.pending, key=lambda t: t.context):   # lost workers, tool returns
-            w = self._next(workers, lambda w: w.version == traj.version and fits(w, traj.context))
-            if w is not None:
-                yield Place(traj.id, w.id)
+        yield from place_pending(view, self._sticky)   # tool returns, lost workers
         while (nxt := view.next_fresh()) is not None:
             w = self._next(workers, lambda w: view.admissible(w.version) > 0 and fits(w, nxt.context)
                            and view.accepts_new(w))
@@ -41,15 +40,23 @@ class AReaL:
                 return
             yield Admit(w.id, nxt.id)
 
-    def _next(self, workers, ok):
-        """Round-robin: the next worker after the cursor that `ok` accepts."""
-        n = len(workers)
-        for i in range(n):
-            w = workers[(self._cursor + i) % n]
+    def _sticky(self, workers: list[Worker], traj: Trajectory) -> Worker:
+        """AReaL's rid -> server LRU: a resumed request goes back to its server if it can."""
+        home = next((w for w in workers if w.id == traj.kv_home), None)
+        return home or self._next(workers, lambda w: True)
+
+    def _next(self, workers: list[Worker], ok) -> Worker | None:
+        """Round-robin: the first worker at or after the cursor (by id) that `ok` accepts."""
+        best = None
+        for w in workers:
             if ok(w):
-                self._cursor = (self._cursor + i + 1) % n
-                return w
-        return None
+                key = (w.id - self._cursor) % (1 << 30)
+                if best is None or key < best[0]:
+                    best = (key, w)
+        if best is None:
+            return None
+        self._cursor = best[1].id + 1
+        return best[1]
 
 
 register("areal", lambda s: AReaL())

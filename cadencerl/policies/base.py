@@ -37,8 +37,22 @@ def admit_fresh(view: PoolView, choose: Callable[[list[Worker], Trajectory], Wor
         yield Admit(w.id, nxt.id)
 
 
-def resident_order(worker: Worker, longest_first: bool = True) -> list[Trajectory]:
-    return sorted(worker.residents.values(), key=lambda t: t.context, reverse=longest_first)
+def place_pending(view: PoolView, choose: Callable[[list[Worker], Trajectory], Worker],
+                  margin: Callable[[Worker], int] = lambda w: 0) -> Iterator[Action]:
+    """Place pending trajectories (continuations, resumes) shortest first on a worker of their
+    version that `choose` picks among those with room; the first that fits nowhere ends a version's
+    turn (anything longer would not fit either)."""
+    by_version: dict[int, list[Worker]] = {}
+    for w in view.alive():
+        by_version.setdefault(w.version, []).append(w)
+    for v in view.pending.versions():
+        workers = by_version.get(v, [])
+        for traj in sorted(view.pending.at(v), key=lambda t: t.context):
+            ctx = traj.context
+            ws = [w for w in workers if fits(w, ctx, margin(w))]
+            if not ws:
+                break
+            yield Place(traj.id, choose(ws, traj).id)
 
 
 def pack(trajs: Iterable[Trajectory], targets: list[Worker], margin: Callable[[Worker], int] = lambda w: 0,

@@ -146,12 +146,20 @@ class Cadence:
 
     def _place_longest_first(self, view: PoolView, v: int, workers: list[Worker],
                              exclude: Worker | None) -> Iterator[Action]:
-        targets = [w for w in workers if w is not exclude]
+        targets = sorted((w for w in workers if w is not exclude), key=lambda w: (w.affinity, -w.headroom, w.id))
+        largest = self._largest_room(targets)
         for traj in sorted(view.pending.at(v), key=lambda t: -t.context):
+            ctx = traj.context
+            if ctx > largest:
+                continue  # fits nowhere: skip without scanning
+            w = next(w for w in targets if self._feasible(w, ctx, 0))
+            yield Place(traj.id, w.id)
             targets.sort(key=lambda w: (w.affinity, -w.headroom, w.id))
-            w = next((w for w in targets if self._feasible(w, traj.context, 0)), None)
-            if w is not None:
-                yield Place(traj.id, w.id)
+            largest = self._largest_room(targets)
+
+    def _largest_room(self, workers: list[Worker]) -> int:
+        """The longest context any of `workers` could take right now (floor kept, no reserve)."""
+        return max((w.headroom - self.floor(w) for w in workers if w.load < w.max_num_seqs), default=-1)
 
     # -- advancing ------------------------------------------------------------------------------
 

@@ -13,10 +13,11 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from cadencerl.config import ConfigError, Scenario
-from cadencerl.core.actions import Action, Advance, Place
+from cadencerl.core.actions import Action, Advance
 from cadencerl.core.view import PoolView
 from cadencerl.core.worker import Worker
-from cadencerl.policies.base import admit_fresh, advance_idle, fits, move, pack
+from cadencerl.policies.base import admit_fresh, advance_idle, move, pack, place_pending
+from cadencerl.policies.least_loaded import least_loaded
 from cadencerl.policies.registry import register
 
 
@@ -30,18 +31,12 @@ class Dora:
 
     def decide(self, view: PoolView) -> Iterator[Action]:
         yield from advance_idle(view)
-        yield from self._place_pending(view)
+        yield from place_pending(view, least_loaded)
         if view.trainer_version > self._seen_version:  # a weight-sync point: plan the partition
             self._seen_version = view.trainer_version
             self._shares = self._partition(view)
         yield from self._reallocate(view)             # carried out as room allows
-        yield from admit_fresh(view, lambda ws, _t: min(ws, key=lambda w: (w.load, w.id)))
-
-    def _place_pending(self, view: PoolView) -> Iterator[Action]:
-        for traj in sorted(view.pending, key=lambda t: -t.context):
-            ws = [w for w in view.alive() if w.version == traj.version and fits(w, traj.context)]
-            if ws:
-                yield Place(traj.id, min(ws, key=lambda w: (w.load, w.id)).id)
+        yield from admit_fresh(view, least_loaded)
 
     @staticmethod
     def _partition(view: PoolView) -> dict[int, int]:

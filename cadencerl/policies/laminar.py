@@ -16,10 +16,11 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from cadencerl.core.actions import Action, Place
+from cadencerl.core.actions import Action
 from cadencerl.core.view import PoolView
 from cadencerl.core.worker import Worker
-from cadencerl.policies.base import admit_fresh, advance_idle, fits, move, pack
+from cadencerl.policies.base import admit_fresh, advance_idle, move, pack, place_pending
+from cadencerl.policies.least_loaded import least_loaded
 from cadencerl.policies.registry import register
 
 REPACK_UTILIZATION = 0.25
@@ -32,13 +33,10 @@ class Laminar:
 
     def decide(self, view: PoolView) -> Iterator[Action]:
         yield from advance_idle(view)
-        for traj in sorted(view.pending, key=lambda t: -t.context):
-            ws = [w for w in view.alive() if w.version == traj.version and fits(w, traj.context, _margin(w))]
-            if ws:
-                yield Place(traj.id, max(ws, key=lambda w: (w.load, -w.id)).id)
+        yield from place_pending(view, lambda ws, _t: max(ws, key=lambda w: (w.load, -w.id)), _margin)
         yield from self._repack(view)
         yield from advance_idle(view)
-        yield from admit_fresh(view, lambda ws, _t: min(ws, key=lambda w: (w.load, w.id)))
+        yield from admit_fresh(view, least_loaded)
 
     def _repack(self, view: PoolView) -> Iterator[Action]:
         groups: dict[int, list[Worker]] = {}

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from cadencerl.core.actions import Action, Place
+from cadencerl.core.actions import Action
 from cadencerl.core.view import PoolView
-from cadencerl.policies.base import admit_fresh, advance_idle, fits
+from cadencerl.core.worker import Worker
+from cadencerl.policies.base import admit_fresh, advance_idle, place_pending
 
 
 class LeastLoaded:
@@ -15,8 +16,9 @@ class LeastLoaded:
 
     def decide(self, view: PoolView) -> Iterator[Action]:
         yield from advance_idle(view)
-        for traj in sorted(view.pending, key=lambda t: t.context):  # lost workers, tool returns
-            ws = [w for w in view.alive() if w.version == traj.version and fits(w, traj.context)]
-            if ws:
-                yield Place(traj.id, min(ws, key=lambda w: (w.load, w.id)).id)
-        yield from admit_fresh(view, lambda ws, _t: min(ws, key=lambda w: (w.load, w.id)))
+        yield from place_pending(view, least_loaded)   # lost workers, tool returns
+        yield from admit_fresh(view, least_loaded)
+
+
+def least_loaded(workers: list[Worker], _traj=None) -> Worker:
+    return min(workers, key=lambda w: (w.load, w.id))

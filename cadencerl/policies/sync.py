@@ -12,9 +12,10 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from cadencerl.core.actions import Action, Admit, Advance, Place
+from cadencerl.core.actions import Action, Admit, Advance
 from cadencerl.core.view import PoolView
-from cadencerl.policies.base import fits
+from cadencerl.policies.base import fits, place_pending
+from cadencerl.policies.least_loaded import least_loaded
 from cadencerl.policies.registry import register
 
 
@@ -39,10 +40,7 @@ class Synchronous:
             for w in view.alive():
                 if w.version < view.trainer_version:
                     yield Advance(w.id, view.trainer_version)
-        for traj in sorted(view.pending, key=lambda t: t.context):   # only after a lost worker
-            ws = [w for w in view.alive() if w.version == traj.version and fits(w, traj.context)]
-            if ws:
-                yield Place(traj.id, min(ws, key=lambda w: (w.load, w.id)).id)
+        yield from place_pending(view, least_loaded)   # tool returns, lost workers
         while view.credits.admitted < (batch + 1) * b and (nxt := view.next_fresh()) is not None:
             ws = [w for w in view.alive() if view.admissible(w.version) > 0 and fits(w, nxt.context)
                   and view.accepts_new(w)]

@@ -39,10 +39,13 @@ def build_pool(scenario: Scenario) -> tuple[list[Worker], list[WorkerPerf]]:
             workers.append(Worker(len(workers), g.accelerator, g.cluster or g.accelerator, g.tp, cap,
                                   g.max_num_seqs, rank[g.accelerator]))
             perfs.append(perf)
-    longest = scenario.workload.prompt.cap + scenario.workload.response.cap
-    if scenario.workload.turns is not None:
-        t = scenario.workload.turns
-        longest += (t.turns_max - 1) * (t.observation.cap + scenario.workload.response.cap)
+    longest = 0
+    if scenario.workload.trace is None:
+        for cls in scenario.workload.class_specs().values():
+            n = cls.prompt.cap + cls.response.cap
+            if cls.turns is not None:
+                n += (cls.turns.turns_max - 1) * (cls.turns.observation.cap + cls.response.cap)
+            longest = max(longest, n)
     smallest = min(w.kv_capacity for w in workers)
     if longest > smallest and scenario.workload.trace is None:
         raise ConfigError(f"workload: the longest possible trajectory ({longest} tokens) exceeds the smallest "

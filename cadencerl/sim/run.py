@@ -43,7 +43,7 @@ def simulate(scenario: Scenario, policy_name: str, *, exact: bool = False,
     ctl.traced = {tid: [] for tid in trace}
     ctl.run()
     result = summarize(scenario.name, policy.name, ctl, backend.engines, time.perf_counter() - started,
-                       backend.events_processed)
+                       backend.events_processed, scenario.workload.target_mix())
     result.update(oracle_bounds(specs, workers, perfs, key))
     if trace:
         result["traces"] = {str(tid): [list(p) for p in pts] for tid, pts in ctl.traced.items()}

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from cadencerl.config import ConfigError, LengthDist, WorkloadSpec
+from cadencerl.config import ClassSpec, ConfigError, LengthDist, WorkloadSpec
 
 
 class PeekError(RuntimeError):
@@ -70,35 +70,63 @@ def _lengths(rng: np.random.Generator, dist: LengthDist, n: int, shift: np.ndarr
     return np.clip(np.rint(body), dist.minimum, dist.cap).astype(int)
 
 
-def generate(spec: WorkloadSpec, seed: int, key: object, workload_class: str = "rlvr",
-             first_id: int = 0, first_group: int = 0) -> list[TrajectorySpec]:
-    """Sample `spec.trajectories` trajectories in groups that share a prompt and a difficulty."""
+def generate(spec: WorkloadSpec, seed: int, key: object) -> list[TrajectorySpec]:
+    """Sample `spec.trajectories` trajectories: each class gets its share, in groups that share a
+    prompt and a difficulty; groups of all classes arrive interleaved in a seeded random order."""
     if spec.trace:
-        return load_trace(spec.trace, key, workload_class, first_id, first_group)
+        return load_trace(spec.trace, key)
     rng = np.random.default_rng(seed)
-    n, g = spec.trajectories, spec.group_size
-    groups = -(-n // g)
-    prompt = _lengths(rng, spec.prompt, groups)
-    difficulty = rng.normal(0.0, spec.prompt_difficulty_sigma, groups) if spec.prompt_difficulty_sigma else np.zeros(groups)
-    group_of = np.arange(n) // g
-    response = _lengths(rng, spec.response, n, difficulty[group_of])
-    out = []
-    for i in range(n):
-        turns: tuple[Turn, ...] = ()
-        if spec.turns is not None and spec.turns.turns_max > 1:
-            t = spec.turns
-            k = int(rng.integers(t.turns_min, t.turns_max + 1)) - 1
-            obs = _lengths(rng, t.observation, k)
-            tool = rng.lognormal(np.log(max(t.tool_latency_median_s, 1e-9)), t.tool_latency_sigma, k)
-            replies = _lengths(rng, spec.response, k, difficulty[group_of[i]])
-            turns = tuple(Turn(int(o), float(s), HiddenLength(int(r), key)) for o, s, r in zip(obs, tool, replies))
-        out.append(TrajectorySpec(first_id + i, first_group + int(group_of[i]), int(prompt[group_of[i]]),
-                                  HiddenLength(int(response[i]), key), workload_class, turns))
+    classes = spec.class_specs()
+    counts = _split(spec.trajectories, {n: c.share for n, c in classes.items()})
+    groups: list[list[TrajectorySpec]] = []
+    for name, cls in classes.items():
+        groups += _sample_class(rng, name, cls, counts[name], len(groups), key)
+    order = rng.permutation(len(groups)) if len(classes) > 1 else range(len(groups))
+    out: list[TrajectorySpec] = []
+    for gi in order:
+        for t in groups[gi]:
+            out.append(TrajectorySpec(len(out), t.group, t.prompt_len, t.response, t.workload_class, t.later_turns))
     return out
 
 
-def load_trace(path: str | Path, key: object, workload_class: str = "rlvr",
-               first_id: int = 0, first_group: int = 0) -> list[TrajectorySpec]:
+def _split(total: int, shares: dict[str, float]) -> dict[str, int]:
+    """Largest-remainder split of `total` by `shares`."""
+    s = sum(shares.values())
+    raw = {k: total * v / s for k, v in shares.items()}
+    counts = {k: int(v) for k, v in raw.items()}
+    for k in sorted(raw, key=lambda k: raw[k] - counts[k], reverse=True)[: total - sum(counts.values())]:
+        counts[k] += 1
+    return counts
+
+
+def _sample_class(rng: np.random.Generator, name: str, cls: ClassSpec, n: int,
+                  first_group: int, key: object) -> list[list[TrajectorySpec]]:
+    if n == 0:
+        return []
+    g = cls.group_size
+    n_groups = -(-n // g)
+    prompt = _lengths(rng, cls.prompt, n_groups)
+    difficulty = rng.normal(0.0, cls.prompt_difficulty_sigma, n_groups) if cls.prompt_difficulty_sigma \
+        else np.zeros(n_groups)
+    group_of = np.arange(n) // g
+    response = _lengths(rng, cls.response, n, difficulty[group_of])
+    out: list[list[TrajectorySpec]] = [[] for _ in range(n_groups)]
+    for i in range(n):
+        turns: tuple[Turn, ...] = ()
+        if cls.turns is not None and cls.turns.turns_max > 1:
+            t = cls.turns
+            k = int(rng.integers(t.turns_min, t.turns_max + 1)) - 1
+            obs = _lengths(rng, t.observation, k)
+            tool = rng.lognormal(np.log(max(t.tool_latency_median_s, 1e-9)), t.tool_latency_sigma, k)
+            replies = _lengths(rng, cls.response, k, difficulty[group_of[i]])
+            turns = tuple(Turn(int(o), float(s), HiddenLength(int(r), key)) for o, s, r in zip(obs, tool, replies))
+        gi = int(group_of[i])
+        out[gi].append(TrajectorySpec(-1, first_group + gi, int(prompt[gi]), HiddenLength(int(response[i]), key),
+                                      name, turns))
+    return out
+
+
+def load_trace(path: str | Path, key: object, workload_class: str = "rlvr") -> list[TrajectorySpec]:
     """Replay a JSONL trace of `{prompt_len, response_len, group, turns: [{observation_len, tool_latency_s, response_len}]}`."""
     path = Path(path)
     if not path.is_file():
@@ -128,7 +156,7 @@ def load_trace(path: str | Path, key: object, workload_class: str = "rlvr",
             if not isinstance(tool, (int, float)) or isinstance(tool, bool) or tool < 0:
                 raise ConfigError(f"workload.trace: {path.name} line {lineno}: field 'turns.{j}.tool_latency_s' must be >= 0")
             turns.append(Turn(obs, float(tool), HiddenLength(rsp, key)))
-        out.append(TrajectorySpec(first_id + len(out), first_group + group, prompt, HiddenLength(response, key),
+        out.append(TrajectorySpec(len(out), group, prompt, HiddenLength(response, key),
                                   str(rec.get("class", workload_class)), tuple(turns)))
     if not out:
         raise ConfigError(f"workload.trace: {path.name} has no trajectories")

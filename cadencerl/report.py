@@ -1,0 +1,740 @@
+"""`cadencerl report`: the paper's section-6 evaluation matrix, run on seeded workloads in the simulator.
+
+`build_report(out)` writes `out/report.md` (tables, captions, the setup of every experiment and the
+command that reproduces each row), `out/figures/*.png`, `out/results.json` (every run's figures, as
+`simulate` returned them, plus the setup it ran under) and `out/scenarios/*.yaml` (every scenario
+that is not a built-in one, so `cadencerl sim/compare --config` can rerun it).
+
+Numbers are reported as measured. Ratios compare CadenceRL with the best of *all* other policies
+run on the same pool (least-loaded included), so a loss anywhere shows up as a loss.
+
+One function per experiment (`homogeneous`, `heterogeneous`, ...): each takes the `Report` context,
+runs what it needs through its cached `Runner`, and returns its markdown section.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from cadencerl import bounds, plots
+from cadencerl.config import Scenario, builtin_names, builtin_scenario
+from cadencerl.hardware.catalog import ACCELERATORS
+
+HOMOGENEOUS_POLICIES = ("cadence", "sync", "one-off", "dora", "laminar", "areal", "least-loaded")
+HETEROGENEOUS_POLICIES = tuple(p for p in HOMOGENEOUS_POLICIES if p != "dora")  # DORA* assumes homogeneous hardware
+ASYNC_BASELINES = ("dora", "laminar", "areal")
+HOMOGENEOUS_MODELS = (("Qwen3-8B", 1), ("Qwen3-14B", 1), ("Qwen3-32B", 2))
+HETEROGENEOUS_POOLS = ("32a", "32b", "16a16b", "16a8h", "16b8h", "16a16b8h")
+DETAIL_POOL = "16a16b8h"  # specialization, KV-share trace and the eta / delta sweeps run here
+
+_GROUPS = {"a": dict(accelerator="A910X", tp=2, cluster="a910x"),
+           "b": dict(accelerator="BI-V150", tp=2, cluster="bi-v150"),
+           "h": dict(accelerator="H800", tp=1, cluster="h800")}
+EXTRA_POOLS = {"16a": (("a", 16),), "16b": (("b", 16),), "8h": (("h", 8),)}  # starting points for composability
+COMPOSITIONS = (  # (from pool, to pool, what the added devices are)
+    ("16a", "16a8h", "high-bandwidth"), ("16b", "16b8h", "high-bandwidth"), ("16a16b", "16a16b8h", "high-bandwidth"),
+    ("8h", "16a8h", "cost-efficient"), ("8h", "16b8h", "cost-efficient"),
+    ("16a8h", "16a16b8h", "cost-efficient"), ("16b8h", "16a16b8h", "cost-efficient"),
+)
+PAPER_NON_RESIDENT_P95 = {"32a": 0.399, "32b": 0.809, "16a16b8h": 0.403}  # 2nd-hand, shared/reference/hardware.md
+
+
+class ReportError(RuntimeError):
+    """A run of the matrix failed; the message names the scenario and policy."""
+
+
+# --------------------------------------------------------------------------------------------- settings
+
+
+@dataclass(frozen=True)
+class Settings:
+    """How big each run is. `None` keeps the scenario's own value (16384 trajectories, batch 4096, seed 0)."""
+
+    quick: bool = False
+    trajectories: int | None = None
+    batch_size: int | None = None
+    seed: int | None = None
+    etas: tuple[int, ...] = (1, 2, 3, 4, 6)
+    deltas: tuple[int, ...] = (512, 1024, 2048, 4096)
+
+
+def make_settings(quick: bool = False, trajectories: int | None = None, seed: int | None = None) -> Settings:
+    """--quick: 4096 trajectories, batch 1024, three sweep points; `trajectories` overrides (batch = a quarter)."""
+    if trajectories is None and quick:
+        trajectories = 4096
+    batch = max(1, trajectories // 4) if trajectories is not None else None
+    if quick:
+        return Settings(True, trajectories, batch, seed, etas=(1, 3, 6), deltas=(512, 1024, 4096))
+    return Settings(False, trajectories, batch, seed)
+
+
+def _scaled(s: Scenario, settings: Settings) -> Scenario:
+    changes: dict = {}
+    if settings.trajectories is not None:
+        changes["workload"] = {"trajectories": settings.trajectories}
+        changes["trainer"] = {"batch_size": settings.batch_size}
+    if settings.seed is not None:
+        changes["seed"] = settings.seed
+    return s.with_overrides(**changes) if changes else s
+
+
+def homogeneous_scenario(model: str, tp: int, settings: Settings) -> Scenario:
+    """16 H800 devices serving `model` at `tp`; Qwen3-8B at TP1 is the built-in h800-16."""
+    base = builtin_scenario("h800-16")
+    if model != base.model:
+        base = base.with_overrides(
+            name=f"h800-16-{model.lower()}", model=model, pool=[dict(_GROUPS["h"], devices=16, tp=tp)],
+            description=f"Homogeneous pool of 16 H800 (TP={tp}) serving {model}.")
+    return _scaled(base, settings)
+
+
+def pool_scenario(name: str, settings: Settings) -> Scenario:
+    """A built-in pool, or one of EXTRA_POOLS built from the same workload as DETAIL_POOL."""
+    if name in EXTRA_POOLS:
+        groups = [dict(_GROUPS[g], devices=n) for g, n in EXTRA_POOLS[name]]
+        text = " + ".join(f"{n} {_GROUPS[g]['accelerator']} (TP={_GROUPS[g]['tp']})" for g, n in EXTRA_POOLS[name])
+        base = builtin_scenario(DETAIL_POOL).with_overrides(
+            name=name, pool=groups, description=f"{text}, Qwen3-8B; the built-in pools' workload and knobs.")
+    else:
+        base = builtin_scenario(name)
+    return _scaled(base, settings)
+
+
+def planned_runs(settings: Settings) -> list[tuple[Scenario, str]]:
+    """Every (scenario, policy) run of the matrix, for the progress bar (the two traced runs come on top)."""
+    runs = [(homogeneous_scenario(m, tp, settings), p) for m, tp in HOMOGENEOUS_MODELS for p in HOMOGENEOUS_POLICIES]
+    runs += [(pool_scenario(n, settings), p) for n in (*HETEROGENEOUS_POOLS, *EXTRA_POOLS) for p in HETEROGENEOUS_POLICIES]
+    detail = pool_scenario(DETAIL_POOL, settings)
+    runs += [(detail.with_overrides(policy={"eta": e}), "cadence") for e in settings.etas]
+    runs += [(detail.with_overrides(policy={"delta": d}), "cadence") for d in settings.deltas]
+    return list({(s.model_dump_json(), p): (s, p) for s, p in runs}.values())
+
+
+# --------------------------------------------------------------------------------------------- running
+
+
+def _setup(s: Scenario) -> dict:
+    return {"model": s.model, "seed": s.seed, "pool": [g.model_dump() for g in s.pool],
+            "trajectories": s.workload.trajectories, "batch_size": s.trainer.batch_size,
+            "eta": s.policy.eta, "delta": s.policy.delta}
+
+
+class Runner:
+    """Runs simulate() once per (scenario, policy, trace), caching, with a rich progress bar on stderr."""
+
+    def __init__(self, progress: Progress | None = None, planned: int = 0) -> None:
+        self.progress = progress
+        self.cache: dict[tuple, dict] = {}
+        self.records: list[dict] = []
+        self.overall = progress.add_task("report: runs", total=planned) if progress else None
+
+    def run(self, scenario: Scenario, policy: str, trace: tuple[int, ...] = ()) -> dict:
+        from cadencerl.config import ConfigError
+        from cadencerl.core.actions import ActionError
+        from cadencerl.core.controller import StallError
+        from cadencerl.sim.run import simulate
+
+        key = (scenario.model_dump_json(), policy, trace)
+        if key in self.cache:
+            return self.cache[key]
+        task = None
+        if self.progress:
+            task = self.progress.add_task(f"  {scenario.name} / {policy}", total=scenario.workload.trajectories)
+        try:
+            result = simulate(scenario, policy, trace=trace,
+                              progress=(lambda done, _total: self.progress.update(task, completed=done)) if task is not None else None)
+        except (ConfigError, StallError, ActionError) as exc:
+            raise ReportError(f"{scenario.name} / {policy}: {exc}") from None
+        finally:
+            if task is not None:
+                self.progress.remove_task(task)
+        if self.progress:
+            task_total = self.progress.tasks[self.overall].total or 0
+            if self.progress.tasks[self.overall].completed >= task_total:
+                self.progress.update(self.overall, total=task_total + 1)
+            self.progress.advance(self.overall)
+        self.cache[key] = result
+        self.records.append({**result, "setup": _setup(scenario)})
+        return result
+
+
+# --------------------------------------------------------------------------------------------- markdown helpers
+
+
+def md_table(headers: list[str], rows: list[list]) -> str:
+    lines = ["| " + " | ".join(headers) + " |", "|" + "|".join("---" for _ in headers) + "|"]
+    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def _tok(x: float) -> str:
+    return f"{x:,.0f}"
+
+
+def _sec(x: float) -> str:
+    return f"{x:,.1f}"
+
+
+def _change(new: float, old: float) -> str:
+    return f"{100 * (new / old - 1):+.1f}%" if old else "n/a"
+
+
+def _ratio(x: float) -> str:
+    return f"{x:.2f}x"
+
+
+def _pct(x: float) -> str:
+    return f"{100 * x:.1f}%"
+
+
+def best_of(results: dict[str, dict], metric: str, among, maximize: bool) -> tuple[str, dict] | None:
+    """The best (policy, result) among policies in `among` that ran."""
+    cands = [(p, r) for p, r in results.items() if p in among]
+    if not cands:
+        return None
+    pick = max if maximize else min
+    return pick(cands, key=lambda pr: pr[1][metric])
+
+
+def describe_pool(s: Scenario) -> str:
+    return " + ".join(f"{g.devices}x {g.accelerator} (TP={g.tp}, {g.workers} workers, cluster {g.cluster})"
+                      for g in s.pool)
+
+
+def pool_price(s: Scenario) -> float | None:
+    """Dollars per hour for the whole pool, or None if any device type has no listed price."""
+    prices = [ACCELERATORS[g.accelerator].price_per_hour for g in s.pool]
+    if any(p is None for p in prices):
+        return None
+    return sum(p * g.devices for p, g in zip(prices, s.pool))
+
+
+# --------------------------------------------------------------------------------------------- the context
+
+
+@dataclass
+class Report:
+    """What every experiment function needs: where to write, how big the runs are, the runner, the findings."""
+
+    out: Path
+    settings: Settings
+    runner: Runner
+    losses: list[str] = field(default_factory=list)
+    headline: str = ""  # the heterogeneous ratio table, set by `heterogeneous`
+
+    def figure(self, name: str) -> tuple[Path, str]:
+        """(file path, path relative to report.md) for a PNG."""
+        return self.out / "figures" / f"{name}.png", f"figures/{name}.png"
+
+    def run_all(self, scenario: Scenario, policies) -> dict[str, dict]:
+        return {p: self.runner.run(scenario, p) for p in policies}
+
+    def command(self, verb: str, scenario: Scenario, policies, *, eta: int | None = None,
+                delta: int | None = None) -> str:
+        """The `cadencerl sim/compare` command line that reproduces a row run on `scenario` (+ eta/delta)."""
+        parts = ["cadencerl", verb, *self._scenario_args(scenario)]
+        parts += ["-p", policies] if verb == "sim" else ["--policies", ",".join(policies)]
+        parts += ["--seed", str(scenario.seed)]
+        if eta is not None:
+            parts += ["--eta", str(eta)]
+        if delta is not None:
+            parts += ["--delta", str(delta)]
+        return "`" + " ".join(parts) + "`"
+
+    def _scenario_args(self, s: Scenario) -> list[str]:
+        """`-s NAME [--trajectories N]` if that rebuilds `s` exactly, else `--config DIR/scenarios/NAME.yaml`."""
+        if s.name in builtin_names():
+            builtin = builtin_scenario(s.name)
+            if builtin.with_overrides(workload={"trajectories": s.workload.trajectories}, seed=s.seed) == s:
+                extra = [] if s.workload.trajectories == builtin.workload.trajectories else \
+                    ["--trajectories", str(s.workload.trajectories)]
+                return ["-s", s.name, *extra]
+        path = self.out / "scenarios" / f"{s.name}.yaml"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(yaml.safe_dump(s.model_dump(exclude_none=True), sort_keys=False))
+        return ["--config", str(path)]
+
+    def setup_line(self, s: Scenario, **knobs) -> str:
+        eta, delta = knobs.get("eta", s.policy.eta), knobs.get("delta", s.policy.delta)
+        return (f"*Setup:* pool {describe_pool(s)}; model {s.model}; {s.workload.trajectories} trajectories, "
+                f"trainer batch {s.trainer.batch_size}, seed {s.seed}; eta {eta}, delta {delta} tokens.")
+
+
+# --------------------------------------------------------------------------------------------- experiments
+
+
+def _results_table(ctx: Report, s: Scenario, results: dict[str, dict]) -> str:
+    rows = [[p, _tok(r["throughput_tok_s"]), _sec(r["latency_p50_s"]), _sec(r["latency_p95_s"]),
+             _sec(r["latency_p99_s"]), _pct(r["non_resident_p95"]), r["preemptions"], r["evictions"],
+             r["migrations"], _pct(r["throughput_fraction_of_bound"]), _ratio(r["p95_multiple_of_bound"])]
+            for p, r in results.items()]
+    table = md_table(["policy", "throughput tok/s", "P50 s", "P95 s", "P99 s", "non-resident P95", "preemptions",
+                      "evictions", "migrations", "throughput / bound", "P95 / bound"], rows)
+    return f"{table}\n\nReproduce: {ctx.command('compare', s, list(results))}"
+
+
+def _versus(ctx: Report, where: str, results: dict[str, dict]) -> tuple[dict, list[str]]:
+    """CadenceRL against the best other policy (and the best asynchronous one) on one pool; losses are recorded."""
+    me = results["cadence"]
+    others = [p for p in results if p != "cadence"]
+    tp_name, tp_best = best_of(results, "throughput_tok_s", others, maximize=True)
+    lat_name, lat_best = best_of(results, "latency_p95_s", others, maximize=False)
+    row = {"tp": me["throughput_tok_s"] / tp_best["throughput_tok_s"], "tp_by": tp_name,
+           "p95": me["latency_p95_s"] / lat_best["latency_p95_s"], "p95_by": lat_name}
+    notes = []
+    if row["tp"] < 1:
+        notes.append(f"{where}: CadenceRL's throughput is {_change(me['throughput_tok_s'], tp_best['throughput_tok_s'])} "
+                     f"vs {tp_name} ({_tok(me['throughput_tok_s'])} vs {_tok(tp_best['throughput_tok_s'])} tok/s).")
+    if row["p95"] > 1:
+        notes.append(f"{where}: CadenceRL's P95 latency is {_change(me['latency_p95_s'], lat_best['latency_p95_s'])} "
+                     f"vs {lat_name} ({_sec(me['latency_p95_s'])} vs {_sec(lat_best['latency_p95_s'])} s).")
+    ctx.losses.extend(notes)
+    async_best = best_of(results, "latency_p95_s", ASYNC_BASELINES, maximize=False)
+    if async_best:
+        row["p95_async"] = me["latency_p95_s"] / async_best[1]["latency_p95_s"]
+        row["p95_async_by"] = async_best[0]
+    return row, notes
+
+
+def homogeneous(ctx: Report) -> str:
+    """Section 1: 16 H800 devices, Qwen3-8B/14B/32B, every strategy plus the least-loaded floor."""
+    parts = ["## 1. Homogeneous H800 pools\n",
+             "Paper (section 6.2, via the summary): on homogeneous H800 pools CadenceRL's throughput is comparable to "
+             "Laminar and AReaL at Qwen3-8B with a wider gap at 14B and 32B, and it has the lowest latency among the "
+             "asynchronous strategies; Sync and One-off have the lowest latency overall. Below: what this simulator "
+             "measures. DORA* runs here (homogeneous pools only); least-loaded is the naive floor.\n"]
+    groups, tput, p95, summary = [], {}, {}, []
+    for model, tp in HOMOGENEOUS_MODELS:
+        s = homogeneous_scenario(model, tp, ctx.settings)
+        results = ctx.run_all(s, HOMOGENEOUS_POLICIES)
+        label = f"{model} TP{tp}"
+        groups.append(label)
+        for p, r in results.items():
+            tput[(label, p)], p95[(label, p)] = r["throughput_tok_s"], r["latency_p95_s"]
+        row, _ = _versus(ctx, f"16x H800, {model}", results)
+        summary.append([label, _ratio(row["tp"]), row["tp_by"], _ratio(row["p95"]), row["p95_by"],
+                        _ratio(row["p95_async"]), row["p95_async_by"]])
+        parts += [f"### {model} (TP={tp}) on 16 H800\n", ctx.setup_line(s), "", _results_table(ctx, s, results), ""]
+    path, rel = ctx.figure("homogeneous")
+    plots.policy_bars(path, groups, list(HOMOGENEOUS_POLICIES), tput, p95, "model on 16 H800 devices")
+    parts += ["### Summary: CadenceRL vs the best other policy\n",
+              md_table(["model", "throughput ratio", "best-throughput baseline", "P95 ratio", "lowest-P95 baseline",
+                        "P95 ratio vs best async (DORA*/Laminar/AReaL)", "lowest-P95 async"], summary),
+              "\nThroughput ratio > 1 and P95 ratio < 1 mean CadenceRL is better.\n",
+              f"![homogeneous]({rel})\n",
+              "*Figure 1. Homogeneous 16-device H800 pools: aggregate decode throughput (top, thousands of tokens/s) "
+              "and P95 trajectory latency from admission to completion (bottom, seconds) for every strategy, per "
+              "model. CadenceRL's bars are outlined in black.*\n"]
+    return "\n".join(parts)
+
+
+def heterogeneous(ctx: Report) -> str:
+    """Section 2: the six heterogeneous (and single-type) paper pools, DORA* excluded; ratios vs the best baseline."""
+    parts = ["## 2. Heterogeneous pools\n",
+             "Paper (section 6.2): across heterogeneous configurations CadenceRL matches or exceeds baseline "
+             "throughput while substantially reducing trajectory latency (up to +48% throughput and -64% P95 vs the "
+             "strongest baseline). DORA* is excluded (its reallocation model assumes homogeneous hardware). "
+             "All pools run Qwen3-8B; A = A910X TP2, B = BI-V150 TP2, H = H800 TP1, each type in its own cluster.\n"]
+    groups, tput, p95, ratio_rows = list(HETEROGENEOUS_POOLS), {}, {}, []
+    for name in HETEROGENEOUS_POOLS:
+        s = pool_scenario(name, ctx.settings)
+        results = ctx.run_all(s, HETEROGENEOUS_POLICIES)
+        for p, r in results.items():
+            tput[(name, p)], p95[(name, p)] = r["throughput_tok_s"], r["latency_p95_s"]
+        row, _ = _versus(ctx, name, results)
+        me = results["cadence"]
+        ratio_rows.append([name, _tok(me["throughput_tok_s"]), _tok(results[row["tp_by"]]["throughput_tok_s"]),
+                           row["tp_by"], f"**{_ratio(row['tp'])}**", _sec(me["latency_p95_s"]),
+                           _sec(results[row["p95_by"]]["latency_p95_s"]), row["p95_by"], f"**{_ratio(row['p95'])}**",
+                           _ratio(row["p95_async"]), row["p95_async_by"]])
+        parts += [f"### {name}\n", ctx.setup_line(s), "", _results_table(ctx, s, results), ""]
+    path, rel = ctx.figure("heterogeneous")
+    plots.policy_bars(path, groups, list(HETEROGENEOUS_POLICIES), tput, p95, "pool (Qwen3-8B)")
+    parts += ["### CadenceRL vs the best baseline, per pool\n", HETEROGENEOUS_RATIO_TABLE_HEADER,
+              md_table(RATIO_HEADERS, ratio_rows), "",
+              f"![heterogeneous]({rel})\n",
+              "*Figure 2. Heterogeneous pools (Qwen3-8B): aggregate decode throughput (top, thousands of tokens/s) "
+              "and P95 trajectory latency (bottom, seconds) per pool and strategy; DORA* is not run. CadenceRL's bars "
+              "are outlined in black.*\n"]
+    ctx.headline = md_table(RATIO_HEADERS, ratio_rows)
+    return "\n".join(parts)
+
+
+RATIO_HEADERS = ["pool", "cadence tok/s", "best baseline tok/s", "best-throughput baseline", "throughput ratio",
+                 "cadence P95 s", "best baseline P95 s", "lowest-P95 baseline", "P95 ratio",
+                 "P95 ratio vs best async (Laminar/AReaL)", "lowest-P95 async"]
+HETEROGENEOUS_RATIO_TABLE_HEADER = (
+    "The best baseline is picked separately for each metric among *all* other policies run on the pool "
+    "(sync, one-off, laminar, areal and the least-loaded floor). Throughput ratio = cadence / best (> 1: CadenceRL "
+    "higher); P95 ratio = cadence / best (< 1: CadenceRL lower). The last two columns restrict the comparison to "
+    "the asynchronous baselines, as the paper frames its latency claim.\n")
+
+
+def composability(ctx: Report) -> str:
+    """Section 3: adding high-bandwidth (H800) vs cost-efficient (A910X, BI-V150) devices, no knob changed."""
+    parts = ["## 3. Composability: adding devices without touching any routing setting\n",
+             "Paper claim: adding high-bandwidth accelerators (H800) reduces tail latency; adding cost-efficient ones "
+             "(A910X, BI-V150) increases throughput. Each row extends a pool with devices of one kind and reruns with "
+             "the same workload, eta, delta and affinity order. The starting pools 16a, 16b and 8h are not built-ins; "
+             "their scenario files are in `scenarios/`.\n"]
+    names = dict.fromkeys([n for move in COMPOSITIONS for n in move[:2]])
+    results = {n: ctx.run_all(pool_scenario(n, ctx.settings), HETEROGENEOUS_POLICIES) for n in names}
+    rows, per_policy = [], []
+    for src, dst, kind in COMPOSITIONS:
+        a, b = results[src]["cadence"], results[dst]["cadence"]
+        metric_ok = (b["latency_p95_s"] < a["latency_p95_s"]) if kind == "high-bandwidth" else \
+            (b["throughput_tok_s"] > a["throughput_tok_s"])
+        if not metric_ok:
+            ctx.losses.append(f"composability {src} -> {dst}: adding {kind} devices did not "
+                              f"{'lower P95' if kind == 'high-bandwidth' else 'raise throughput'} for CadenceRL.")
+        rows.append([f"{src} -> {dst}", kind, f"{_tok(a['throughput_tok_s'])} -> {_tok(b['throughput_tok_s'])} "
+                     f"({_change(b['throughput_tok_s'], a['throughput_tok_s'])})",
+                     f"{_sec(a['latency_p95_s'])} -> {_sec(b['latency_p95_s'])} "
+                     f"({_change(b['latency_p95_s'], a['latency_p95_s'])})", "yes" if metric_ok else "**no**"])
+        per_policy.append([f"{src} -> {dst}", kind] + [
+            f"{_change(results[dst][p]['throughput_tok_s'], results[src][p]['throughput_tok_s'])} / "
+            f"{_change(results[dst][p]['latency_p95_s'], results[src][p]['latency_p95_s'])}"
+            for p in HETEROGENEOUS_POLICIES])
+    path, rel = ctx.figure("composability")
+    plots.composability(path, {n: (r["cadence"]["throughput_tok_s"], r["cadence"]["latency_p95_s"])
+                               for n, r in results.items()}, list(COMPOSITIONS))
+    setups = "\n".join(f"- {n}: {ctx.setup_line(pool_scenario(n, ctx.settings))} "
+                       f"Reproduce: {ctx.command('compare', pool_scenario(n, ctx.settings), HETEROGENEOUS_POLICIES)}"
+                       for n in names)
+    parts += [setups, "", "### CadenceRL\n",
+              md_table(["extension", "added devices", "throughput tok/s", "P95 s", "expected direction seen?"], rows),
+              "\nExpected direction: lower P95 when high-bandwidth devices are added, higher throughput when "
+              "cost-efficient ones are added. More devices of any kind usually help both; the column checks the "
+              "claimed axis only.\n",
+              "### Every policy: throughput change / P95 change\n",
+              md_table(["extension", "added devices", *HETEROGENEOUS_POLICIES], per_policy), "",
+              f"![composability]({rel})\n",
+              "*Figure 3. CadenceRL on each pool in the throughput (x, thousands of tokens/s) vs P95 latency "
+              "(y, seconds) plane. Red arrows add high-bandwidth H800 devices, blue arrows add cost-efficient "
+              "A910X or BI-V150 devices; an arrow pointing down means lower tail latency, pointing right means higher "
+              "throughput.*\n"]
+    return "\n".join(parts)
+
+
+def specialization(ctx: Report) -> str:
+    """Section 4: mean resident context per accelerator type over time, CadenceRL on DETAIL_POOL."""
+    s = pool_scenario(DETAIL_POOL, ctx.settings)
+    results = ctx.run_all(s, HETEROGENEOUS_POLICIES)
+    me = results["cadence"]
+    accels = list(me["per_accelerator"])
+    publish, t = [], 0.0
+    for dt in me["iteration_times_s"]:
+        t += dt
+        publish.append(t)
+    path, rel = ctx.figure("context_timeline")
+    plots.context_timeline(path, me["context_timeline"], accels, publish)
+    rows = [[acc] + [_tok(results[p]["per_accelerator"][acc]["mean_context"]) for p in HETEROGENEOUS_POLICIES]
+            for acc in accels]
+    top = {p: max(accels, key=lambda a: results[p]["per_accelerator"][a]["mean_context"]) for p in results}
+    verdict = ("H800 workers carry the longest mean context under CadenceRL, as the paper reports."
+               if top["cadence"] == "H800" else
+               f"Under CadenceRL the longest mean context is on {top['cadence']}, not H800: the paper's "
+               f"specialization pattern does not show here.")
+    if top["cadence"] != "H800":
+        ctx.losses.append(f"specialization on {DETAIL_POOL}: {verdict}")
+    return "\n".join([
+        "## 4. Specialization: mean context per accelerator type over time\n",
+        "Paper (Figure 13): H800 workers sustain longer mean contexts than A910X and BI-V150 workers; under high "
+        "load all types carry elevated contexts and specialization re-emerges as load subsides.\n",
+        ctx.setup_line(s), "",
+        f"Reproduce: {ctx.command('sim', s, 'cadence')} (`context_timeline` in its `--json` output)\n",
+        "Mean resident context (tokens, time-averaged over the run) per accelerator type and policy:\n",
+        md_table(["accelerator", *HETEROGENEOUS_POLICIES], rows), "",
+        f"Measured: {verdict} Type with the longest mean context per policy: "
+        + ", ".join(f"{p} {a}" for p, a in top.items()) + ".\n",
+        f"![context timeline]({rel})\n",
+        f"*Figure 4. CadenceRL on {DETAIL_POOL}: mean context (tokens) of the trajectories resident on each "
+        "accelerator type, sampled over simulated time (seconds). Dotted vertical lines mark when the trainer "
+        "published a new policy version.*\n"])
+
+
+def _trace_stats(points: list[list]) -> dict:
+    """Lifetime, resident fraction, residency stints and KV share of one traced trajectory."""
+    t0, t_end = points[0][0], points[-1][0]
+    resident, stints, prev = 0.0, 0, None
+    for (ta, acc, *_), (tb, *_rest) in zip(points, points[1:]):
+        if acc is not None:
+            resident += tb - ta
+    for _t, acc, *_ in points:
+        if acc is not None and prev is None:
+            stints += 1
+        prev = acc
+    shares = [p[3] for p in points if p[1] is not None]
+    life = t_end - t0
+    return {"admitted": t0, "done": t_end, "life": life, "resident": resident / life if life else 1.0,
+            "stints": stints, "mean_share": sum(shares) / len(shares) if shares else 0.0,
+            "max_share": max(shares, default=0.0), "context": points[-1][2],
+            "accels": sorted({p[1] for p in points if p[1] is not None})}
+
+
+def kv_share_trace(ctx: Report) -> str:
+    """Section 5: one long trajectory's KV share over its life, CadenceRL vs Laminar (same seed, same workload)."""
+    s = pool_scenario(DETAIL_POOL, ctx.settings)
+    tid = ctx.runner.run(s, "cadence")["longest_trajectory"]
+    traces, stats = {}, {}
+    for p in ("cadence", "laminar"):
+        traces[p] = ctx.runner.run(s, p, trace=(tid,))["traces"][str(tid)]
+        stats[p] = _trace_stats(traces[p])
+    path, rel = ctx.figure("kv_share")
+    plots.kv_share(path, traces, {p: st["done"] for p, st in stats.items()})
+    rows = [[p, _tok(st["context"]), _sec(st["admitted"]), _sec(st["done"]), _sec(st["life"]), _pct(st["resident"]),
+             st["stints"], f"{st['mean_share']:.3f}", f"{st['max_share']:.3f}", ", ".join(st["accels"])]
+            for p, st in stats.items()]
+    c, lam = stats["cadence"], stats["laminar"]
+    first = "CadenceRL" if c["done"] < lam["done"] else "Laminar"
+    if first != "CadenceRL":
+        ctx.losses.append(f"KV-share trace on {DETAIL_POOL}: the traced trajectory {tid} finishes later under CadenceRL "
+                          f"({_sec(c['done'])} s) than under Laminar ({_sec(lam['done'])} s).")
+    return "\n".join([
+        "## 5. One long trajectory's KV share over its life\n",
+        "Paper (Figure 14): a roughly 16K-token trajectory under CadenceRL repeatedly yields and returns at high KV "
+        "share and completes first despite being resident for less than half its life; Laminar keeps it "
+        "continuously resident at a persistently low KV share.\n",
+        ctx.setup_line(s), "",
+        f"The traced trajectory is the longest one of the CadenceRL run (id {tid}; the same seed gives the same "
+        "workload under every policy). Both runs were repeated with `simulate(scenario, policy, trace=(id,))` "
+        f"(Python API; the CLI does not expose traces). The untraced runs: {ctx.command('compare', s, ['cadence', 'laminar'])}\n",
+        md_table(["policy", "final context tokens", "admitted at s", "last seen at s", "life s", "resident",
+                  "residency stints", "mean KV share resident", "max KV share", "accelerators used"], rows), "",
+        f"Measured: {first} completes this trajectory first. Under CadenceRL it is resident {_pct(c['resident'])} of "
+        f"its life in {c['stints']} stint(s) at a mean KV share of {c['mean_share']:.3f}; under Laminar "
+        f"{_pct(lam['resident'])} in {lam['stints']} stint(s) at {lam['mean_share']:.3f}. Times come from the "
+        "decision ticks (every 0.5 s), so 'last seen' is within one tick of completion.\n",
+        f"![kv share]({rel})\n",
+        f"*Figure 5. Trajectory {tid} on {DETAIL_POOL}: its share (0-1) of its worker's used KV cache against time "
+        "since admission (seconds), CadenceRL (top) and Laminar (bottom). Gaps in the line and grey bands mark "
+        "times it was not resident on any worker; the dashed line marks the last decision tick before completion.*\n"])
+
+
+def _sweep_rows(ctx: Report, s: Scenario, knob: str, values) -> tuple[list, list[dict]]:
+    runs = [ctx.runner.run(s.with_overrides(policy={knob: v}), "cadence") for v in values]
+    rows = [[v, _tok(r["throughput_tok_s"]), _sec(r["latency_p95_s"]), _sec(r["latency_p99_s"]),
+             _pct(r["non_resident_p95"]), ctx.command("sim", s, "cadence", **{knob: v})] for v, r in zip(values, runs)]
+    return rows, runs
+
+
+def sensitivity(ctx: Report) -> str:
+    """Section 6: eta sweep (throughput and P95) and delta sweep (P95) for CadenceRL on DETAIL_POOL."""
+    s = pool_scenario(DETAIL_POOL, ctx.settings)
+    etas, deltas = list(ctx.settings.etas), list(ctx.settings.deltas)
+    eta_rows, eta_runs = _sweep_rows(ctx, s, "eta", etas)
+    delta_rows, delta_runs = _sweep_rows(ctx, s, "delta", deltas)
+    eta_path, eta_rel = ctx.figure("eta_sweep")
+    plots.sweep(eta_path, etas, [r["throughput_tok_s"] for r in eta_runs], [r["latency_p95_s"] for r in eta_runs],
+                "eta (admission budget, iteration-batches ahead)")
+    delta_path, delta_rel = ctx.figure("delta_sweep")
+    plots.sweep(delta_path, deltas, [r["throughput_tok_s"] for r in delta_runs],
+                [r["latency_p95_s"] for r in delta_runs], "delta (decode reserve, tokens)")
+    best_eta = etas[max(range(len(etas)), key=lambda i: eta_runs[i]["throughput_tok_s"])]
+    p95s = [r["latency_p95_s"] for r in eta_runs]
+    monotone = all(b >= a for a, b in zip(p95s, p95s[1:]))
+    dtp = [r["throughput_tok_s"] for r in delta_runs]
+    dp95 = [r["latency_p95_s"] for r in delta_runs]
+    headers = ["value", "throughput tok/s", "P95 s", "P99 s", "non-resident P95", "reproduce"]
+    return "\n".join([
+        "## 6. Sensitivity to eta and delta\n",
+        "Paper (section 6.3): raising eta from 1 to 3 improves throughput, further increases reduce it, and latency "
+        "rises monotonically with eta; raising delta from 512 to 4096 tokens (on Qwen3-14B) leaves throughput stable "
+        f"but substantially raises P95. Here both sweeps run CadenceRL on {DETAIL_POOL} (Qwen3-8B), one knob at a "
+        "time, the other at its default.\n",
+        ctx.setup_line(s, eta="swept", delta=s.policy.delta), "",
+        "### eta\n", md_table(["eta", *headers[1:]], eta_rows), "",
+        f"Measured: throughput peaks at eta = {best_eta}; P95 {'rises monotonically' if monotone else 'does not rise monotonically'} "
+        f"with eta ({', '.join(_sec(v) for v in p95s)} s).\n",
+        f"![eta sweep]({eta_rel})\n",
+        f"*Figure 6a. CadenceRL on {DETAIL_POOL}: aggregate decode throughput (left, thousands of tokens/s) and P95 "
+        "trajectory latency (right, seconds) against the admission budget eta (delta = "
+        f"{s.policy.delta} tokens).*\n",
+        "### delta\n", ctx.setup_line(s, delta="swept"), "", md_table(["delta", *headers[1:]], delta_rows), "",
+        f"Measured: from delta = {deltas[0]} to {deltas[-1]} throughput changes {_change(dtp[-1], dtp[0])} and P95 "
+        f"changes {_change(dp95[-1], dp95[0])}.\n",
+        f"![delta sweep]({delta_rel})\n",
+        f"*Figure 6b. CadenceRL on {DETAIL_POOL}: aggregate decode throughput (left, thousands of tokens/s) and P95 "
+        f"trajectory latency (right, seconds) against the decode reserve delta in tokens (eta = {s.policy.eta}).*\n"])
+
+
+def _all_pools(ctx: Report) -> list[Scenario]:
+    """Every pool the matrix ran, homogeneous first."""
+    return ([homogeneous_scenario(m, tp, ctx.settings) for m, tp in HOMOGENEOUS_MODELS]
+            + [pool_scenario(n, ctx.settings) for n in (*HETEROGENEOUS_POOLS, *EXTRA_POOLS)])
+
+
+def non_resident(ctx: Report) -> str:
+    """Section 7: P50/P95 of the fraction of each trajectory's life spent off every worker, CadenceRL, per pool."""
+    pools = _all_pools(ctx)
+    runs = [ctx.runner.run(s, "cadence") for s in pools]
+    rows = [[s.name, s.model, _pct(r["non_resident_p50"]), _pct(r["non_resident_p95"]),
+             _pct(PAPER_NON_RESIDENT_P95[s.name]) if s.name in PAPER_NON_RESIDENT_P95 else "",
+             ctx.command("sim", s, "cadence")] for s, r in zip(pools, runs)]
+    path, rel = ctx.figure("non_resident")
+    plots.non_resident(path, [s.name for s in pools], [r["non_resident_p50"] for r in runs],
+                       [r["non_resident_p95"] for r in runs])
+    by = {s.name: r for s, r in zip(pools, runs)}
+    order = "lower" if by["32a"]["non_resident_p95"] < by["32b"]["non_resident_p95"] else "not lower"
+    return "\n".join([
+        "## 7. Non-resident time (CadenceRL)\n",
+        "The fraction of a trajectory's life (admission to completion) during which it was on no worker: waiting "
+        "in the pending set after a pacing or concentration eviction, or before its first placement. Paper "
+        "(Table 3, 2nd-hand via shared/reference/hardware.md): P95 of 39.9% on 32A, 80.9% on 32B, 40.3% on "
+        "16A16B8H; 32A lower than 32B at every percentile. Each pool's setup is listed in sections 1-3 (eta "
+        f"{pools[0].policy.eta}, delta {pools[0].policy.delta}, seed {pools[0].seed}).\n",
+        md_table(["pool", "model", "non-resident P50", "non-resident P95", "paper P95 (2nd-hand)", "reproduce"], rows),
+        "",
+        f"Measured: the 32a P95 non-resident fraction is {order} than 32b's "
+        f"({_pct(by['32a']['non_resident_p95'])} vs {_pct(by['32b']['non_resident_p95'])}).\n",
+        f"![non-resident]({rel})\n",
+        "*Figure 7. CadenceRL: median (P50) and 95th percentile (P95) over trajectories of the share of each "
+        "trajectory's life spent not resident on any worker (percent), per pool.*\n"])
+
+
+def physical_bound(ctx: Report) -> str:
+    """Section 8: throughput as a fraction of the oracle bound, P95 as a multiple of it; the derivation."""
+    pools = _all_pools(ctx)
+    by_pool = {s.name: ctx.run_all(s, HOMOGENEOUS_POLICIES if s.name.startswith("h800-16") else HETEROGENEOUS_POLICIES)
+               for s in pools}
+    tp_rows = [[n, _tok(rs["cadence"]["bound_throughput_tok_s"])] + [
+        _pct(rs[p]["throughput_fraction_of_bound"]) if p in rs else "-" for p in HOMOGENEOUS_POLICIES]
+        for n, rs in by_pool.items()]
+    lat_rows = [[n, _sec(rs["cadence"]["bound_latency_p95_s"])] + [
+        _ratio(rs[p]["p95_multiple_of_bound"]) if p in rs else "-" for p in HOMOGENEOUS_POLICIES]
+        for n, rs in by_pool.items()]
+    path, rel = ctx.figure("bound")
+    plots.bound_scatter(path, [r for rs in by_pool.values() for r in rs.values()])
+    derivation = bounds.__doc__.split("Derivation (also in the report):", 1)[-1].strip()
+    return "\n".join([
+        "## 8. Distance from the physical bound\n",
+        "`bound_throughput_tok_s` and `bound_latency_p95_s` come from an explicitly named oracle "
+        "(`cadencerl/bounds.py`) that reads the sealed target lengths; no policy can beat them on the same pool "
+        "and workload. Runs and setups as in sections 1-3; `-` = not run (DORA* on heterogeneous pools).\n",
+        "### Derivation\n", derivation, "",
+        "### Throughput as a fraction of the bound\n",
+        md_table(["pool", "bound tok/s", *HOMOGENEOUS_POLICIES], tp_rows), "",
+        "### P95 latency as a multiple of the bound\n",
+        md_table(["pool", "bound P95 s", *HOMOGENEOUS_POLICIES], lat_rows), "",
+        f"![bound]({rel})\n",
+        "*Figure 8. Every run of sections 1-3 as one point: P95 latency as a multiple of the P95 latency bound "
+        "(x; 1 would be the bound) against throughput as a percentage of the throughput bound (y; 100% would be "
+        "the bound). Up and to the left is better.*\n"])
+
+
+def cost(ctx: Report) -> str:
+    """Section 9: tokens per dollar where every device type in the pool has a listed price."""
+    rows, values, groups = [], {}, []
+    for s in _all_pools(ctx):
+        price = pool_price(s)
+        if price is None:
+            rows.append([s.name, sum(g.devices for g in s.pool), "n/a", "", "", "", ""])
+            continue
+        results = ctx.run_all(s, HOMOGENEOUS_POLICIES if s.name.startswith("h800-16") else HETEROGENEOUS_POLICIES)
+        per = {p: r["throughput_tok_s"] * 3600 / price / 1e6 for p, r in results.items()}
+        best = max((p for p in per if p != "cadence"), key=per.get)
+        groups.append(s.name)
+        values.update({(s.name, p): v for p, v in per.items()})
+        rows.append([s.name, sum(g.devices for g in s.pool), f"{price:.2f}", _tok(results["cadence"]["throughput_tok_s"]),
+                     f"{per['cadence']:.2f}", f"{per[best]:.2f} ({best})", _ratio(per["cadence"] / per[best])])
+    path, rel = ctx.figure("cost")
+    plots.metric_bars(path, groups, list(HOMOGENEOUS_POLICIES), values, "million tokens per dollar", "pool")
+    prices = ", ".join(f"{n} ${a.price_per_hour:.2f}" for n, a in ACCELERATORS.items() if a.price_per_hour is not None)
+    return "\n".join([
+        "## 9. Cost view\n",
+        f"Pool price = sum over devices of the per-device-hour price in `cadencerl.hardware.catalog` ({prices} per "
+        "device-hour; 2nd-hand, CadenceRL Table 1). Million tokens per dollar = throughput x 3600 / pool $ per hour "
+        "/ 1e6. Runs and setups as in sections 1-3.\n",
+        md_table(["pool", "devices", "$ / hour", "cadence tok/s", "cadence Mtok / $", "best other Mtok / $",
+                  "cadence / best"], rows), "",
+        f"![cost]({rel})\n",
+        "*Figure 9. Decode tokens per dollar (millions of tokens per dollar of device-hours) per pool and policy, at "
+        "the listed device prices. CadenceRL's bars are outlined in black.*\n"])
+
+
+def misa_t(ctx: Report) -> str:
+    """Section 10 — PLACEHOLDER for the MISA-T comparison table; whoever adds MISA-T fills this in."""
+    if importlib.util.find_spec("cadencerl.admission.misa") is None:
+        return "## 10. MISA-T comparison\n\nMISA-T (`cadencerl.admission.misa`) is not available yet; no table.\n"
+    return ("## 10. MISA-T comparison\n\n`cadencerl.admission.misa` is importable, but the comparison table has not "
+            "been written yet (placeholder in `cadencerl/report.py: misa_t`).\n")
+
+
+EXPERIMENTS = (homogeneous, heterogeneous, composability, specialization, kv_share_trace, sensitivity, non_resident,
+               physical_bound, cost, misa_t)
+
+
+# --------------------------------------------------------------------------------------------- the document
+
+
+def _common_setup(ctx: Report) -> str:
+    s = pool_scenario(DETAIL_POOL, ctx.settings)
+    w, t, p = s.workload, s.trainer, s.policy
+    mode = "quick (`--quick`)" if ctx.settings.quick else "full"
+    return "\n".join([
+        "## Setup common to every experiment\n",
+        f"- Mode: {mode}. Every run: {w.trajectories} trajectories, trainer batch {t.batch_size} "
+        f"({w.trajectories // t.batch_size} iterations), train time {t.train_time_s:g} s per iteration, seed {s.seed} "
+        "(the same seed gives the same workload under every policy).",
+        f"- Workload: groups of {w.group_size} samples per prompt; prompt log-normal median {w.prompt.median:g}, "
+        f"sigma {w.prompt.sigma:g}, cap {w.prompt.cap}; response log-normal median {w.response.median:g}, sigma "
+        f"{w.response.sigma:g}, cap {w.response.cap} tokens; prompt difficulty sigma {w.prompt_difficulty_sigma:g}; "
+        "single turn.",
+        f"- Policy knobs unless an experiment says otherwise: eta {p.eta}, delta {p.delta} tokens, headroom floor "
+        f"{p.headroom_floor:g}, decision tick {p.tick_s:g} s, KV preparation {'on' if p.kv_preparation else 'off'}.",
+        "- Simulator: the closed-form discrete-event pool simulator (`cadencerl/sim`), each worker a vLLM V1 "
+        "engine (max_num_seqs 256, preemption by recompute); roofline step times from `cadencerl/hardware`.",
+        "- Latency = admission to completion (waiting included). Throughput = generated tokens / makespan.",
+        "- Reproduce: every table gives the `cadencerl sim` / `cadencerl compare` command for its rows; scenario "
+        "files that are not built-ins are written to `scenarios/`. `results.json` holds every run's full figures "
+        "with the setup it ran under (key `setup`).\n"])
+
+
+def _losses_section(ctx: Report) -> str:
+    if not ctx.losses:
+        return "### Where CadenceRL loses\n\nNowhere in this matrix.\n"
+    return "### Where CadenceRL loses (as measured)\n\n" + "\n".join(f"- {x}" for x in dict.fromkeys(ctx.losses)) + "\n"
+
+
+def render(ctx: Report, sections: list[str], wall_s: float) -> str:
+    return "\n".join([
+        "# CadenceRL evaluation report (simulated)\n",
+        "Generated by `cadencerl report" + (" --quick" if ctx.settings.quick else "") + "`, following section 6 of "
+        "the CadenceRL paper (see shared/papers/cadencerl-summary.txt). All numbers are measured in the simulator "
+        f"on seeded workloads; nothing was tuned per policy. {len(ctx.runner.records)} runs, {wall_s:.0f} s wall "
+        "time.\n",
+        "## Headline: CadenceRL vs the best baseline on the heterogeneous pools\n",
+        HETEROGENEOUS_RATIO_TABLE_HEADER, ctx.headline, "",
+        _losses_section(ctx), _common_setup(ctx), *sections])
+
+
+def _progress(enabled: bool) -> Progress:
+    return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                    console=Console(stderr=True), transient=True, disable=not enabled)
+
+
+def build_report(out: str | Path, *, quick: bool = False, trajectories: int | None = None, seed: int | None = None,
+                 progress: bool = True) -> Path:
+    """Run the matrix and write out/report.md, out/results.json, out/figures/ and out/scenarios/; returns report.md."""
+    started = time.perf_counter()
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    settings = make_settings(quick, trajectories, seed)
+    with _progress(progress) as bar:
+        runner = Runner(bar, planned=len(planned_runs(settings)) + 2)
+        ctx = Report(out, settings, runner)
+        sections = [experiment(ctx) for experiment in EXPERIMENTS]
+    wall = time.perf_counter() - started
+    report = out / "report.md"
+    report.write_text(render(ctx, sections, wall))
+    (out / "results.json").write_text(json.dumps(
+        {"mode": "quick" if settings.quick else "full", "wall_time_s": wall, "runs": runner.records}, indent=1) + "\n")
+    return report
