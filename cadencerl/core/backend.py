@@ -54,6 +54,16 @@ class WorkerLost:
 Event = Finished | TurnEnded | ToolReturned | Timer | WorkerLost
 
 
+@dataclass(frozen=True, slots=True)
+class EngineStats:
+    """What an engine reports about itself (vLLM's /metrics)."""
+
+    kv_tokens: int
+    running: int
+    waiting: int
+    preemptions: int
+
+
 class Backend(Protocol):
     """Turns placements into work and reports what happened; owns the clock."""
 
@@ -66,6 +76,8 @@ class Backend(Protocol):
 
     def kv_committed(self, worker: int) -> int:
         """KV tokens held or reserved by the worker's residents right now."""
+
+    def stats(self, worker: int) -> EngineStats: ...
 
     def place(self, traj: Trajectory, worker: int, restore: Restore, delay_s: float) -> None: ...
 

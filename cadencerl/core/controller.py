@@ -60,6 +60,7 @@ class Controller:
         self.kv_bytes_per_token = kv_bytes_per_token
         self.counters = Counters()
         self.done = 0
+        self.active_by_class: dict[str, int] = {}   # admitted, unfinished sessions per workload class
         self.tool_waiting: dict[int, int] = {}   # version -> trajectories off-worker on a tool call
         self.now = 0.0
         self.sample_every_s = sample_every_s
@@ -133,6 +134,9 @@ class Controller:
         for w in self.workers:
             if w.alive:
                 w.kv_used = self.backend.kv_committed(w.id)
+                st = self.backend.stats(w.id)
+                w.engine_kv, w.num_running, w.num_waiting, w.preemptions = (st.kv_tokens, st.running, st.waiting,
+                                                                            st.preemptions)
         if now >= self._next_sample:
             self._sample(now)
         for tid, points in self.traced.items():
@@ -144,7 +148,8 @@ class Controller:
                 points.append((now, None, t.context, 0.0))
         view = PoolView(now, self.trainer.version, self.trainer.next_batch, self.workers, self.pending, self.fresh,
                         self.credits, self.params, self.trainer.busy_until is not None,
-                        self.credits.admitted - self.done, self.trainer.completed_count, self.tool_waiting)
+                        self.credits.admitted - self.done, self.trainer.completed_count, self.tool_waiting,
+                        active_by_class=self.active_by_class)
         acted = False
         for action in self.policy.decide(view):
             self.apply(action, now)
@@ -182,6 +187,12 @@ class Controller:
         return self.workers[wid]
 
     def _check_fits(self, w: Worker, traj: Trajectory) -> None:
+        """No placement exceeds KV capacity. A router may queue work at an engine (vLLM's waiting
+        queue holds no KV), but never a trajectory larger than the engine's whole KV."""
+        if getattr(self.policy, "queues_at_engine", False):
+            if traj.context + 1 > w.kv_capacity:
+                raise ActionError(f"trajectory {traj.id} ({traj.context} tokens) exceeds worker {w.id}'s KV")
+            return
         if w.kv_used + traj.context > w.kv_capacity:
             raise ActionError(f"placing trajectory {traj.id} ({traj.context} tokens) on worker {w.id} exceeds its "
                               f"KV capacity ({w.kv_used}/{w.kv_capacity})")
@@ -199,6 +210,8 @@ class Controller:
         traj.versions.append(w.version)
         traj.admitted_at = now
         self.credits.record(w.version)
+        cls = traj.workload_class
+        self.active_by_class[cls] = self.active_by_class.get(cls, 0) + 1
         self._attach(traj, w, Restore.PREFILL, 0.0, now)
 
     def _place_pending(self, a: Place, now: float) -> None:
@@ -231,6 +244,11 @@ class Controller:
         traj.worker = w.id
         traj.placed_at = now
         traj.placements += 1
+        if traj.home != w.id:
+            if traj.home is not None:
+                self.workers[traj.home].sessions -= 1
+            traj.home = w.id
+            w.sessions += 1
         w.residents[traj.id] = traj
         w.kv_used += traj.context
         self.backend.place(traj, w.id, restore, delay)
@@ -323,6 +341,9 @@ class Controller:
         if traj.state is not State.RESIDENT:
             raise AssertionError(f"trajectory {traj.id} finished twice or while {traj.state.value}")
         self._leave_worker(traj, now)
+        self.workers[traj.home].sessions -= 1
+        traj.home = None
+        self.active_by_class[traj.workload_class] -= 1
         traj.state = State.DONE
         traj.completed_at = now
         self.done += 1

@@ -35,6 +35,7 @@ class Trajectory:
     turn: int = 0
     meter: TokenMeter | None = None
     kv_home: int | None = None             # worker whose KV snapshot it can be restored from
+    home: int | None = None                # worker it last ran on, until it finishes (session affinity)
     admitted_at: float = -1.0
     completed_at: float = -1.0
     placed_at: float = -1.0

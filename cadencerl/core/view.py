@@ -31,6 +31,7 @@ class PoolView:
     completed_unconsumed: int
     tool_waiting: dict[int, int]
     gate: "AdmissionGate | None" = field(default=None)
+    active_by_class: dict[str, int] = field(default_factory=dict)
 
     def offworker(self, version: int) -> int:
         """Unfinished trajectories of `version` on no worker (pending or on a tool call)."""

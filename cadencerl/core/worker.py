@@ -20,6 +20,11 @@ class Worker:
     alive: bool = True
     residents: dict[int, Trajectory] = field(default_factory=dict)
     kv_used: int = 0             # tokens committed to residents (running, queued or loading)
+    sessions: int = 0            # unfinished trajectories whose home (KV or prefix cache) is here
+    # what the engine itself reports (vLLM's /metrics), refreshed at every decision
+    engine_kv: int = 0           # KV tokens held by running requests
+    num_running: int = 0
+    num_waiting: int = 0
     preemptions: int = 0
 
     @property

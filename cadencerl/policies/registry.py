@@ -22,20 +22,33 @@ def policy_names() -> list[str]:
     return list(_FACTORIES)
 
 
-def make_policy(name: str, scenario: Scenario) -> Policy:
+ADMISSIONS = ("misa",)
+
+
+def make_policy(name: str, scenario: Scenario, admission: str | None = None) -> Policy:
+    """A placement policy by name; `ADMISSION+PLACEMENT` (e.g. `misa+cache-aware`) or `admission`
+    puts an admission layer in front of it."""
     _load_all()
+    if "+" in name:
+        if admission is not None:
+            raise ConfigError(f"policy: {name!r} already names an admission layer; drop --admission")
+        admission, name = name.split("+", 1)
     if name not in _FACTORIES:
         raise ConfigError(f"policy: unknown policy {name!r} (known: {', '.join(_FACTORIES)})")
-    return _FACTORIES[name](scenario)
+    if admission is not None and admission != "none" and admission not in ADMISSIONS:
+        raise ConfigError(f"admission: unknown admission layer {admission!r} (known: none, {', '.join(ADMISSIONS)})")
+    placement = _FACTORIES[name](scenario)
+    if admission == "misa":
+        from cadencerl.admission.misa import Admitted, MisaT
+
+        return Admitted(MisaT(scenario.workload.target_mix()), placement)
+    return placement
 
 
 def _load_all() -> None:
     """Import the policy modules so they register themselves."""
     import importlib
 
-    for mod in ("sync", "laminar", "areal", "dora", "cadence"):
-        try:
-            importlib.import_module(f"cadencerl.policies.{mod}")
-        except ModuleNotFoundError as exc:
-            if exc.name != f"cadencerl.policies.{mod}":
-                raise
+    for mod in ("policies.sync", "policies.laminar", "policies.areal", "policies.dora", "policies.cadence",
+                "admission.registry"):
+        importlib.import_module(f"cadencerl.{mod}")

@@ -9,7 +9,7 @@ from __future__ import annotations
 import heapq
 import itertools
 
-from cadencerl.core.backend import Event, Finished, Restore, Timer, ToolReturned, TurnEnded
+from cadencerl.core.backend import EngineStats, Event, Finished, Restore, Timer, ToolReturned, TurnEnded
 from cadencerl.core.trajectory import Trajectory
 from cadencerl.core.worker import Worker
 from cadencerl.hardware.perf import WorkerPerf
@@ -51,6 +51,11 @@ class SimBackend:
 
     def kv_committed(self, worker: int) -> int:
         return self.engines[worker].kv_committed() + self._transit[worker]
+
+    def stats(self, worker: int) -> EngineStats:
+        e = self.engines[worker]
+        return EngineStats(e.ctx_total + len(e.running) * e.lag, len(e.running) + len(e.prefilling),
+                           len(e.waiting), e.preemptions)
 
     def place(self, traj: Trajectory, worker: int, restore: Restore, delay_s: float) -> None:
         engine = self.engines[worker]

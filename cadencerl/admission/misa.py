@@ -1,0 +1,182 @@
+"""MISA-T: admission for mixed RLVR / RLHF / agentic rollouts, in front of any placement policy.
+
+Three mechanisms (MISA-T abstract; reference/hardware.md):
+
+* Adaptive session admission. Each worker has a cap on concurrently admitted sessions (a session
+  is admitted until it finishes: while it decodes, and while it waits on a tool with its prefix
+  cached). The cap adapts to the KV pressure the engine reports: multiplicative decrease when the
+  worker preempted since the last look, has a waiting queue, or uses more than `high` of its KV;
+  additive increase when it uses less than `low`. New sessions beyond the cap wait in HOLD and
+  retry; continuations of admitted sessions always pass (the gate never sees them).
+* Workload-aware KV-capacity allocation. Class c gets a protected KV quota
+      Q_c = K * m_c * BT_c / sum_j m_j * BT_j
+  from the trainer's target mix m and the measured block-time BT of a session of each class, so
+  that the KV splits in proportion to what each class needs to deliver its share of samples. Its
+  session cap is Q_c / f_c, with f_c a session's mean KV footprint. Quota a class leaves unused
+  while it has nothing waiting is lent to the others (work conserving).
+* Residency-time-aware accounting. A session's demand is block-time, KV x residency time, and its
+  residency includes tool gaps; from observable figures only: its mean context ((prompt + final)
+  / 2) times its time from admission to completion.
+
+Where the paper is silent (choices, documented and tested): the AIMD constants below, K = `high`
+times the pool's KV, an EWMA of the footprints once a class has `WARMUP` completions (before that
+the prompt length plus one mean reply of the pool so far), and caps clamped to
+[1, `MAX_CAP_FACTOR` x max_num_seqs] per worker.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+from cadencerl.core.actions import Action, Admit
+from cadencerl.core.trajectory import State
+from cadencerl.core.view import Policy, PoolView
+from cadencerl.core.worker import Worker
+
+HIGH, LOW = 0.90, 0.70          # KV use bands for decrease / increase
+DECREASE, INCREASE = 0.8, 1.0   # multiplicative decrease, additive increase (sessions)
+ADAPT_EVERY_S = 1.0
+WARMUP = 8
+EWMA = 0.1
+MAX_CAP_FACTOR = 4
+
+
+@dataclass
+class ClassStats:
+    footprint: float = 0.0      # mean KV tokens a session holds over its residency
+    duration: float = 0.0       # seconds from admission to completion
+    completed: int = 0
+
+    def observe(self, footprint: float, duration: float) -> None:
+        if self.completed < WARMUP:
+            n = self.completed
+            self.footprint = (self.footprint * n + footprint) / (n + 1)
+            self.duration = (self.duration * n + duration) / (n + 1)
+        else:
+            self.footprint += EWMA * (footprint - self.footprint)
+            self.duration += EWMA * (duration - self.duration)
+        self.completed += 1
+
+    @property
+    def block_time(self) -> float:
+        return self.footprint * self.duration
+
+
+@dataclass
+class MisaT:
+    """The admission state; `gate(view)` is what the placement policy sees."""
+
+    target_mix: dict[str, float]
+    caps: dict[int, float] = field(default_factory=dict)
+    last_preemptions: dict[int, int] = field(default_factory=dict)
+    stats: dict[str, ClassStats] = field(default_factory=dict)
+    class_caps: dict[str, int] = field(default_factory=dict)
+    _next_adapt: float = 0.0
+    _tracked: dict[int, object] = field(default_factory=dict)   # admitted, unfinished trajectories
+
+    # -- observation ------------------------------------------------------------------------------
+
+    def observe(self, view: PoolView) -> None:
+        for w in view.alive():
+            if w.id not in self.caps:
+                self.caps[w.id] = max(1.0, w.max_num_seqs / 2)
+                self.last_preemptions[w.id] = w.preemptions
+        self._learn_footprints(view)
+        if view.now >= self._next_adapt:
+            self._next_adapt = view.now + ADAPT_EVERY_S
+            for w in view.alive():
+                self._adapt(w)
+        self._allocate(view)
+
+    def _adapt(self, w: Worker) -> None:
+        """AIMD on the pressure the engine reports."""
+        preempted = w.preemptions > self.last_preemptions[w.id]
+        self.last_preemptions[w.id] = w.preemptions
+        use = w.engine_kv / w.kv_capacity
+        cap = self.caps[w.id]
+        if preempted or w.num_waiting > 0 or use > HIGH:
+            cap *= DECREASE
+        elif use < LOW:
+            cap += INCREASE
+        self.caps[w.id] = min(max(cap, 1.0), MAX_CAP_FACTOR * w.max_num_seqs)
+
+    def _learn_footprints(self, view: PoolView) -> None:
+        for tid, traj in list(self._tracked.items()):
+            if traj.state is State.DONE:
+                del self._tracked[tid]
+                duration = max(traj.completed_at - traj.admitted_at, 1e-6)
+                footprint = (traj.prompt_len + traj.context) / 2
+                self.stats.setdefault(traj.workload_class, ClassStats()).observe(footprint, duration)
+
+    def _allocate(self, view: PoolView) -> None:
+        """Per-class session caps from the KV quotas (work conserving)."""
+        k = HIGH * sum(w.kv_capacity for w in view.alive())
+        prior_reply = _mean([s.footprint for s in self.stats.values() if s.completed]) or 1024.0
+        demand = {}
+        footprint = {}
+        for cls, m in self.target_mix.items():
+            st = self.stats.get(cls)
+            if st and st.completed >= WARMUP:
+                footprint[cls], duration = st.footprint, st.duration
+            else:
+                head = view.fresh.peek({cls})
+                footprint[cls] = (head.prompt_len if head else 512) + prior_reply
+                duration = 1.0
+            demand[cls] = m * footprint[cls] * duration
+        total = sum(demand.values()) or 1.0
+        self.class_caps = {c: max(1, int(k * demand[c] / total / footprint[c])) for c in demand}
+
+    # -- the gate ---------------------------------------------------------------------------------
+
+    def open_classes(self, view: PoolView) -> set[str]:
+        active = view.active_by_class
+        waiting = set(view.fresh.classes())
+        spare = sum(max(0, cap - active.get(c, 0)) for c, cap in self.class_caps.items() if c not in waiting)
+        return {c for c in waiting if active.get(c, 0) < self.class_caps.get(c, 1) + spare}
+
+    def accepts(self, w: Worker) -> bool:
+        return w.sessions < int(self.caps.get(w.id, 1))
+
+    def remaining(self, view: PoolView) -> int:
+        return sum(max(0, int(self.caps[w.id]) - w.sessions) for w in view.alive() if w.id in self.caps)
+
+
+@dataclass
+class _Gate:
+    """Binds MISA-T's state to one decision's view (the AdmissionGate protocol)."""
+
+    misa: MisaT
+    view: PoolView
+
+    def open_classes(self) -> set[str]:
+        return self.misa.open_classes(self.view)
+
+    def accepts(self, worker: Worker) -> bool:
+        return self.misa.accepts(worker)
+
+    def remaining(self) -> int:
+        return self.misa.remaining(self.view)
+
+
+class Admitted:
+    """ADMISSION+PLACEMENT: MISA-T decides which new sessions may start; `inner` places them."""
+
+    def __init__(self, misa: MisaT, inner: Policy) -> None:
+        self.misa = misa
+        self.inner = inner
+        self.name = f"misa+{inner.name}"
+        self.kv_transfer = inner.kv_transfer
+        self.queues_at_engine = getattr(inner, "queues_at_engine", False)
+
+    def decide(self, view: PoolView) -> Iterator[Action]:
+        self.misa.observe(view)
+        view.gate = _Gate(self.misa, view)
+        for action in self.inner.decide(view):
+            yield action
+            if isinstance(action, Admit):  # applied by now: remember the session to learn from it
+                self.misa._tracked[action.traj] = view.workers[action.worker].residents[action.traj]
+
+
+def _mean(values: list[float]) -> float:
+    return sum(values) / len(values) if values else 0.0

@@ -1,0 +1,155 @@
+"""Request routers, as the serving routers run them (see reference/routers.md).
+
+A router places every request (a new session's first turn, or a continuation) on a worker as it
+arrives and never moves it afterwards; the engine queues what it cannot run yet. Load is the
+router's own in-flight count per worker: it sees no KV or token figures.
+
+* `round-robin`, `least-loaded` (fewest in flight), `consistent-hash` (on the session id, with
+  virtual nodes), `sticky-least-loaded` (first turn least-loaded, then back to the same worker);
+* `cache-aware` (vLLM Router / SGLang router): if the pool is imbalanced, least-loaded; else the
+  worker holding the longest prefix of the request when the match rate clears `cache_threshold`,
+  else least-loaded; the request's text is then inserted in the chosen worker's tree.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from bisect import bisect_right
+from collections.abc import Iterator
+
+from cadencerl.admission.prefix_tree import PrefixTree
+from cadencerl.core.actions import Action, Admit, Place
+from cadencerl.core.trajectory import Trajectory
+from cadencerl.core.view import PoolView
+from cadencerl.core.worker import Worker
+from cadencerl.policies.base import advance_idle
+
+
+class Router:
+    """The routing loop shared by every router: continuations first, then new sessions."""
+
+    name = "router"
+    kv_transfer = False
+    queues_at_engine = True
+
+    def route(self, view: PoolView, traj: Trajectory, workers: list[Worker]) -> Worker:
+        raise NotImplementedError
+
+    def decide(self, view: PoolView) -> Iterator[Action]:
+        yield from advance_idle(view)
+        by_version: dict[int, list[Worker]] = {}
+        for w in view.alive():
+            by_version.setdefault(w.version, []).append(w)
+        for v in view.pending.versions():
+            workers = by_version.get(v, [])
+            if not workers:
+                continue
+            for traj in sorted(view.pending.at(v), key=lambda t: (t.departed_at, t.id)):
+                ok = [w for w in workers if traj.context < w.kv_capacity]
+                if ok:
+                    yield Place(traj.id, self.route(view, traj, ok).id)
+        while (nxt := view.next_fresh()) is not None:
+            open_versions = {w.version for w in view.alive() if view.admissible(w.version) > 0}
+            ok = [w for w in view.alive() if w.version in open_versions and view.accepts_new(w)
+                  and nxt.context < w.kv_capacity]
+            if not ok:
+                return
+            yield Admit(self.route(view, nxt, ok).id, nxt.id)
+
+
+def _least_loaded(workers: list[Worker]) -> Worker:
+    return min(workers, key=lambda w: (w.load, w.id))
+
+
+class RoundRobin(Router):
+    name = "round-robin"
+
+    def __init__(self) -> None:
+        self._next = 0
+
+    def route(self, view, traj, workers):
+        w = min(workers, key=lambda w: ((w.id - self._next) % (1 << 30)))
+        self._next = w.id + 1
+        return w
+
+
+class LeastLoadedRouter(Router):
+    name = "least-loaded-router"
+
+    def route(self, view, traj, workers):
+        return _least_loaded(workers)
+
+
+class ConsistentHash(Router):
+    """Session id on a hash ring with virtual nodes; the first live worker clockwise."""
+
+    name = "consistent-hash"
+    VNODES = 64
+
+    def __init__(self) -> None:
+        self._ring: list[tuple[int, int]] | None = None
+
+    @staticmethod
+    def _h(text: str) -> int:
+        return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "big")
+
+    def route(self, view, traj, workers):
+        if self._ring is None:
+            self._ring = sorted((self._h(f"{w.id}#{i}"), w.id) for w in view.workers for i in range(self.VNODES))
+        allowed = {w.id: w for w in workers}
+        keys = [k for k, _ in self._ring]
+        start = bisect_right(keys, self._h(f"session-{traj.id}"))
+        for i in range(len(self._ring)):
+            wid = self._ring[(start + i) % len(self._ring)][1]
+            if wid in allowed:
+                return allowed[wid]
+        return _least_loaded(workers)
+
+
+class StickyLeastLoaded(Router):
+    name = "sticky-least-loaded"
+
+    def route(self, view, traj, workers):
+        home = next((w for w in workers if w.id == traj.home), None)
+        return home or _least_loaded(workers)
+
+
+class CacheAware(Router):
+    """vLLM Router's `cache_aware` policy; defaults are the router's CLI defaults."""
+
+    name = "cache-aware"
+
+    def __init__(self, cache_threshold: float = 0.3, balance_abs_threshold: int = 64,
+                 balance_rel_threshold: float = 1.5, eviction_interval_s: float = 120.0,
+                 max_tree_size: int = 2**26) -> None:
+        self.cache_threshold = cache_threshold
+        self.balance_abs_threshold = balance_abs_threshold
+        self.balance_rel_threshold = balance_rel_threshold
+        self.eviction_interval_s = eviction_interval_s
+        self.max_tree_size = max_tree_size
+        self._tree: PrefixTree | None = None
+        self._next_eviction = eviction_interval_s
+
+    def decide(self, view: PoolView) -> Iterator[Action]:
+        if self._tree is None:
+            self._tree = PrefixTree(len(view.workers))
+        if view.now >= self._next_eviction:
+            self._tree.evict(self.max_tree_size)
+            self._next_eviction = view.now + self.eviction_interval_s
+        yield from super().decide(view)
+
+    def route(self, view, traj, workers):
+        tree = self._tree
+        loads = [w.load for w in workers]
+        hi, lo = max(loads), min(loads)
+        if hi - lo > self.balance_abs_threshold and hi > lo * self.balance_rel_threshold:
+            w = _least_loaded(workers)
+        else:
+            spec = traj.spec
+            ctx = traj.context
+            best = max(workers, key=lambda w: (tree.matched(w.id, spec.group, spec.id, spec.prompt_len, ctx),
+                                               -w.load, -w.id))
+            rate = tree.matched(best.id, spec.group, spec.id, spec.prompt_len, ctx) / ctx
+            w = best if rate > self.cache_threshold else _least_loaded(workers)
+        tree.insert(w.id, traj.spec.group, traj.spec.id, traj.spec.prompt_len, traj.context)
+        return w
