@@ -13,8 +13,8 @@ venv: $(BIN)/python
 	$(BIN)/pip install -q -e '.[test]'
 
 demo: venv
-	$(BIN)/cadencerl compare --scenario 16a16b8h --policies cadence,laminar,areal,one-off,sync,least-loaded --json out/demo.json
-	@echo "figures written to out/demo.json"
+	$(BIN)/cadencerl report --quick --out report
+	@echo "report written to report/report.md (figures in report/figures/, every run in report/results.json)"
 
 test: venv
 	$(BIN)/python -m pytest -q

@@ -87,9 +87,13 @@ ConfigOpt = typer.Option(None, "--config", "-c", help="a scenario file (YAML or 
 JsonOpt = typer.Option(None, "--json", help="write the figures as JSON to PATH, or '-' for stdout only")
 
 
+AdmissionOpt = typer.Option(None, "--admission", help="an admission layer in front of the policy: misa or none")
+
+
 @app.command()
 def sim(scenario: Optional[str] = ScenarioOpt, config: Optional[Path] = ConfigOpt,
-        policy: str = typer.Option("cadence", "--policy", "-p"),
+        policy: str = typer.Option("cadence", "--policy", "-p", help="a policy, or ADMISSION+POLICY"),
+        admission: Optional[str] = AdmissionOpt,
         json_out: Optional[str] = JsonOpt,
         exact: bool = typer.Option(False, "--exact", help="step every decode iteration (reference mode)"),
         seed: Optional[int] = typer.Option(None, min=0), trajectories: Optional[int] = typer.Option(None, min=1),
@@ -97,6 +101,10 @@ def sim(scenario: Optional[str] = ScenarioOpt, config: Optional[Path] = ConfigOp
     """Simulate one policy on a scenario and print its figures."""
     s = _scenario(scenario, config, dict(seed=seed, trajectories=trajectories, eta=eta, delta=delta))
     to_stderr = json_out == "-"
+    if admission not in (None, "none"):
+        if "+" in policy:
+            _fail(f"policy: {policy!r} already names an admission layer; drop --admission")
+        policy = f"{admission}+{policy}"
     result = _run_policies(s, [policy], exact, show_progress=True)[0]
     print_tables([run_table([result], f"{s.name}: {policy}"), per_accelerator_table(result)], to_stderr)
     _write_json(json_out, result)
@@ -159,6 +167,37 @@ def _int_list(name: str, text: str) -> list[int]:
 
 
 @app.command()
+def sweep(scenario: Optional[str] = ScenarioOpt, config: Optional[Path] = ConfigOpt,
+          grid: str = typer.Option("quick", "--grid", help="quick (16 points) or full (75 points)"),
+          json_out: Optional[str] = JsonOpt) -> None:
+    """Tune the cache-aware router's thresholds on a scenario; the best becomes `cache-aware-tuned`."""
+    from rich.table import Table
+
+    from cadencerl.admission import sweep as sw
+
+    if grid not in ("quick", "full"):
+        _fail(f"grid: expected quick or full, got {grid!r}")
+    s = _scenario(scenario, config, {})
+    points = sw.QUICK_GRID if grid == "quick" else sw.FULL_GRID
+    with _progress(True) as progress:
+        task = progress.add_task(f"{s.name} / cache-aware sweep", total=None)
+        results = sw.sweep(s, points, lambda done, total: progress.update(task, completed=done, total=total))
+    best = {k: results[0][k] for k in points}
+    path = sw.cache_dir() / f"{s.name}-{sw.scenario_key(s, points)}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"scenario": s.name, "grid": points, "best": best, "results": results}, indent=1))
+    table = Table(title=f"{s.name}: cache-aware router sweep (best first)")
+    for col in ("cache_threshold", "balance_abs", "balance_rel", "throughput tok/s", "P95 s", "hit rate"):
+        table.add_column(col, justify="right")
+    for r in results:
+        table.add_row(f"{r['cache_threshold']}", f"{r['balance_abs_threshold']}", f"{r['balance_rel_threshold']}",
+                      f"{r['throughput_tok_s']:,.0f}", f"{r['latency_p95_s']:.0f}", f"{100 * r['prefix_hit_rate']:.1f}%")
+    table.caption = f"best: {best} (saved for cache-aware-tuned in {path})"
+    print_tables([table], json_out == "-")
+    _write_json(json_out, {"best": best, "results": results})
+
+
+@app.command()
 def scenarios() -> None:
     """List the built-in scenarios."""
     from rich.table import Table
@@ -175,9 +214,10 @@ def scenarios() -> None:
 
 @app.command()
 def report(out: Optional[Path] = typer.Option(None, "--out", "-o", help="directory for report.md, figures/, results.json"),
-           quick: bool = typer.Option(False, "--quick", help="4096 trajectories per run, batch 1024, fewer sweep points"),
+           quick: bool = typer.Option(False, "--quick", help="8192 trajectories per run (batch kept), fewer sweep points"),
            trajectories: Optional[int] = typer.Option(None, help="trajectories per run (batch = a quarter); overrides --quick's size"),
-           seed: Optional[int] = typer.Option(None, help="workload seed for every run (default: the scenarios' own, 0)")) -> None:
+           seed: Optional[int] = typer.Option(None, help="workload seed for every run (default: the scenarios' own, 0)"),
+           jobs: Optional[int] = typer.Option(None, help="simulations run in parallel (default: the CPU count)")) -> None:
     """Run the evaluation matrix (the paper's section 6) and write a markdown report with tables and plots."""
     from cadencerl.report import ReportError, build_report
 
@@ -189,8 +229,10 @@ def report(out: Optional[Path] = typer.Option(None, "--out", "-o", help="directo
         _fail(f"trajectories: must be at least 8, got {trajectories}")
     if seed is not None and seed < 0:
         _fail(f"seed: must be non-negative, got {seed}")
+    if jobs is not None and jobs < 1:
+        _fail(f"jobs: must be at least 1, got {jobs}")
     try:
-        path = build_report(out, quick=quick, trajectories=trajectories, seed=seed)
+        path = build_report(out, quick=quick, trajectories=trajectories, seed=seed, processes=jobs)
     except (ConfigError, ReportError) as exc:
         _fail(str(exc))
     except OSError as exc:

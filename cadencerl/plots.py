@@ -40,8 +40,14 @@ def _bars(ax, groups: list[str], policies: list[str], values: dict[tuple[str, st
         ys = [values[(groups[g], p)] for g in xs]
         ax.bar([x - 0.4 + width * (i + 0.5) for x in xs], ys, width, label=p, color=_color(p),
                edgecolor="black" if p == "cadence" else "none", linewidth=0.8)
-    ax.set_xticks(range(len(groups)), groups)
+    _xlabels(ax, groups)
     ax.grid(axis="y", alpha=0.3)
+
+
+def _xlabels(ax, labels: list[str]) -> None:
+    """Category labels, slanted when they would collide."""
+    slant = sum(len(x) for x in labels) > 70
+    ax.set_xticks(range(len(labels)), labels, rotation=25 if slant else 0, ha="right" if slant else "center")
 
 
 def policy_bars(path: Path, groups: list[str], policies: list[str], throughput: dict, p95: dict,
@@ -159,14 +165,15 @@ def sweep(path: Path, xs: list[int], throughput: list[float], p95: list[float], 
 
 def non_resident(path: Path, pools: list[str], p50: list[float], p95: list[float]) -> Path:
     """P50 and P95 of the fraction of each trajectory's life spent off every worker, per pool."""
-    fig, ax = plt.subplots(figsize=(max(7.0, 0.9 * len(pools) + 3), 4))
-    xs = range(len(pools))
+    fig, ax = plt.subplots(figsize=(max(7.0, 0.8 * len(pools) + 3), 4.4))
+    xs = list(range(len(pools)))
     ax.bar([x - 0.2 for x in xs], [100 * v for v in p50], 0.4, label="P50", color="#9ecae1")
-    ax.bar([x + 0.2 for x in xs], [100 * v for v in p95], 0.4, label="P95", color="#08519c")
-    ax.set_xticks(list(xs), pools)
+    bars = ax.bar([x + 0.2 for x in xs], [100 * v for v in p95], 0.4, label="P95", color="#08519c")
+    ax.bar_label(bars, labels=[f"{100 * v:.0f}%" for v in p95], fontsize=7, padding=2)
+    _xlabels(ax, pools)
     ax.set_xlabel("pool (CadenceRL)")
     ax.set_ylabel("non-resident time (% of trajectory life)")
-    ax.set_ylim(0, 100)
+    ax.set_ylim(0, min(100.0, max(10.0, 118 * max(p95, default=0.0))))
     ax.grid(axis="y", alpha=0.3)
     ax.legend(title="percentile over trajectories", fontsize=8)
     return _save(fig, path)

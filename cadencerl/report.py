@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -56,7 +57,11 @@ class ReportError(RuntimeError):
 
 @dataclass(frozen=True)
 class Settings:
-    """How big each run is. `None` keeps the scenario's own value (16384 trajectories, batch 4096, seed 0)."""
+    """How big each run is. `None` keeps the scenario's own value (16384 trajectories, batch 4096, seed 0).
+
+    The eta / delta sweeps (cadence only, cheap) have their own size: with only two iterations an
+    eta sweep says nothing, so --quick runs them at the scenario's own size.
+    """
 
     quick: bool = False
     trajectories: int | None = None
@@ -64,23 +69,35 @@ class Settings:
     seed: int | None = None
     etas: tuple[int, ...] = (1, 2, 3, 4, 6)
     deltas: tuple[int, ...] = (512, 1024, 2048, 4096)
+    sweep_trajectories: int | None = None
+    sweep_batch_size: int | None = None
+
+
+QUICK_TRAJECTORIES = 8192  # with the full batch (4096): as many trajectories in flight as the full report, half the work
 
 
 def make_settings(quick: bool = False, trajectories: int | None = None, seed: int | None = None) -> Settings:
-    """--quick: 4096 trajectories, batch 1024, three sweep points; `trajectories` overrides (batch = a quarter)."""
-    if trajectories is None and quick:
-        trajectories = 4096
-    batch = max(1, trajectories // 4) if trajectories is not None else None
-    if quick:
-        return Settings(True, trajectories, batch, seed, etas=(1, 3, 6), deltas=(512, 1024, 4096))
-    return Settings(False, trajectories, batch, seed)
+    """--quick: 8192 trajectories (batch kept), three sweep points; `trajectories` overrides (batch = a quarter)."""
+    if trajectories is not None:
+        batch = max(1, trajectories // 4)
+        sized = dict(trajectories=trajectories, batch_size=batch, sweep_trajectories=trajectories,
+                     sweep_batch_size=batch)
+    elif quick:
+        sized = dict(trajectories=QUICK_TRAJECTORIES)
+    else:
+        sized = {}
+    sweeps = dict(etas=(1, 3, 6), deltas=(512, 1024, 4096)) if quick else {}
+    return Settings(quick=quick, seed=seed, **sized, **sweeps)
 
 
-def _scaled(s: Scenario, settings: Settings) -> Scenario:
+def _scaled(s: Scenario, settings: Settings, sweep: bool = False) -> Scenario:
+    trajectories = settings.sweep_trajectories if sweep else settings.trajectories
+    batch = settings.sweep_batch_size if sweep else settings.batch_size
     changes: dict = {}
-    if settings.trajectories is not None:
-        changes["workload"] = {"trajectories": settings.trajectories}
-        changes["trainer"] = {"batch_size": settings.batch_size}
+    if trajectories is not None:
+        changes["workload"] = {"trajectories": trajectories}
+    if batch is not None:
+        changes["trainer"] = {"batch_size": batch}
     if settings.seed is not None:
         changes["seed"] = settings.seed
     return s.with_overrides(**changes) if changes else s
@@ -91,12 +108,12 @@ def homogeneous_scenario(model: str, tp: int, settings: Settings) -> Scenario:
     base = builtin_scenario("h800-16")
     if model != base.model:
         base = base.with_overrides(
-            name=f"h800-16-{model.lower()}", model=model, pool=[dict(_GROUPS["h"], devices=16, tp=tp)],
+            name=f"h800-16-{model.removeprefix('Qwen3-').lower()}", model=model, pool=[dict(_GROUPS["h"], devices=16, tp=tp)],
             description=f"Homogeneous pool of 16 H800 (TP={tp}) serving {model}.")
     return _scaled(base, settings)
 
 
-def pool_scenario(name: str, settings: Settings) -> Scenario:
+def pool_scenario(name: str, settings: Settings, sweep: bool = False) -> Scenario:
     """A built-in pool, or one of EXTRA_POOLS built from the same workload as DETAIL_POOL."""
     if name in EXTRA_POOLS:
         groups = [dict(_GROUPS[g], devices=n) for g, n in EXTRA_POOLS[name]]
@@ -105,14 +122,14 @@ def pool_scenario(name: str, settings: Settings) -> Scenario:
             name=name, pool=groups, description=f"{text}, Qwen3-8B; the built-in pools' workload and knobs.")
     else:
         base = builtin_scenario(name)
-    return _scaled(base, settings)
+    return _scaled(base, settings, sweep)
 
 
 def planned_runs(settings: Settings) -> list[tuple[Scenario, str]]:
     """Every (scenario, policy) run of the matrix, for the progress bar (the two traced runs come on top)."""
     runs = [(homogeneous_scenario(m, tp, settings), p) for m, tp in HOMOGENEOUS_MODELS for p in HOMOGENEOUS_POLICIES]
     runs += [(pool_scenario(n, settings), p) for n in (*HETEROGENEOUS_POOLS, *EXTRA_POOLS) for p in HETEROGENEOUS_POLICIES]
-    detail = pool_scenario(DETAIL_POOL, settings)
+    detail = pool_scenario(DETAIL_POOL, settings, sweep=True)
     runs += [(detail.with_overrides(policy={"eta": e}), "cadence") for e in settings.etas]
     runs += [(detail.with_overrides(policy={"delta": d}), "cadence") for d in settings.deltas]
     return list({(s.model_dump_json(), p): (s, p) for s, p in runs}.values())
@@ -127,8 +144,25 @@ def _setup(s: Scenario) -> dict:
             "eta": s.policy.eta, "delta": s.policy.delta}
 
 
+def simulate_one(scenario: Scenario, policy: str, trace: tuple[int, ...] = (), progress=None) -> dict:
+    """simulate(), with a failing run turned into a ReportError naming it (top level: worker processes call it)."""
+    from cadencerl.config import ConfigError
+    from cadencerl.core.actions import ActionError
+    from cadencerl.core.controller import StallError
+    from cadencerl.sim.run import simulate
+
+    try:
+        return simulate(scenario, policy, trace=trace, progress=progress)
+    except (ConfigError, StallError, ActionError) as exc:
+        raise ReportError(f"{scenario.name} / {policy}: {exc}") from None
+
+
 class Runner:
-    """Runs simulate() once per (scenario, policy, trace), caching, with a rich progress bar on stderr."""
+    """Runs simulate() once per (scenario, policy, trace), caching, with a rich progress bar on stderr.
+
+    `prefetch` runs a list of jobs on several processes up front; `run` serves from the cache or runs
+    in this process (with a per-run bar).
+    """
 
     def __init__(self, progress: Progress | None = None, planned: int = 0) -> None:
         self.progress = progress
@@ -136,34 +170,62 @@ class Runner:
         self.records: list[dict] = []
         self.overall = progress.add_task("report: runs", total=planned) if progress else None
 
-    def run(self, scenario: Scenario, policy: str, trace: tuple[int, ...] = ()) -> dict:
-        from cadencerl.config import ConfigError
-        from cadencerl.core.actions import ActionError
-        from cadencerl.core.controller import StallError
-        from cadencerl.sim.run import simulate
+    @staticmethod
+    def key(scenario: Scenario, policy: str, trace: tuple[int, ...] = ()) -> tuple:
+        return scenario.model_dump_json(), policy, trace
 
-        key = (scenario.model_dump_json(), policy, trace)
+    def prefetch(self, jobs: list[tuple[Scenario, str]], processes: int) -> None:
+        """Run the uncached (scenario, policy) jobs on `processes` worker processes; results land in the cache."""
+        from concurrent.futures import ProcessPoolExecutor, as_completed
+
+        todo = [(s, p) for s, p in jobs if self.key(s, p) not in self.cache]
+        if processes <= 1 or len(todo) <= 1:
+            for s, p in todo:
+                self.run(s, p)
+            return
+        done: dict[tuple, dict] = {}
+        with ProcessPoolExecutor(processes) as pool:
+            futures = {pool.submit(simulate_one, s, p): (s, p) for s, p in todo}
+            try:
+                for future in as_completed(futures):
+                    s, p = futures[future]
+                    done[self.key(s, p)] = future.result()
+                    self._advance()
+            except BaseException:
+                for f in futures:
+                    f.cancel()
+                raise
+        for s, p in todo:  # record in job order, whatever order they finished in
+            self._store(s, p, (), done[self.key(s, p)])
+
+    def run(self, scenario: Scenario, policy: str, trace: tuple[int, ...] = ()) -> dict:
+        key = self.key(scenario, policy, trace)
         if key in self.cache:
             return self.cache[key]
         task = None
         if self.progress:
             task = self.progress.add_task(f"  {scenario.name} / {policy}", total=scenario.workload.trajectories)
         try:
-            result = simulate(scenario, policy, trace=trace,
-                              progress=(lambda done, _total: self.progress.update(task, completed=done)) if task is not None else None)
-        except (ConfigError, StallError, ActionError) as exc:
-            raise ReportError(f"{scenario.name} / {policy}: {exc}") from None
+            result = simulate_one(scenario, policy, trace, progress=(
+                (lambda done, _total: self.progress.update(task, completed=done)) if task is not None else None))
         finally:
             if task is not None:
                 self.progress.remove_task(task)
-        if self.progress:
-            task_total = self.progress.tasks[self.overall].total or 0
-            if self.progress.tasks[self.overall].completed >= task_total:
-                self.progress.update(self.overall, total=task_total + 1)
-            self.progress.advance(self.overall)
-        self.cache[key] = result
+        self._advance()
+        return self._store(scenario, policy, trace, result)
+
+    def _store(self, scenario: Scenario, policy: str, trace: tuple[int, ...], result: dict) -> dict:
+        self.cache[self.key(scenario, policy, trace)] = result
         self.records.append({**result, "setup": _setup(scenario)})
         return result
+
+    def _advance(self) -> None:
+        if not self.progress:
+            return
+        overall = self.progress.tasks[self.overall]
+        if overall.completed >= (overall.total or 0):  # an unplanned run: grow the bar rather than overflow it
+            self.progress.update(self.overall, total=(overall.total or 0) + 1)
+        self.progress.advance(self.overall)
 
 
 # --------------------------------------------------------------------------------------------- markdown helpers
@@ -494,6 +556,10 @@ def kv_share_trace(ctx: Report) -> str:
              st["stints"], f"{st['mean_share']:.3f}", f"{st['max_share']:.3f}", ", ".join(st["accels"])]
             for p, st in stats.items()]
     c, lam = stats["cadence"], stats["laminar"]
+    gaps = ("Gaps in the line and grey bands mark times it was not resident on any worker"
+            if min(c["resident"], lam["resident"]) < 1 else
+            "It was resident throughout in both runs, so the lines have no gaps (gaps and grey bands would mark "
+            "non-resident time)")
     first = "CadenceRL" if c["done"] < lam["done"] else "Laminar"
     if first != "CadenceRL":
         ctx.losses.append(f"KV-share trace on {DETAIL_POOL}: the traced trajectory {tid} finishes later under CadenceRL "
@@ -515,8 +581,8 @@ def kv_share_trace(ctx: Report) -> str:
         "decision ticks (every 0.5 s), so 'last seen' is within one tick of completion.\n",
         f"![kv share]({rel})\n",
         f"*Figure 5. Trajectory {tid} on {DETAIL_POOL}: its share (0-1) of its worker's used KV cache against time "
-        "since admission (seconds), CadenceRL (top) and Laminar (bottom). Gaps in the line and grey bands mark "
-        "times it was not resident on any worker; the dashed line marks the last decision tick before completion.*\n"])
+        f"since admission (seconds), CadenceRL (top) and Laminar (bottom). {gaps}; the dashed line marks the last "
+        "decision tick before completion.*\n"])
 
 
 def _sweep_rows(ctx: Report, s: Scenario, knob: str, values) -> tuple[list, list[dict]]:
@@ -528,8 +594,14 @@ def _sweep_rows(ctx: Report, s: Scenario, knob: str, values) -> tuple[list, list
 
 def sensitivity(ctx: Report) -> str:
     """Section 6: eta sweep (throughput and P95) and delta sweep (P95) for CadenceRL on DETAIL_POOL."""
-    s = pool_scenario(DETAIL_POOL, ctx.settings)
+    s = pool_scenario(DETAIL_POOL, ctx.settings, sweep=True)
     etas, deltas = list(ctx.settings.etas), list(ctx.settings.deltas)
+    main = pool_scenario(DETAIL_POOL, ctx.settings)
+    size_note = "" if main == s else (
+        f" The sweeps run at {s.workload.trajectories} trajectories (batch {s.trainer.batch_size}), not the "
+        f"{main.workload.trajectories} of the other sections: with only {main.workload.trajectories // main.trainer.batch_size} "
+        "iterations every eta >= 1 would admit the whole workload at once, so the eta = 1 / delta = 1024 point here "
+        "differs from section 2's CadenceRL run.")
     eta_rows, eta_runs = _sweep_rows(ctx, s, "eta", etas)
     delta_rows, delta_runs = _sweep_rows(ctx, s, "delta", deltas)
     eta_path, eta_rel = ctx.figure("eta_sweep")
@@ -549,7 +621,7 @@ def sensitivity(ctx: Report) -> str:
         "Paper (section 6.3): raising eta from 1 to 3 improves throughput, further increases reduce it, and latency "
         "rises monotonically with eta; raising delta from 512 to 4096 tokens (on Qwen3-14B) leaves throughput stable "
         f"but substantially raises P95. Here both sweeps run CadenceRL on {DETAIL_POOL} (Qwen3-8B), one knob at a "
-        "time, the other at its default.\n",
+        f"time, the other at its default.{size_note}\n",
         ctx.setup_line(s, eta="swept", delta=s.policy.delta), "",
         "### eta\n", md_table(["eta", *headers[1:]], eta_rows), "",
         f"Measured: throughput peaks at eta = {best_eta}; P95 {'rises monotonically' if monotone else 'does not rise monotonically'} "
@@ -676,14 +748,18 @@ EXPERIMENTS = (homogeneous, heterogeneous, composability, specialization, kv_sha
 
 
 def _common_setup(ctx: Report) -> str:
-    s = pool_scenario(DETAIL_POOL, ctx.settings)
+    s, sweep = pool_scenario(DETAIL_POOL, ctx.settings), pool_scenario(DETAIL_POOL, ctx.settings, sweep=True)
     w, t, p = s.workload, s.trainer, s.policy
-    mode = "quick (`--quick`)" if ctx.settings.quick else "full"
+    mode = ("quick (`--quick`): a smaller workload than the full report, with the same trainer batch so as many "
+            "trajectories are in flight; its numbers differ from the full report's, quote those instead"
+            if ctx.settings.quick else "full")
+    sweep_note = "." if sweep == s else (f"; the section-6 sweeps excepted ({sweep.workload.trajectories} "
+                                         f"trajectories, batch {sweep.trainer.batch_size}).")
     return "\n".join([
         "## Setup common to every experiment\n",
         f"- Mode: {mode}. Every run: {w.trajectories} trajectories, trainer batch {t.batch_size} "
         f"({w.trajectories // t.batch_size} iterations), train time {t.train_time_s:g} s per iteration, seed {s.seed} "
-        "(the same seed gives the same workload under every policy).",
+        f"(the same seed gives the same workload under every policy){sweep_note}",
         f"- Workload: groups of {w.group_size} samples per prompt; prompt log-normal median {w.prompt.median:g}, "
         f"sigma {w.prompt.sigma:g}, cap {w.prompt.cap}; response log-normal median {w.response.median:g}, sigma "
         f"{w.response.sigma:g}, cap {w.response.cap} tokens; prompt difficulty sigma {w.prompt_difficulty_sigma:g}; "
@@ -722,14 +798,19 @@ def _progress(enabled: bool) -> Progress:
 
 
 def build_report(out: str | Path, *, quick: bool = False, trajectories: int | None = None, seed: int | None = None,
-                 progress: bool = True) -> Path:
-    """Run the matrix and write out/report.md, out/results.json, out/figures/ and out/scenarios/; returns report.md."""
+                 progress: bool = True, processes: int | None = None) -> Path:
+    """Run the matrix and write out/report.md, out/results.json, out/figures/ and out/scenarios/; returns report.md.
+
+    `processes` (default: the CPU count) simulate the planned runs in parallel; results do not depend on it.
+    """
     started = time.perf_counter()
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     settings = make_settings(quick, trajectories, seed)
+    jobs = planned_runs(settings)
     with _progress(progress) as bar:
-        runner = Runner(bar, planned=len(planned_runs(settings)) + 2)
+        runner = Runner(bar, planned=len(jobs) + 2)
+        runner.prefetch(jobs, processes if processes is not None else (os.cpu_count() or 1))
         ctx = Report(out, settings, runner)
         sections = [experiment(ctx) for experiment in EXPERIMENTS]
     wall = time.perf_counter() - started

@@ -6,7 +6,8 @@ Three mechanisms (MISA-T abstract; reference/hardware.md):
   is admitted until it finishes: while it decodes, and while it waits on a tool with its prefix
   cached). The cap adapts to the KV pressure the engine reports: multiplicative decrease when the
   worker preempted since the last look, has a waiting queue, or uses more than `high` of its KV;
-  additive increase when it uses less than `low`. New sessions beyond the cap wait in HOLD and
+  increase when it uses less than `low`: doubling until the first sign of pressure (slow start,
+  from `INITIAL_CAP`), one session at a time after it. New sessions beyond the cap wait in HOLD and
   retry; continuations of admitted sessions always pass (the gate never sees them).
 * Workload-aware KV-capacity allocation. Class c gets a protected KV quota
       Q_c = K * m_c * BT_c / sum_j m_j * BT_j
@@ -20,8 +21,9 @@ Three mechanisms (MISA-T abstract; reference/hardware.md):
 
 Where the paper is silent (choices, documented and tested): the AIMD constants below, K = `high`
 times the pool's KV, an EWMA of the footprints once a class has `WARMUP` completions (before that
-the prompt length plus one mean reply of the pool so far), and caps clamped to
-[1, `MAX_CAP_FACTOR` x max_num_seqs] per worker.
+the prompt length plus one mean reply of the pool so far), caps clamped to
+[1, `MAX_CAP_FACTOR` x max_num_seqs] per worker, and a class's cap also bounded by its quota share
+of the pool's session caps, so one class cannot take every worker's slots.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ ADAPT_EVERY_S = 1.0
 WARMUP = 8
 EWMA = 0.1
 MAX_CAP_FACTOR = 4
+INITIAL_CAP = 4
 
 
 @dataclass
@@ -72,6 +75,8 @@ class MisaT:
     last_preemptions: dict[int, int] = field(default_factory=dict)
     stats: dict[str, ClassStats] = field(default_factory=dict)
     class_caps: dict[str, int] = field(default_factory=dict)
+    slow_start: dict[int, bool] = field(default_factory=dict)
+    admitted: dict[str, int] = field(default_factory=dict)     # sessions admitted so far, per class
     _next_adapt: float = 0.0
     _tracked: dict[int, object] = field(default_factory=dict)   # admitted, unfinished trajectories
 
@@ -80,7 +85,8 @@ class MisaT:
     def observe(self, view: PoolView) -> None:
         for w in view.alive():
             if w.id not in self.caps:
-                self.caps[w.id] = max(1.0, w.max_num_seqs / 2)
+                self.caps[w.id] = float(INITIAL_CAP)
+                self.slow_start[w.id] = True
                 self.last_preemptions[w.id] = w.preemptions
         self._learn_footprints(view)
         if view.now >= self._next_adapt:
@@ -97,8 +103,9 @@ class MisaT:
         cap = self.caps[w.id]
         if preempted or w.num_waiting > 0 or use > HIGH:
             cap *= DECREASE
-        elif use < LOW:
-            cap += INCREASE
+            self.slow_start[w.id] = False
+        elif use < LOW and w.sessions >= int(cap):  # grow only a cap that is in use
+            cap = cap * 2 if self.slow_start[w.id] else cap + INCREASE
         self.caps[w.id] = min(max(cap, 1.0), MAX_CAP_FACTOR * w.max_num_seqs)
 
     def _learn_footprints(self, view: PoolView) -> None:
@@ -125,15 +132,27 @@ class MisaT:
                 duration = 1.0
             demand[cls] = m * footprint[cls] * duration
         total = sum(demand.values()) or 1.0
-        self.class_caps = {c: max(1, int(k * demand[c] / total / footprint[c])) for c in demand}
+        slots = sum(int(self.caps.get(w.id, 1)) for w in view.alive())
+        self.class_caps = {}
+        for c in demand:
+            quota = k * demand[c] / total                      # KV tokens protected for class c
+            by_kv = quota / footprint[c]
+            by_slots = slots * quota / k                        # its share of the session caps
+            self.class_caps[c] = max(1, int(min(by_kv, by_slots)))
 
     # -- the gate ---------------------------------------------------------------------------------
 
     def open_classes(self, view: PoolView) -> set[str]:
+        """The class to admit next: among those under their cap (plus quota lent by classes with
+        nothing waiting), the one furthest below its target share of admissions so far."""
         active = view.active_by_class
         waiting = set(view.fresh.classes())
         spare = sum(max(0, cap - active.get(c, 0)) for c, cap in self.class_caps.items() if c not in waiting)
-        return {c for c in waiting if active.get(c, 0) < self.class_caps.get(c, 1) + spare}
+        open_ = [c for c in waiting if active.get(c, 0) < self.class_caps.get(c, 1) + spare]
+        if not open_:
+            return set()
+        total = sum(self.admitted.values()) + 1
+        return {max(open_, key=lambda c: (self.target_mix.get(c, 0.0) - self.admitted.get(c, 0) / total, c))}
 
     def accepts(self, w: Worker) -> bool:
         return w.sessions < int(self.caps.get(w.id, 1))
@@ -175,7 +194,10 @@ class Admitted:
         for action in self.inner.decide(view):
             yield action
             if isinstance(action, Admit):  # applied by now: remember the session to learn from it
-                self.misa._tracked[action.traj] = view.workers[action.worker].residents[action.traj]
+                traj = view.workers[action.worker].residents[action.traj]
+                self.misa._tracked[action.traj] = traj
+                cls = traj.workload_class
+                self.misa.admitted[cls] = self.misa.admitted.get(cls, 0) + 1
 
 
 def _mean(values: list[float]) -> float:

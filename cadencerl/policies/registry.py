@@ -17,6 +17,10 @@ def register(name: str, factory: Callable[[Scenario], Policy]) -> None:
     _FACTORIES[name] = factory
 
 
+def unregister(name: str) -> None:
+    _FACTORIES.pop(name, None)
+
+
 def policy_names() -> list[str]:
     _load_all()
     return list(_FACTORIES)

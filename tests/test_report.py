@@ -1,0 +1,114 @@
+"""`cadencerl report` on a tiny workload: files, tables, figures, reproduction commands, bad input."""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from cadencerl.cli import app
+from cadencerl.config import load_scenario_file
+from cadencerl.report import HETEROGENEOUS_POOLS, make_settings, planned_runs
+
+runner = CliRunner()
+TINY = 128  # trajectories per run: the whole matrix in a few seconds
+
+
+@pytest.fixture(scope="module")
+def report_dir(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("report")
+    r = runner.invoke(app, ["report", "--quick", "--trajectories", str(TINY), "--jobs", "2", "--out", str(out)])
+    assert r.exit_code == 0, r.output
+    assert "report written to" in r.output
+    return out
+
+
+def test_files_written(report_dir):
+    assert (report_dir / "report.md").is_file()
+    assert (report_dir / "results.json").is_file()
+    assert list((report_dir / "figures").glob("*.png"))
+
+
+def test_every_section_and_table(report_dir):
+    text = (report_dir / "report.md").read_text()
+    for n in range(1, 11):
+        assert re.search(rf"^## {n}\. ", text, re.M), f"section {n} missing"
+    assert "## Headline" in text and "### Derivation" in text
+    assert "| policy | throughput tok/s |" in text
+    for pool in HETEROGENEOUS_POOLS:
+        assert re.search(rf"^\| {pool} \| [\d,]+ \|", text, re.M), f"no ratio row for {pool}"
+    assert "MISA-T" in text
+    assert "*Setup:*" in text and f"{TINY} trajectories" in text
+
+
+def test_every_referenced_image_exists_and_has_a_caption(report_dir):
+    text = (report_dir / "report.md").read_text()
+    images = re.findall(r"!\[[^\]]*\]\(([^)]+)\)", text)
+    assert len(images) >= 9
+    for rel in images:
+        path = report_dir / rel
+        assert path.is_file(), rel
+        assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and path.stat().st_size > 5000, rel
+    captions = re.findall(r"^\*Figure \d+[ab]?\. ", text, re.M)
+    assert len(captions) == len(images)
+
+
+def test_results_json_has_every_run(report_dir):
+    data = json.loads((report_dir / "results.json").read_text())
+    runs = data["runs"]
+    assert len(runs) == len(planned_runs(make_settings(True, TINY))) + 2  # + the two traced runs
+    assert {r["policy"] for r in runs} == {"cadence", "sync", "one-off", "dora", "laminar", "areal", "least-loaded"}
+    assert not [r for r in runs if r["policy"] == "dora" and r["scenario"] in HETEROGENEOUS_POOLS]
+    for r in runs:
+        assert r["trajectories_completed"] == TINY == r["setup"]["trajectories"]
+        assert {"throughput_tok_s", "latency_p95_s", "bound_throughput_tok_s", "context_timeline"} <= set(r)
+    assert sum("traces" in r for r in runs) == 2
+
+
+def test_reproduction_command_gives_the_same_row(report_dir):
+    text = (report_dir / "report.md").read_text()
+    configs = set(re.findall(r"--config (\S+\.yaml)", text))
+    assert configs
+    for c in configs:
+        load_scenario_file(c)
+    cmd = next(c for c in re.findall(r"`(cadencerl compare [^`]+)`", text) if "/16a16b8h.yaml" in c)
+    args = shlex.split(cmd)[1:]
+    args[args.index("--policies") + 1] = "cadence"
+    target = report_dir / "again.json"
+    r = runner.invoke(app, [*args, "--json", str(target)])
+    assert r.exit_code == 0, r.output
+    (again,) = json.loads(target.read_text())
+    recorded = next(x for x in json.loads((report_dir / "results.json").read_text())["runs"]
+                    if x["scenario"] == "16a16b8h" and x["policy"] == "cadence" and "traces" not in x
+                    and x["setup"]["eta"] == 1 and x["setup"]["delta"] == 1024)
+    assert again["throughput_tok_s"] == pytest.approx(recorded["throughput_tok_s"])
+    assert again["latency_p95_s"] == pytest.approx(recorded["latency_p95_s"])
+
+
+@pytest.mark.parametrize("args, field", [
+    ([], "out"),
+    (["--trajectories", "3"], "trajectories"),
+    (["--jobs", "0"], "jobs"),
+])
+def test_bad_input_is_one_line_exit_2(tmp_path, args, field):
+    out = [] if field == "out" else ["--out", str(tmp_path / "r")]
+    r = runner.invoke(app, ["report", *out, *args])
+    assert r.exit_code == 2
+    assert r.output.strip().count("\n") == 0 and field in r.output
+
+
+def test_out_that_is_a_file_is_refused(tmp_path):
+    f = tmp_path / "file"
+    f.write_text("x")
+    r = runner.invoke(app, ["report", "--out", str(f)])
+    assert r.exit_code == 2 and "not a directory" in r.output
+
+
+def test_quick_keeps_the_full_batch():
+    quick, full = make_settings(quick=True), make_settings()
+    assert quick.trajectories == 8192 and quick.batch_size is None  # same in-flight load as the full report
+    assert len(quick.etas) < len(full.etas) and len(quick.deltas) < len(full.deltas)
