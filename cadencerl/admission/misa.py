@@ -32,7 +32,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from cadencerl.core.actions import Action, Admit
-from cadencerl.core.trajectory import State
+from cadencerl.core.trajectory import State, Trajectory
 from cadencerl.core.view import Policy, PoolView
 from cadencerl.core.worker import Worker
 
@@ -68,7 +68,7 @@ class ClassStats:
 
 @dataclass
 class MisaT:
-    """The admission state; `gate(view)` is what the placement policy sees."""
+    """MISA-T's state: per-worker session caps, per-class caps, and what it learned of each class."""
 
     target_mix: dict[str, float]
     caps: dict[int, float] = field(default_factory=dict)
@@ -78,7 +78,7 @@ class MisaT:
     slow_start: dict[int, bool] = field(default_factory=dict)
     admitted: dict[str, int] = field(default_factory=dict)     # sessions admitted so far, per class
     _next_adapt: float = 0.0
-    _tracked: dict[int, object] = field(default_factory=dict)   # admitted, unfinished trajectories
+    _tracked: dict[int, Trajectory] = field(default_factory=dict)   # admitted, unfinished sessions
 
     # -- observation ------------------------------------------------------------------------------
 
@@ -88,12 +88,20 @@ class MisaT:
                 self.caps[w.id] = float(INITIAL_CAP)
                 self.slow_start[w.id] = True
                 self.last_preemptions[w.id] = w.preemptions
-        self._learn_footprints(view)
         if view.now >= self._next_adapt:
             self._next_adapt = view.now + ADAPT_EVERY_S
+            self._learn_footprints()
             for w in view.alive():
                 self._adapt(w)
-        self._allocate(view)
+            self._allocate(view)
+        elif not self.class_caps:
+            self._allocate(view)
+
+    def admitted_session(self, traj: Trajectory) -> None:
+        """A new session passed the gate: count it, and learn its footprint when it finishes."""
+        self._tracked[traj.id] = traj
+        cls = traj.workload_class
+        self.admitted[cls] = self.admitted.get(cls, 0) + 1
 
     def _adapt(self, w: Worker) -> None:
         """AIMD on the pressure the engine reports."""
@@ -108,7 +116,7 @@ class MisaT:
             cap = cap * 2 if self.slow_start[w.id] else cap + INCREASE
         self.caps[w.id] = min(max(cap, 1.0), MAX_CAP_FACTOR * w.max_num_seqs)
 
-    def _learn_footprints(self, view: PoolView) -> None:
+    def _learn_footprints(self) -> None:
         for tid, traj in list(self._tracked.items()):
             if traj.state is State.DONE:
                 del self._tracked[tid]
@@ -193,11 +201,8 @@ class Admitted:
         view.gate = _Gate(self.misa, view)
         for action in self.inner.decide(view):
             yield action
-            if isinstance(action, Admit):  # applied by now: remember the session to learn from it
-                traj = view.workers[action.worker].residents[action.traj]
-                self.misa._tracked[action.traj] = traj
-                cls = traj.workload_class
-                self.misa.admitted[cls] = self.misa.admitted.get(cls, 0) + 1
+            if isinstance(action, Admit):  # applied by now
+                self.misa.admitted_session(view.workers[action.worker].residents[action.traj])
 
 
 def _mean(values: list[float]) -> float:

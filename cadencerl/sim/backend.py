@@ -147,12 +147,7 @@ class SimBackend:
     # -- internals --------------------------------------------------------------------------------
 
     def _turn_target(self, traj: Trajectory) -> int:
-        """Total generated tokens at which the current turn ends."""
-        spec = traj.spec
-        total = spec.response.reveal(self._key)
-        for turn in spec.later_turns[: traj.turn]:
-            total += turn.response.reveal(self._key)
-        return total
+        return turn_target(traj, self._key)
 
     def _push(self, t: float, kind: int, payload, epoch: int = 0) -> None:
         heapq.heappush(self._heap, (t, next(self._seq), kind, payload, epoch))
@@ -181,3 +176,14 @@ class SimBackend:
             self.completions[traj.id] = self.completions.get(traj.id, 0) + 1
             out.append(Finished(traj, t))
         self._schedule_engine(engine, nxt)
+
+
+def turn_target(traj: Trajectory, key: object) -> int:
+    """Total generated tokens at which the current turn ends (engine-side knowledge: needs the key).
+
+    Shared with the real-engine backend, which plays the environment the same way."""
+    spec = traj.spec
+    total = spec.response.reveal(key)
+    for turn in spec.later_turns[: traj.turn]:
+        total += turn.response.reveal(key)
+    return total
