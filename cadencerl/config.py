@@ -61,24 +61,26 @@ class TurnSpec(_Strict):
     tool_latency_sigma: float = Field(default=1.0, ge=0)
 
 
-class ClassSpec(_Strict):
-    """One workload class of a mixed rollout (RLVR, RLHF, agentic...) and its target share."""
+class _Shape(_Strict):
+    """How the sessions of one workload look: groups, prompts, replies, turns."""
 
-    share: float = Field(gt=0)
-    group_size: int = Field(default=1, gt=0)
-    prompt: LengthDist = LengthDist(median=512, sigma=0.5, cap=4096)
-    response: LengthDist
-    prompt_difficulty_sigma: float = Field(default=0.5, ge=0)
-    turns: TurnSpec | None = None
-
-
-class WorkloadSpec(_Strict):
-    trajectories: int = Field(gt=0)
     group_size: int = Field(default=8, gt=0)
     prompt: LengthDist = LengthDist(median=512, sigma=0.5, cap=4096)
     response: LengthDist | None = None
     prompt_difficulty_sigma: float = Field(default=0.5, ge=0)
     turns: TurnSpec | None = None
+
+
+class ClassSpec(_Shape):
+    """One workload class of a mixed rollout (RLVR, RLHF, agentic...) and its target share."""
+
+    share: float = Field(gt=0)
+    group_size: int = Field(default=1, gt=0)
+    response: LengthDist
+
+
+class WorkloadSpec(_Shape):
+    trajectories: int = Field(gt=0)
     trace: str | None = None  # a JSONL file replacing the sampled lengths
     classes: dict[str, ClassSpec] | None = None  # a mixed workload; shares are the trainer's target mix
 
@@ -94,9 +96,8 @@ class WorkloadSpec(_Strict):
         """Every workload as named classes (a plain workload is the single class 'rlvr')."""
         if self.classes is not None:
             return dict(self.classes)
-        return {"rlvr": ClassSpec(share=1.0, group_size=self.group_size, prompt=self.prompt,
-                                  response=self.response, prompt_difficulty_sigma=self.prompt_difficulty_sigma,
-                                  turns=self.turns)}
+        shape = {k: getattr(self, k) for k in _Shape.model_fields}
+        return {"rlvr": ClassSpec(share=1.0, **shape)}
 
     def target_mix(self) -> dict[str, float]:
         specs = self.class_specs()
