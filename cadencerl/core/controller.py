@@ -38,7 +38,6 @@ class Counters:
     migrated_token_bytes: float = 0.0
     interrupts: int = 0
     decisions: int = 0
-    max_kv_overcommit: int = 0   # placements never exceed capacity; kept to prove it
     samples: list[tuple[float, int, float, int]] = field(default_factory=list)  # (t, worker, mean ctx, n)
 
 
