@@ -53,3 +53,11 @@ def test_credit_room_matches_the_definition():
             tags = sorted(set(counts) | {tag})
             want = min((t + eta - k + 1) * 4 - sum(n for u, n in counts.items() if u <= t) for t in tags if t >= tag)
             assert c.room(tag, k) == want, (eta, k, counts, tag)
+
+
+@pytest.mark.parametrize("policy", ["areal", "laminar", "cadence"])
+def test_a_seeded_run_is_reproducible(policy):
+    s = small("32a", trajectories=256, batch=64)
+    a, b = simulate(s, policy), simulate(s, policy)
+    for key in ("throughput_tok_s", "latency_p95_s", "preemptions", "evictions", "sim_time_s"):
+        assert a[key] == b[key], key

@@ -227,7 +227,7 @@ class SimEngine:
             req.restore = Restore.CACHED
             self.ctx_total += req.ctx0
             self.running.append(req)
-            heapq.heappush(self.finish_heap, (self.steps + req.target - req.gen0, id(req), req.joins, req))
+            heapq.heappush(self.finish_heap, (self.steps + req.target - req.gen0, req.traj.id, req.joins, req))
         self.prefilling = []
         self.prefill_end = -1.0
         self.seg_start = now
