@@ -64,6 +64,7 @@ class SimEngine:
     prefill_tokens: int = 0
     peak_kv: int = 0
     cache: PrefixCache = field(default_factory=PrefixCache)
+    pushes: int = 0
     preemptions_by_class: dict = field(default_factory=dict)
 
     def kv_committed(self) -> int:
@@ -227,7 +228,8 @@ class SimEngine:
             req.restore = Restore.CACHED
             self.ctx_total += req.ctx0
             self.running.append(req)
-            heapq.heappush(self.finish_heap, (self.steps + req.target - req.gen0, req.traj.id, req.joins, req))
+            self.pushes += 1  # a deterministic tie-break (memory addresses are not)
+            heapq.heappush(self.finish_heap, (self.steps + req.target - req.gen0, self.pushes, req.joins, req))
         self.prefilling = []
         self.prefill_end = -1.0
         self.seg_start = now
