@@ -46,7 +46,7 @@ def _bars(ax, groups: list[str], policies: list[str], values: dict[tuple[str, st
 
 def _xlabels(ax, labels: list[str]) -> None:
     """Category labels, slanted when they would collide."""
-    slant = sum(len(x) for x in labels) > 70
+    slant = sum(len(x) + 3 for x in labels) > 70
     ax.set_xticks(range(len(labels)), labels, rotation=25 if slant else 0, ha="right" if slant else "center")
 
 
@@ -66,7 +66,7 @@ def policy_bars(path: Path, groups: list[str], policies: list[str], throughput: 
 def metric_bars(path: Path, groups: list[str], policies: list[str], values: dict, ylabel: str,
                 group_label: str) -> Path:
     """One panel of grouped bars (e.g. tokens per dollar per pool and policy)."""
-    fig, ax = plt.subplots(figsize=(max(7.0, 1.2 * len(groups) + 4), 4.2))
+    fig, ax = plt.subplots(figsize=(min(13.0, max(7.0, 0.9 * len(groups) + 3)), 4.6))
     _bars(ax, groups, policies, values)
     ax.set_ylabel(ylabel)
     ax.set_xlabel(group_label)
