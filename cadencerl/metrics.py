@@ -104,7 +104,8 @@ def summarize(scenario_name: str, policy_name: str, ctl: Controller, engines, wa
         "per_accelerator": per_type,
         "prefix_hit_rate": (sum(e.cache.hits for e in engines) / max(1, sum(e.cache.queried for e in engines))),
         "mixture_dtv_pp": mixture_dtv_pp(ctl.trainer.batch_classes, target_mix or {}),
-        "mixture_dtv_steady_pp": mixture_dtv_pp(ctl.trainer.batch_classes[1:-1], target_mix or {}),
+        "mixture_dtv_steady_pp": (mixture_dtv_pp(ctl.trainer.batch_classes[1:-1], target_mix or {})
+                                  if len(ctl.trainer.batch_classes) > 2 else None),
         "batch_mix": [dict(b) for b in ctl.trainer.batch_classes],
         "per_class": per_class(trajs, engines, makespan, ctl.trainer.batch_classes),
         "context_timeline": context_timeline,

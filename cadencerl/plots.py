@@ -16,6 +16,8 @@ import matplotlib.pyplot as plt  # noqa: E402  (the backend must be chosen first
 POLICY_COLORS = {
     "cadence": "#d62728", "sync": "#7f7f7f", "one-off": "#bcbd22", "dora": "#9467bd",
     "laminar": "#1f77b4", "areal": "#2ca02c", "least-loaded": "#8c564b",
+    "misa+cache-aware-tuned": "#d62728", "cache-aware-tuned": "#1f77b4", "round-robin": "#7f7f7f",
+    "least-loaded-router": "#8c564b", "misa+cadence": "#ff7f0e",
 }
 ACCEL_COLORS = {"H800": "#d62728", "A910X": "#1f77b4", "BI-V150": "#2ca02c"}
 

@@ -20,3 +20,9 @@ def small(name: str = "16a16b8h", trajectories: int = 192, batch: int = 48, cap:
 @pytest.fixture
 def small_scenario() -> Scenario:
     return small()
+
+
+@pytest.fixture(autouse=True)
+def _private_sweep_cache(tmp_path, monkeypatch):
+    """Router sweeps cache their best thresholds on disk: keep each test's cache to itself."""
+    monkeypatch.setenv("CADENCERL_CACHE_DIR", str(tmp_path / "cache"))

@@ -19,11 +19,6 @@ def mixed(n=600, batch=150):
         pool=[{"accelerator": "H200", "devices": 4, "tp": 1, "max_num_seqs": 64}])
 
 
-@pytest.fixture(autouse=True)
-def _sweep_cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("CADENCERL_CACHE_DIR", str(tmp_path))
-
-
 @pytest.mark.parametrize("policy", ["round-robin", "least-loaded-router", "consistent-hash", "sticky-least-loaded",
                                     "cache-aware", "misa+cache-aware", "misa+cadence", "misa+least-loaded"])
 def test_mixed_runs_conserve_and_report_the_contract(policy):

@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 
 from cadencerl.cli import app
 from cadencerl.config import load_scenario_file
-from cadencerl.report import HETEROGENEOUS_POOLS, make_settings, planned_runs
+from cadencerl.report import MIXED_POLICIES, HETEROGENEOUS_POOLS, make_settings, planned_runs
 
 runner = CliRunner()
 TINY = 128  # trajectories per run: the whole matrix in a few seconds
@@ -59,9 +59,11 @@ def test_every_referenced_image_exists_and_has_a_caption(report_dir):
 
 def test_results_json_has_every_run(report_dir):
     data = json.loads((report_dir / "results.json").read_text())
-    runs = data["runs"]
+    mixed = [r for r in data["runs"] if r["scenario"].startswith("mixed-")]
+    runs = [r for r in data["runs"] if not r["scenario"].startswith("mixed-")]
     assert len(runs) == len(planned_runs(make_settings(True, TINY))) + 2  # + the two traced runs
     assert {r["policy"] for r in runs} == {"cadence", "sync", "one-off", "dora", "laminar", "areal", "least-loaded"}
+    assert {r["policy"] for r in mixed} == set(MIXED_POLICIES)  # section 10: MISA-T against the routers
     assert not [r for r in runs if r["policy"] == "dora" and r["scenario"] in HETEROGENEOUS_POOLS]
     for r in runs:
         assert r["trajectories_completed"] == TINY == r["setup"]["trajectories"]

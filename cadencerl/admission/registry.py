@@ -15,7 +15,9 @@ register("cache-aware", lambda s: CacheAware())
 def _tuned(scenario):
     from cadencerl.admission.sweep import tuned_thresholds
 
-    return CacheAware(**tuned_thresholds(scenario))
+    router = CacheAware(**tuned_thresholds(scenario))
+    router.name = "cache-aware-tuned"
+    return router
 
 
 register("cache-aware-tuned", _tuned)
