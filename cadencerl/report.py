@@ -74,6 +74,7 @@ class Settings:
 
 
 QUICK_TRAJECTORIES = 8192  # with the full batch (4096): as many trajectories in flight as the full report, half the work
+FULL_SWEEP_TRAJECTORIES = 32768  # 8 iterations of the built-in batch
 
 
 def make_settings(quick: bool = False, trajectories: int | None = None, seed: int | None = None) -> Settings:
@@ -84,8 +85,8 @@ def make_settings(quick: bool = False, trajectories: int | None = None, seed: in
                      sweep_batch_size=batch)
     elif quick:
         sized = dict(trajectories=QUICK_TRAJECTORIES)
-    else:
-        sized = {}
+    else:  # the full report sweeps over 8 iterations, so that eta up to 6 still leaves work to pace
+        sized = dict(sweep_trajectories=FULL_SWEEP_TRAJECTORIES)
     sweeps = dict(etas=(1, 3, 6), deltas=(512, 1024, 4096)) if quick else {}
     return Settings(quick=quick, seed=seed, **sized, **sweeps)
 
