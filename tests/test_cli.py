@@ -107,3 +107,12 @@ def test_scenarios_lists_the_builtins():
     assert r.exit_code == 0
     for name in ("h800-16", "32a", "32b", "16a16b", "16a8h", "16b8h", "16a16b8h"):
         assert name in r.output
+
+
+def test_every_builtin_scenario_builds_its_pool():
+    from cadencerl.config import builtin_names, builtin_scenario
+    from cadencerl.sim.pool import build_pool
+
+    for name in builtin_names():
+        workers, _ = build_pool(builtin_scenario(name))
+        assert workers, name
