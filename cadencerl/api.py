@@ -1,0 +1,233 @@
+"""The trainer-facing API: a rollout pool over real vLLM servers, driven by the CadenceRL controller.
+
+A trainer (AReaL-, verl- or slime-style) submits prompts, iterates over completed batches tagged
+with the policy versions that produced them, and publishes each new version; a weight-update hook
+is called for every worker as it moves to that version. Rollout goes on while the trainer trains:
+the controller runs in a background thread, and the staleness bound eta holds across batches.
+
+    with RolloutPool(urls, batch_size=64, eta=1, weight_update=push) as pool:
+        for prompt in prompts:
+            pool.submit(prompt.ids, group=prompt.group, max_tokens=512)
+        for batch in pool.batches():
+            train(batch.samples)
+            pool.publish()
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Self
+
+from cadencerl.config import Scenario, builtin_scenario
+from cadencerl.core.controller import PUBLISH
+from cadencerl.core.trajectory import State, Trajectory
+from cadencerl.engine.backend import WeightUpdate
+from cadencerl.engine.run import RealRun, assemble, summarize_real
+from cadencerl.engine.vllm_client import Timeouts
+from cadencerl.sim.workload import HiddenLength, TrajectorySpec, generate
+
+_END = object()
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One completed trajectory as the trainer receives it."""
+
+    id: int
+    group: int
+    workload_class: str
+    prompt_ids: list[int]
+    completion_ids: list[int]      # everything after the prompt, in order (tool observations included)
+    tag: int                       # the policy version it started under: staleness counts from it
+    versions: tuple[int, ...]      # every version that generated part of it
+
+
+@dataclass(frozen=True)
+class Batch:
+    """Batch `index` trains version `index` into version `index + 1`."""
+
+    index: int
+    samples: list[Sample]
+
+    @property
+    def tokens(self) -> int:
+        return sum(len(s.completion_ids) for s in self.samples)
+
+    def staleness(self) -> dict[int, int]:
+        out: dict[int, int] = {}
+        for s in self.samples:
+            out[self.index - s.tag] = out.get(self.index - s.tag, 0) + 1
+        return out
+
+
+class RolloutPool:
+    """Submit, then iterate batches and publish; `result()` gives the run's figures at the end.
+
+    Knobs default to the built-in `cpu-pair` scenario (policy, delta, tick, trainer batch, eta);
+    pass `scenario=` for other ones, `batch_size=`/`eta=` to override just those.
+    """
+
+    def __init__(self, urls: Sequence[str], *, policy: str = "cadence", scenario: Scenario | None = None,
+                 labels: Sequence[str] | None = None, kv_tokens: int | Sequence[int] | None = None,
+                 batch_size: int | None = None, eta: int | None = None, weight_update: WeightUpdate | None = None,
+                 progress: Callable[[int, int], None] | None = None, deadline_s: float | None = None,
+                 timeouts: Timeouts = Timeouts(), join_timeout_s: float = 30.0) -> None:
+        scenario = scenario or builtin_scenario("cpu-pair")
+        changes: dict = {}
+        if batch_size is not None:
+            changes["trainer"] = {"batch_size": batch_size}
+        if eta is not None:
+            changes["policy"] = {"eta": eta}
+        self.scenario = scenario.with_overrides(**changes) if changes else scenario
+        self.urls, self.policy, self.labels, self.kv_tokens = list(urls), policy, labels, kv_tokens
+        self.weight_update, self.progress, self.deadline_s, self.timeouts = weight_update, progress, deadline_s, timeouts
+        self.join_timeout_s = join_timeout_s
+        self._key = object()          # seals the target lengths: only the engine backend opens them
+        self._specs: list[TrajectorySpec] = []
+        self._prompts: dict[int, list[int]] = {}
+        self._run: RealRun | None = None
+        self._thread: threading.Thread | None = None
+        self._queue: queue.Queue = queue.Queue()
+        self._error: BaseException | None = None
+        self._delivered: set[int] = set()
+        self._training: int | None = None   # index of the batch handed out and not yet published
+        self._result: dict | None = None
+        self._started_at = self._ended_at = 0.0
+
+    @classmethod
+    def from_scenario(cls, scenario: Scenario, urls: Sequence[str], **kwargs) -> RolloutPool:
+        """A pool whose submissions are the scenario's seeded workload (synthetic prompt ids)."""
+        pool = cls(urls, scenario=scenario, **kwargs)
+        pool._specs = generate(scenario.workload, scenario.seed, pool._key)
+        return pool
+
+    # -- the trainer's side -----------------------------------------------------------------------
+
+    def submit(self, token_ids: Sequence[int], *, max_tokens: int, group: int | None = None,
+               workload_class: str = "rlvr") -> int:
+        """Queue one rollout of `max_tokens` new tokens after `token_ids`; returns its id.
+
+        Samples of one prompt share a `group` (default: a group of its own), which placement uses
+        to keep siblings together on the prefix cache. All submissions come before `batches()`.
+        """
+        if self._run is not None:
+            raise RuntimeError("submit: the run has started; submit every prompt before batches()")
+        ids = [int(t) for t in token_ids]
+        if not ids:
+            raise ValueError("token_ids: must not be empty")
+        if not isinstance(max_tokens, int) or max_tokens < 1:
+            raise ValueError(f"max_tokens: must be a positive integer, got {max_tokens!r}")
+        tid = len(self._specs)
+        self._specs.append(TrajectorySpec(tid, tid if group is None else group, len(ids),
+                                          HiddenLength(max_tokens, self._key), workload_class))
+        self._prompts[tid] = ids
+        return tid
+
+    def batches(self) -> Iterator[Batch]:
+        """Completed batches in training order; rollout continues while the caller trains."""
+        self._start()
+        while True:
+            try:
+                item = self._queue.get(timeout=1.0)
+            except queue.Empty:
+                if self._thread is not None and not self._thread.is_alive() and self._queue.empty():
+                    break
+                continue
+            if item is _END:
+                break
+            yield item
+        if self._error is not None:
+            raise self._error
+
+    def publish(self) -> int:
+        """The batch handed out is trained: publish version index+1 (workers then advance)."""
+        if self._training is None:
+            raise RuntimeError("publish: no batch is being trained")
+        version, self._training = self._training + 1, None
+        if self._thread is not None and self._thread.is_alive():
+            self._run.backend.post(PUBLISH)
+        return version
+
+    def result(self) -> dict:
+        """The run's figures (as `cadencerl sim --json`, plus wall-clock and engine figures)."""
+        if self._result is None:
+            if self._run is None or self._thread is None or self._thread.is_alive():
+                raise RuntimeError("result: the run has not finished")
+            if self._error is not None:
+                raise self._error
+            self._result = summarize_real(self._run, self._ended_at - self._started_at)
+        return self._result
+
+    def close(self) -> None:
+        """Stop the run if it is still going, and every connection; idempotent."""
+        run = self._run
+        if run is None:
+            return
+        if self._thread is not None and self._thread.is_alive():
+            run.backend.stop()
+            self._thread.join(self.join_timeout_s)
+        if self._thread is None or not self._thread.is_alive():
+            run.backend.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @property
+    def controller(self):
+        return self._run.controller if self._run else None
+
+    @property
+    def backend(self):
+        return self._run.backend if self._run else None
+
+    # -- the controller's side (background thread) ------------------------------------------------
+
+    def _start(self) -> None:
+        if self._run is not None:
+            return
+        if not self._specs:
+            raise ValueError("submit: nothing submitted")
+        self._started_at = time.perf_counter()
+        self._run = assemble(self.scenario, self.policy, self.urls, self._specs, self._key, labels=self.labels,
+                             kv_tokens=self.kv_tokens, prompts=self._prompts, weight_update=self.weight_update,
+                             timer_hook=self._on_timer, timeouts=self.timeouts, deadline_s=self.deadline_s)
+        self._run.controller.on_progress = self.progress
+        self._thread = threading.Thread(target=self._drive, name="cadencerl-controller", daemon=True)
+        self._thread.start()
+
+    def _drive(self) -> None:
+        try:
+            self._run.controller.run()
+            self._run.backend.finish()
+        except BaseException as exc:  # noqa: BLE001 - handed to the trainer's thread
+            self._error = exc
+        finally:
+            self._ended_at = time.perf_counter()
+            self._queue.put(_END)
+
+    def _on_timer(self, _time: float, tag: str) -> bool:
+        """The controller formed a batch and scheduled its publish: hand it to the trainer instead."""
+        if tag != PUBLISH:
+            return False
+        ctl = self._run.controller
+        held = {t.id for bucket in ctl.trainer.completed.values() for t in bucket}
+        taken = sorted((t for t in ctl.trajectories.values()
+                        if t.state is State.DONE and t.id not in held and t.id not in self._delivered),
+                       key=lambda t: t.completed_at)
+        self._delivered.update(t.id for t in taken)
+        index = ctl.trainer.version
+        self._training = index
+        self._queue.put(Batch(index, [self._sample(t) for t in taken]))
+        return True
+
+    def _sample(self, t: Trajectory) -> Sample:
+        ids = self._run.backend.token_ids(t.id)
+        return Sample(t.id, t.group, t.workload_class, ids[: t.prompt_len], ids[t.prompt_len:], t.tag,
+                      tuple(t.versions))

@@ -1,0 +1,192 @@
+"""Run a policy on real vLLM servers: the controller of `sim`, with an EngineBackend for a backend.
+
+`assemble` wires a controller to the servers the way `sim/run.py` wires it to simulated engines
+(same pool builder, policies, fit check); `run_real` drives it through the trainer-facing API with
+a stand-in trainer that takes `train_time_s` per step, and returns `simulate`'s figures plus
+wall-clock and engine figures.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+
+from cadencerl.bounds import oracle_bounds
+from cadencerl.config import ConfigError, Scenario
+from cadencerl.core.controller import Controller
+from cadencerl.core.trajectory import Trajectory
+from cadencerl.core.worker import Worker
+from cadencerl.engine.backend import (
+    EngineBackend,
+    EngineRunError,
+    TimerHook,
+    WeightUpdate,
+)
+from cadencerl.engine.vllm_client import EngineError, ModelMismatchError, Timeouts
+from cadencerl.hardware import catalog
+from cadencerl.hardware.perf import WorkerPerf
+from cadencerl.metrics import summarize
+from cadencerl.policies.registry import make_policy
+from cadencerl.sim.pool import build_pool
+from cadencerl.sim.run import _check_fits_somewhere
+from cadencerl.sim.workload import TrajectorySpec
+
+DEFAULT_LABEL = "cpu-tiny"
+_URL = re.compile(r"^https?://[^\s/:]+(:\d+)?/?$")
+
+
+@dataclass
+class RealRun:
+    """A controller wired to real servers, ready to run."""
+
+    scenario: Scenario
+    controller: Controller
+    backend: EngineBackend
+    specs: list[TrajectorySpec]
+    workers: list[Worker]
+    perfs: list[WorkerPerf]
+    labels: list[str]
+    key: object
+    setup_s: float
+
+
+def parse_urls(text: str | Sequence[str]) -> list[str]:
+    urls = [u.strip() for u in (text.split(",") if isinstance(text, str) else text) if u.strip()]
+    if not urls:
+        raise ConfigError("workers: give at least one server URL")
+    for u in urls:
+        if not _URL.match(u):
+            raise ConfigError(f"workers: {u!r} is not an http://HOST:PORT URL")
+    if len(set(urls)) != len(urls):
+        raise ConfigError("workers: a URL is listed twice")
+    return [u.rstrip("/") for u in urls]
+
+
+def resolve_labels(scenario: Scenario, count: int, labels: Sequence[str] | None) -> list[str]:
+    """One catalog accelerator per URL: given, else the scenario's pool when it has `count`
+    workers, else `cpu-tiny`."""
+    if labels is None:
+        pool = [g.accelerator for g in scenario.pool for _ in range(g.workers)]
+        labels = pool if len(pool) == count else [DEFAULT_LABEL] * count
+    labels = [x.strip() for x in labels]
+    if len(labels) != count:
+        raise ConfigError(f"labels: {len(labels)} labels for {count} worker URLs")
+    for x in labels:
+        if x not in catalog.ACCELERATORS:
+            raise ConfigError(f"labels: unknown accelerator {x!r} (known: {', '.join(catalog.ACCELERATORS)})")
+    return labels
+
+
+def _pool_of(scenario: Scenario, labels: list[str]) -> Scenario:
+    """The scenario with one worker per URL; a scenario group of the same accelerator lends its
+    tp, cluster and max_num_seqs."""
+    groups = {g.accelerator: g for g in scenario.pool}
+    pool = []
+    for x in labels:
+        g = groups.get(x)
+        tp = g.tp if g else 1
+        pool.append({"accelerator": x, "devices": tp, "tp": tp, "cluster": (g.cluster if g else None) or "local",
+                     "max_num_seqs": g.max_num_seqs if g else 256})
+    return scenario.with_overrides(pool=pool)
+
+
+def assemble(scenario: Scenario, policy_name: str, urls: Sequence[str], specs: list[TrajectorySpec], key: object,
+             *, labels: Sequence[str] | None = None, kv_tokens: int | Sequence[int] | None = None,
+             prompts: dict[int, list[int]] | None = None, weight_update: WeightUpdate | None = None,
+             timer_hook: TimerHook | None = None, timeouts: Timeouts = Timeouts(),
+             connect_timeout_s: float = 30.0, deadline_s: float | None = None) -> RealRun:
+    """Check the servers, size the workers from them and build the controller; ConfigError on bad input."""
+    started = time.perf_counter()
+    urls = parse_urls(urls)
+    policy = make_policy(policy_name, scenario)
+    labels = resolve_labels(scenario, len(urls), labels)
+    workers, perfs = build_pool(_pool_of(scenario, labels))
+    caps = _kv_list(kv_tokens, len(urls))
+    backend = EngineBackend(urls, scenario.model, key, seed=scenario.seed, prompts=prompts, timeouts=timeouts,
+                            weight_update=weight_update, timer_hook=timer_hook, deadline_s=deadline_s)
+    try:
+        servers = backend.connect(connect_timeout_s)
+        for w, server, cap in zip(workers, servers, caps):
+            if cap is not None and cap > server.kv_tokens:
+                raise ConfigError(f"kv_tokens: {cap} exceeds the KV of {server.url} ({server.kv_tokens} tokens)")
+            w.kv_capacity = cap or server.kv_tokens
+        _check_fits_somewhere(specs, workers, key)
+        _check_model_len(specs, key, min(s.max_model_len for s in servers))
+    except ModelMismatchError as exc:
+        backend.close()
+        raise ConfigError(f"model: {exc}") from None
+    except (EngineError, EngineRunError) as exc:
+        backend.close()
+        raise ConfigError(f"workers: {exc}") from None
+    except BaseException:
+        backend.close()
+        raise
+    trainer = scenario.trainer
+    ctl = Controller(policy, backend, workers, [Trajectory(s) for s in specs], batch_size=trainer.batch_size,
+                     params=scenario.policy, train_time_s=trainer.train_time_s,
+                     train_time_per_token_s=trainer.train_time_per_token_s, kv_transfer_time=None,
+                     kv_bytes_per_token=catalog.model(scenario.model).kv_bytes_per_token)
+    return RealRun(scenario, ctl, backend, specs, workers, perfs, labels, key, time.perf_counter() - started)
+
+
+def _kv_list(kv_tokens: int | Sequence[int] | None, n: int) -> list[int | None]:
+    if kv_tokens is None:
+        return [None] * n
+    caps = [kv_tokens] * n if isinstance(kv_tokens, int) else list(kv_tokens)
+    if len(caps) != n or any(not isinstance(c, int) or c <= 0 for c in caps):
+        raise ConfigError(f"kv_tokens: expected one positive integer, or one per worker ({n})")
+    return caps
+
+
+def _check_model_len(specs: list[TrajectorySpec], key: object, max_len: int) -> None:
+    """The servers silently truncate past max_model_len: refuse such a workload up front."""
+    for s in specs:
+        total = s.prompt_len + s.response.reveal(key) + sum(t.observation_len + t.response.reveal(key)
+                                                            for t in s.later_turns)
+        if total > max_len:
+            raise ConfigError(f"workload: trajectory {s.id} needs {total} tokens, more than the servers' "
+                              f"max_model_len ({max_len})")
+
+
+def summarize_real(run: RealRun, wall_s: float) -> dict:
+    """`simulate`'s figures for a real run, plus wall-clock and per-server figures."""
+    ctl, backend, s = run.controller, run.backend, run.scenario
+    result = summarize(s.name, ctl.policy.name, ctl, backend.records, wall_s, backend.events_processed,
+                       s.workload.target_mix())
+    result.update(oracle_bounds(run.specs, run.workers, run.perfs, run.key))
+    result["throughput_fraction_of_bound"] = result["throughput_tok_s"] / result["bound_throughput_tok_s"]
+    result["p95_multiple_of_bound"] = result["latency_p95_s"] / max(result["bound_latency_p95_s"], 1e-12)
+    result.update(
+        backend="vllm",
+        makespan_wall_s=result["sim_time_s"],
+        setup_wall_s=run.setup_s,
+        lost_workers=list(backend.lost),
+        resumes=backend.resumes,
+        resumes_accepted=backend.resumes_accepted,
+        aborts=backend.aborts,
+        stream_retries=backend.retries,
+        workers=[{**asdict(st), "label": label} for st, label in zip(backend.records, run.labels)],
+    )
+    return result
+
+
+def run_real(scenario: Scenario, policy_name: str, urls: Sequence[str], labels: Sequence[str] | None = None, *,
+             kv_tokens: int | Sequence[int] | None = None, progress: Callable[[int, int], None] | None = None,
+             weight_update: WeightUpdate | None = None, deadline_s: float | None = None,
+             timeouts: Timeouts = Timeouts()) -> dict:
+    """Run `scenario`'s workload with `policy_name` on the servers at `urls`.
+
+    A stand-in trainer consumes each batch through the trainer API, sleeping `train_time_s` (plus
+    the per-token time) before publishing the next version, while rollout goes on.
+    """
+    from cadencerl.api import RolloutPool
+
+    with RolloutPool.from_scenario(scenario, urls, policy=policy_name, labels=labels, kv_tokens=kv_tokens,
+                                   weight_update=weight_update, progress=progress, deadline_s=deadline_s,
+                                   timeouts=timeouts) as pool:
+        for batch in pool.batches():
+            time.sleep(scenario.trainer.train_time_s + scenario.trainer.train_time_per_token_s * batch.tokens)
+            pool.publish()
+        return pool.result()
