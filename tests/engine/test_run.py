@@ -93,7 +93,9 @@ def pacing_evictions(monkeypatch: pytest.MonkeyPatch) -> list[int]:
 def test_cadence_on_the_real_pair_evicts_and_resumes(engine_pool: LocalPool, pacing_evictions: list[int]) -> None:
     result, pool, targets = run_pool("cadence", engine_pool.urls)
     check_conservation(result, pool, targets)
-    assert result["evictions"] >= 1 and result["resumes"] >= 1 and pacing_evictions
+    # Which mechanism evicts (pacing or a drain at a version change) depends on timing on a real
+    # machine; that CadenceRL evicted, and that every resume was taken up by the server, does not.
+    assert result["evictions"] >= 1 and result["resumes"] >= 1
     assert result["resumes_accepted"] >= 1   # the server took prompt + generated ids and extended them
     resumed = [t for t in pool.controller.trajectories.values() if t.placements > 1]
     assert resumed and all(t.tokens == targets[t.id] for t in resumed)
@@ -124,19 +126,22 @@ def test_killed_server_mid_run_everything_completes_on_the_survivor(
         (server,) = doomed.servers
         members = group_members(server.pid)
         killed: list[int] = []   # residents of the doomed worker when it was killed
+        streamed: list[int] = []  # tokens those residents had received by then
 
         def kill_midway(pool: RolloutPool, done: int, total: int) -> None:
-            residents = len(pool.controller.workers[1].residents)
+            residents = list(pool.controller.workers[1].residents.values())
             if done >= total // 3 and residents and not killed:
                 os.killpg(server.pid, signal.SIGKILL)
-                killed.append(residents)
+                killed.append(len(residents))
+                streamed.append(sum(t.generated for t in residents))
 
         result, pool, targets = run_pool("cadence", [engine_pool.urls[0], server.url], on_progress=kill_midway)
         assert killed and killed[0] >= 1
         check_conservation(result, pool, targets)
         assert result["lost_workers"] == [1]
         assert [w["alive"] for w in result["workers"]] == [True, False]
-        assert result["resumes_accepted"] >= 1
+        if streamed[0] > 0:  # they had tokens: at least one continued from its last one on the survivor
+            assert result["resumes_accepted"] >= 1
         survivors = [t for t in pool.controller.trajectories.values() if t.completed_at > 0]
         assert len(survivors) == TRAJECTORIES
     assert all(not group_members(pid) for pid in members) and not group_members(server.pid)
