@@ -156,13 +156,14 @@ def sensitivity(scenario: Optional[str] = ScenarioOpt, config: Optional[Path] = 
     _write_json(json_out, runs)
 
 
-def _int_list(name: str, text: str) -> list[int]:
+def _int_list(name: str, text: str, minimum: int = 0) -> list[int]:
+    """A comma-separated list of integers >= `minimum`, or a one-line error naming the option."""
     try:
         values = [int(x) for x in text.split(",") if x.strip()]
     except ValueError:
-        _fail(f"{name}: expected comma-separated integers, got {text!r}")
-    if not values or any(v < 0 for v in values):
-        _fail(f"{name}: expected non-negative integers, got {text!r}")
+        values = []
+    if not values or any(v < minimum for v in values):
+        _fail(f"{name}: expected comma-separated integers >= {minimum}, got {text!r}")
     return values
 
 

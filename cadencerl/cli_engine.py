@@ -234,7 +234,9 @@ def register(app: typer.Typer) -> None:
         positive("repeat", repeat)
         if tokens < 8:
             _fail(f"tokens: need at least 8 new tokens per request, got {tokens}")
-        batch_list, prompt_list = _ints(_fail, "batches", batches), _ints(_fail, "prompts", prompts)
+        from cadencerl.cli import _int_list
+
+        batch_list, prompt_list = _int_list("batches", batches, 1), _int_list("prompts", prompts, 1)
         try:
             base, mdl = catalog.accelerator(accelerator, "accelerator"), catalog.model(model)
             urls = parse_urls(workers) if workers else None
@@ -288,13 +290,3 @@ def engine_table(result: dict):
                      f"resumes {result['resumes']} (accepted {result['resumes_accepted']}), aborts {result['aborts']}, "
                      f"lost workers {result['lost_workers'] or 'none'}")
     return table
-
-
-def _ints(fail, name: str, text: str) -> list[int]:
-    try:
-        values = [int(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        fail(f"{name}: expected comma-separated positive integers, got {text!r}")
-    if not values or any(v < 1 for v in values):
-        fail(f"{name}: expected comma-separated positive integers, got {text!r}")
-    return values

@@ -31,7 +31,7 @@ from cadencerl.metrics import summarize
 from cadencerl.policies.registry import make_policy
 from cadencerl.sim.pool import build_pool
 from cadencerl.sim.run import _check_fits_somewhere
-from cadencerl.sim.workload import TrajectorySpec
+from cadencerl.sim.workload import TrajectorySpec, total_tokens
 
 DEFAULT_LABEL = "cpu-tiny"
 _URL = re.compile(r"^https?://[^\s/:]+(:\d+)?/?$")
@@ -143,8 +143,7 @@ def _kv_list(kv_tokens: int | Sequence[int] | None, n: int) -> list[int | None]:
 def _check_model_len(specs: list[TrajectorySpec], key: object, max_len: int) -> None:
     """The servers silently truncate past max_model_len: refuse such a workload up front."""
     for s in specs:
-        total = s.prompt_len + s.response.reveal(key) + sum(t.observation_len + t.response.reveal(key)
-                                                            for t in s.later_turns)
+        total = total_tokens(s, key)
         if total > max_len:
             raise ConfigError(f"workload: trajectory {s.id} needs {total} tokens, more than the servers' "
                               f"max_model_len ({max_len})")

@@ -14,7 +14,7 @@ from cadencerl.metrics import summarize
 from cadencerl.policies.registry import make_policy
 from cadencerl.sim.backend import SimBackend
 from cadencerl.sim.pool import build_pool
-from cadencerl.sim.workload import generate
+from cadencerl.sim.workload import generate, total_tokens
 
 
 def simulate(scenario: Scenario, policy_name: str, *, exact: bool = False,
@@ -58,8 +58,7 @@ def _check_fits_somewhere(specs, workers, key) -> None:
     """A trajectory longer than every worker's KV could never run: say so before starting."""
     largest = max(w.kv_capacity for w in workers)
     for s in specs:
-        total = s.prompt_len + s.response.reveal(key) + sum(t.observation_len + t.response.reveal(key)
-                                                            for t in s.later_turns)
+        total = total_tokens(s, key)
         if total > largest:
             raise ConfigError(f"workload: trajectory {s.id} needs {total} KV tokens, more than any worker holds "
                               f"({largest})")

@@ -65,6 +65,12 @@ class TrajectorySpec:
     later_turns: tuple[Turn, ...] = field(default=())
 
 
+def total_tokens(spec: TrajectorySpec, key: object) -> int:
+    """The KV a trajectory ends with: prompt, every reply and every observation (opens the seal)."""
+    return spec.prompt_len + spec.response.reveal(key) + sum(t.observation_len + t.response.reveal(key)
+                                                             for t in spec.later_turns)
+
+
 def _lengths(rng: np.random.Generator, dist: LengthDist, n: int, shift: np.ndarray | float = 0.0) -> np.ndarray:
     body = rng.lognormal(np.log(dist.median) + shift, dist.sigma, n) if dist.sigma > 0 else np.full(n, dist.median * np.exp(shift))
     return np.clip(np.rint(body), dist.minimum, dist.cap).astype(int)
