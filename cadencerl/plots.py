@@ -72,7 +72,9 @@ def metric_bars(path: Path, groups: list[str], policies: list[str], values: dict
     _bars(ax, groups, policies, values)
     ax.set_ylabel(ylabel)
     ax.set_xlabel(group_label)
-    ax.legend(title="policy", ncol=min(len(policies), 4), fontsize=8)
+    top = max(values.values(), default=1.0)
+    ax.set_ylim(0, top * 1.3)  # room above the bars for the legend
+    ax.legend(title="policy", ncol=min(len(policies), 4), fontsize=8, loc="upper center")
     return _save(fig, path)
 
 
