@@ -61,10 +61,6 @@ class ClassStats:
             self.duration += EWMA * (duration - self.duration)
         self.completed += 1
 
-    @property
-    def block_time(self) -> float:
-        return self.footprint * self.duration
-
 
 @dataclass
 class MisaT:
