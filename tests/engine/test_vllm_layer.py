@@ -13,7 +13,7 @@ import signal
 import socket
 import struct
 import time
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -34,6 +34,7 @@ from cadencerl.engine.vllm_client import (
     EngineHTTPError,
     EngineTimeoutError,
     ModelMismatchError,
+    EngineMetrics,
     VLLMClient,
     parse_metrics,
 )
@@ -213,6 +214,9 @@ def test_abort_then_resume_on_other_server(engine_pool: LocalPool) -> None:
 @pytest.mark.engine
 @pytest.mark.timeout(240)
 def test_cancel_disconnects_and_metrics_parse(engine_pool: LocalPool) -> None:
+    """The server's gauges lag its stream (they refresh on the engine's stats interval), so every
+    metrics assertion polls, with a bound, until the server reports what must eventually show."""
+
     async def scenario() -> None:
         async with VLLMClient(engine_pool.urls[1], model=MODEL) as client:
             before = await client.metrics()
@@ -222,20 +226,39 @@ def test_cancel_disconnects_and_metrics_parse(engine_pool: LocalPool) -> None:
                 client.generate("cancel-1", PROMPT * 2, 1500, streamed.extend)
             )
             await wait_for_tokens(streamed, 8)
-            busy = await client.metrics()
-            assert busy.num_requests_running == 1 and 0 < busy.kv_cache_usage <= 1
-            assert busy.prefix_cache_hits_total >= before.prefix_cache_hits_total + 64
+            busy = await poll_metrics(
+                client,
+                lambda m: m.num_requests_running == 1
+                and 0 < m.kv_cache_usage
+                and m.prefix_cache_hits_total >= before.prefix_cache_hits_total + 64,
+                "the streaming request running with its prefix hit",
+            )
+            assert not task.done(), "the request finished before the gauges showed it"
+            assert busy.kv_cache_usage <= 1
             assert busy.prefix_cache_queries_total > before.prefix_cache_queries_total
             task.cancel()
             with pytest.raises(asyncio.CancelledError):
                 await task
-            deadline = time.monotonic() + 10
-            while (m := await client.metrics()).num_requests_running:
-                assert time.monotonic() < deadline, "request still running 10 s after disconnect"
-                await asyncio.sleep(0.1)
-            assert m.kv_cache_usage == 0.0 and m.num_requests_waiting == 0
+            await poll_metrics(
+                client,
+                lambda m: m.num_requests_running == 0
+                and m.num_requests_waiting == 0
+                and m.kv_cache_usage == 0.0,
+                "the request gone and its KV freed after the disconnect",
+            )
 
     run(scenario(), 60)
+
+
+async def poll_metrics(
+    client: VLLMClient, done: Callable[[EngineMetrics], bool], what: str, timeout_s: float = 15.0
+) -> EngineMetrics:
+    """The first `/metrics` reading for which `done` holds; fails naming `what` after timeout_s."""
+    deadline = time.monotonic() + timeout_s
+    while not done(m := await client.metrics()):
+        assert time.monotonic() < deadline, f"not seen within {timeout_s} s: {what} (last: {m})"
+        await asyncio.sleep(0.05)
+    return m
 
 
 @pytest.mark.engine
