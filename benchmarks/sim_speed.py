@@ -12,7 +12,8 @@ import json
 import time
 
 from cadencerl.config import builtin_scenario
-from cadencerl.sim.run import simulate
+from cadencerl.runs.registry import make_policy
+from cadencerl.runs.simulate import simulate
 
 
 def main() -> None:
@@ -33,7 +34,7 @@ def main() -> None:
         if mode == "exact" and args.skip_exact:
             continue
         t0 = time.perf_counter()
-        r = simulate(scenario, args.policy, exact=(mode == "exact"))
+        r = simulate(scenario, make_policy(args.policy, scenario), exact=(mode == "exact"))
         wall = time.perf_counter() - t0
         runs[mode] = (r, wall)
         print(f"  {mode:11s}: wall {wall:8.2f} s, {r['events']:>9,} engine events, "

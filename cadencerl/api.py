@@ -26,9 +26,11 @@ from cadencerl.config import Scenario, builtin_scenario
 from cadencerl.core.controller import PUBLISH
 from cadencerl.core.trajectory import State, Trajectory
 from cadencerl.engine.backend import WeightUpdate
-from cadencerl.engine.run import RealRun, assemble, summarize_real
-from cadencerl.engine.vllm_client import Timeouts
-from cadencerl.sim.workload import HiddenLength, TrajectorySpec, generate
+from cadencerl.runs.real import RealRun, assemble, summarize_real
+from cadencerl.runs.registry import make_policy
+from cadencerl.engine.client import Timeouts
+from cadencerl.core.spec import HiddenLength, TrajectorySpec
+from cadencerl.workload.generate import generate
 
 _END = object()
 
@@ -195,7 +197,7 @@ class RolloutPool:
         if not self._specs:
             raise ValueError("submit: nothing submitted")
         self._started_at = time.perf_counter()
-        self._run = assemble(self.scenario, self.policy, self.urls, self._specs, self._key, labels=self.labels,
+        self._run = assemble(self.scenario, make_policy(self.policy, self.scenario), self.urls, self._specs, self._key, labels=self.labels,
                              kv_tokens=self.kv_tokens, prompts=self._prompts, weight_update=self.weight_update,
                              timer_hook=self._on_timer, timeouts=self.timeouts, deadline_s=self.deadline_s)
         self._run.controller.on_progress = self.progress
@@ -231,3 +233,21 @@ class RolloutPool:
         ids = self._run.backend.token_ids(t.id)
         return Sample(t.id, t.group, t.workload_class, ids[: t.prompt_len], ids[t.prompt_len:], t.tag,
                       tuple(t.versions))
+
+
+def run_real(scenario: Scenario, policy_name: str, urls: Sequence[str], labels: Sequence[str] | None = None, *,
+             kv_tokens: int | Sequence[int] | None = None, progress: Callable[[int, int], None] | None = None,
+             weight_update: WeightUpdate | None = None, deadline_s: float | None = None,
+             timeouts: Timeouts = Timeouts()) -> dict:
+    """Run `scenario`'s workload with `policy_name` on the servers at `urls`.
+
+    A stand-in trainer consumes each batch through the trainer API, sleeping `train_time_s` (plus
+    the per-token time) before publishing the next version, while rollout goes on.
+    """
+    with RolloutPool.from_scenario(scenario, urls, policy=policy_name, labels=labels, kv_tokens=kv_tokens,
+                                   weight_update=weight_update, progress=progress, deadline_s=deadline_s,
+                                   timeouts=timeouts) as pool:
+        for batch in pool.batches():
+            time.sleep(scenario.trainer.train_time_s + scenario.trainer.train_time_per_token_s * batch.tokens)
+            pool.publish()
+        return pool.result()

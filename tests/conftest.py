@@ -5,6 +5,8 @@ from __future__ import annotations
 import pytest
 
 from cadencerl.config import Scenario, builtin_scenario
+from cadencerl.runs.registry import make_policy
+from cadencerl.runs.simulate import simulate
 
 
 def small(name: str = "16a16b8h", trajectories: int = 192, batch: int = 48, cap: int = 4096, **policy) -> Scenario:
@@ -15,6 +17,11 @@ def small(name: str = "16a16b8h", trajectories: int = 192, batch: int = 48, cap:
     if policy:
         changes["policy"] = policy
     return builtin_scenario(name).with_overrides(**changes)
+
+
+def sim(scenario: Scenario, policy: str, **kwargs) -> dict:
+    """Simulate the policy of that name, as the command line would."""
+    return simulate(scenario, make_policy(policy, scenario), **kwargs)
 
 
 @pytest.fixture

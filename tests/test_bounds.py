@@ -2,11 +2,11 @@
 
 import pytest
 
-from cadencerl.bounds import oracle_bounds
+from cadencerl.runs.bounds import oracle_bounds
 from cadencerl.config import load_scenario_dict
 from cadencerl.hardware import catalog
-from cadencerl.sim.pool import build_pool
-from cadencerl.sim.workload import HiddenLength, TrajectorySpec
+from cadencerl.runs.assemble import build_pool
+from cadencerl.core.spec import HiddenLength, TrajectorySpec
 
 KEY = object()
 

@@ -11,7 +11,7 @@ from cadencerl.core.trajectory import State, Trajectory
 from cadencerl.core.view import PoolView
 from cadencerl.core.worker import Worker
 from cadencerl.policies.cadence import Cadence
-from cadencerl.sim.workload import HiddenLength, TrajectorySpec
+from cadencerl.core.spec import HiddenLength, TrajectorySpec
 
 KEY = object()
 PARAMS = PolicySpec(eta=1, delta=100, headroom_floor=0.1)

@@ -8,7 +8,7 @@ import textwrap
 import pytest
 from typer.testing import CliRunner
 
-from cadencerl.cli import app
+from cadencerl.cli.main import app
 
 runner = CliRunner()
 
@@ -111,7 +111,7 @@ def test_scenarios_lists_the_builtins():
 
 def test_every_builtin_scenario_builds_its_pool():
     from cadencerl.config import builtin_names, builtin_scenario
-    from cadencerl.sim.pool import build_pool
+    from cadencerl.runs.assemble import build_pool
 
     for name in builtin_names():
         workers, _ = build_pool(builtin_scenario(name))

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from cadencerl.admission.prefix_tree import PrefixTree
-from cadencerl.admission.routers import CacheAware
+from cadencerl.routing.prefix_tree import PrefixTree
+from cadencerl.routing.routers import CacheAware
 from cadencerl.config import builtin_scenario
 from cadencerl.core.actions import Admit, Place
 from cadencerl.core.controller import StallError
-from cadencerl.policies.registry import make_policy
-from cadencerl.sim.run import simulate
+from cadencerl.runs.registry import make_policy
+from cadencerl.runs.simulate import simulate
+from tests.conftest import sim
 
 
 def mixed(n=600, batch=150):
@@ -22,7 +23,7 @@ def mixed(n=600, batch=150):
 @pytest.mark.parametrize("policy", ["round-robin", "least-loaded-router", "consistent-hash", "sticky-least-loaded",
                                     "cache-aware", "misa+cache-aware", "misa+cadence", "misa+least-loaded"])
 def test_mixed_runs_conserve_and_report_the_contract(policy):
-    r = simulate(mixed(), policy)
+    r = sim(mixed(), policy)
     assert r["trajectories_completed"] == 600
     for key in ("prefix_hit_rate", "mixture_dtv_pp", "per_class"):
         assert key in r
@@ -42,8 +43,6 @@ def test_continuations_are_never_held_by_the_gate():
     misa.open_classes = lambda view: set() if closed["on"] else orig_open(view)
     misa.accepts = lambda w: False if closed["on"] else orig_accepts(w)
 
-    from cadencerl.policies import registry
-    registry.register("_gated", lambda s: policy)
     orig_decide = policy.decide
 
     def decide(view):
@@ -58,14 +57,13 @@ def test_continuations_are_never_held_by_the_gate():
 
     policy.decide = decide
     with pytest.raises(StallError):
-        simulate(scenario, "_gated")  # new sessions stay held forever: the run cannot finish
-    registry.unregister("_gated")
+        simulate(scenario, policy)  # new sessions stay held forever: the run cannot finish
     assert not admitted_while_closed
     assert placed, "continuations of admitted sessions must pass the gate"
 
 
 def test_no_class_is_starved_under_misa():
-    r = simulate(mixed(n=1200, batch=150), "misa+cache-aware")
+    r = sim(mixed(n=1200, batch=150), "misa+cache-aware")
     target = {"agent": 0.486, "rlvr": 0.331, "rlhf": 0.182}
     # every class appears in the consumed batches once the pipeline is full, and overall it
     # receives at least half of its target share (a stated bound; the exact mix is reported)
@@ -89,8 +87,8 @@ def test_prefix_tree_matches_prompt_then_history_and_evicts_lru():
 def test_cache_aware_prefers_the_cached_worker_until_imbalance():
     r = CacheAware(cache_threshold=0.3, balance_abs_threshold=2, balance_rel_threshold=1.5)
     assert r.balance_abs_threshold == 2
-    s = simulate(mixed(n=300, batch=100), "cache-aware")
-    rr = simulate(mixed(n=300, batch=100), "round-robin")
+    s = sim(mixed(n=300, batch=100), "cache-aware")
+    rr = sim(mixed(n=300, batch=100), "round-robin")
     assert s["prefix_hit_rate"] > rr["prefix_hit_rate"]
 
 

@@ -2,11 +2,11 @@
 
 import pytest
 
-from cadencerl.policies import registry
+from cadencerl.runs import registry
+from cadencerl.runs.simulate import simulate
 from cadencerl.policies.least_loaded import LeastLoaded
-from cadencerl.sim.run import simulate
-from cadencerl.sim.workload import PeekError
-from tests.conftest import small
+from cadencerl.core.spec import PeekError
+from tests.conftest import sim, small
 
 
 class Peeker(LeastLoaded):
@@ -20,14 +20,13 @@ class Peeker(LeastLoaded):
         yield from super().decide(view)
 
 
-def test_a_policy_that_peeks_fails_loudly(monkeypatch):
-    monkeypatch.setitem(registry._FACTORIES, "peeker", lambda s: Peeker())
+def test_a_policy_that_peeks_fails_loudly():
     with pytest.raises(PeekError):
-        simulate(small("16a8h", trajectories=64, batch=16), "peeker")
+        simulate(small("16a8h", trajectories=64, batch=16), Peeker())
 
 
 @pytest.mark.parametrize("policy", [p for p in registry.policy_names() if p != "dora"] + ["dora"])
 def test_every_policy_runs_with_sealed_lengths(policy):
     scenario = small("h800-16" if policy == "dora" else "16a16b8h", trajectories=160, batch=40)
-    r = simulate(scenario, policy)
+    r = sim(scenario, policy)
     assert r["trajectories_completed"] == 160

@@ -10,8 +10,9 @@ from hypothesis import strategies as st
 from cadencerl.config import load_scenario_dict
 from cadencerl.core.actions import Evict
 from cadencerl.policies import cadence as cadence_mod
-from cadencerl.policies.registry import policy_names
-from cadencerl.sim.run import simulate
+from cadencerl.runs.registry import policy_names
+from cadencerl.runs.simulate import simulate
+from tests.conftest import sim
 
 ACCELS = [("H800", 1), ("A910X", 2), ("BI-V150", 2), ("L40S", 1), ("H100", 1)]
 
@@ -59,20 +60,20 @@ SETTINGS = settings(max_examples=25, deadline=None, suppress_health_check=[Healt
 def test_every_policy_conserves_and_respects_bounds(policy, scenario):
     # simulate() runs the conservation check (each trajectory once, exact length, pending empty,
     # engine KV never over capacity) and the controller refuses any over-capacity placement.
-    check(simulate(scenario, policy), scenario)
+    check(sim(scenario, policy), scenario)
 
 
 @SETTINGS
 @given(scenario=scenarios(homogeneous=True))
 def test_dora_on_homogeneous_pools(scenario):
-    check(simulate(scenario, "dora"), scenario)
+    check(sim(scenario, "dora"), scenario)
 
 
 @pytest.mark.parametrize("policy", ["least-loaded", "cadence", "laminar", "areal"])
 @settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(scenario=scenarios(multi_turn=True))
 def test_multi_turn_sessions_complete(policy, scenario):
-    check(simulate(scenario, policy), scenario)
+    check(sim(scenario, policy), scenario)
 
 
 @SETTINGS
@@ -92,14 +93,14 @@ def test_concentration_never_evicts_while_pending_is_non_empty(scenario):
 
     cadence_mod.Cadence._concentrate = guarded
     try:
-        check(simulate(scenario, "cadence"), scenario)
+        check(sim(scenario, "cadence"), scenario)
     finally:
         cadence_mod.Cadence._concentrate = original
 
 
 def test_dora_refuses_a_heterogeneous_pool():
     from cadencerl.config import ConfigError, builtin_scenario
-    from cadencerl.policies.registry import make_policy
+    from cadencerl.runs.registry import make_policy
 
     with pytest.raises(ConfigError, match="homogeneous"):
         make_policy("dora", builtin_scenario("16a8h"))

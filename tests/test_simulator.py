@@ -2,8 +2,7 @@
 
 import pytest
 
-from cadencerl.sim.run import simulate
-from tests.conftest import small
+from tests.conftest import sim, small
 
 COMPARED = ["throughput_tok_s", "latency_p50_s", "latency_p95_s", "latency_p99_s", "tokens_generated",
             "preemptions", "sim_time_s", "trajectories_completed", "evictions", "migrations"]
@@ -13,8 +12,8 @@ COMPARED = ["throughput_tok_s", "latency_p50_s", "latency_p95_s", "latency_p99_s
 @pytest.mark.parametrize("policy", ["least-loaded", "cadence"])
 def test_closed_form_agrees_with_exact_stepping(name, policy):
     s = small(name, trajectories=96, batch=32, cap=2048)
-    fast = simulate(s, policy)
-    exact = simulate(s, policy, exact=True)
+    fast = sim(s, policy)
+    exact = sim(s, policy, exact=True)
     assert exact["events"] > 3 * fast["events"]  # the reference really steps
     for key in COMPARED:
         assert fast[key] == pytest.approx(exact[key], rel=0.005, abs=1e-9), key
@@ -25,13 +24,13 @@ def test_preemption_by_recompute_under_kv_pressure():
     s = small("h800-16", trajectories=128, batch=128, cap=16384).with_overrides(
         pool=[{"accelerator": "L40S", "devices": 2, "tp": 1, "max_num_seqs": 256}],
         workload={"trajectories": 128, "group_size": 4, "response": {"median": 6000, "sigma": 0.3, "cap": 16384}})
-    r = simulate(s, "least-loaded")
+    r = sim(s, "least-loaded")
     assert r["preemptions"] > 0
     assert r["trajectories_completed"] == 128
 
 
 def test_every_figure_of_the_json_contract_is_present(small_scenario):
-    r = simulate(small_scenario, "least-loaded")
+    r = sim(small_scenario, "least-loaded")
     for key in ("scenario", "policy", "throughput_tok_s", "latency_p50_s", "latency_p95_s", "latency_p99_s",
                 "trajectories_submitted", "trajectories_completed", "tokens_generated", "preemptions",
                 "sim_time_s", "wall_time_s", "events"):
@@ -58,6 +57,6 @@ def test_credit_room_matches_the_definition():
 @pytest.mark.parametrize("policy", ["areal", "laminar", "cadence"])
 def test_a_seeded_run_is_reproducible(policy):
     s = small("32a", trajectories=256, batch=64)
-    a, b = simulate(s, policy), simulate(s, policy)
+    a, b = sim(s, policy), sim(s, policy)
     for key in ("throughput_tok_s", "latency_p95_s", "preemptions", "evictions", "sim_time_s"):
         assert a[key] == b[key], key

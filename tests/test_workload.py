@@ -4,7 +4,9 @@ import numpy as np
 import pytest
 
 from cadencerl.config import ConfigError, LengthDist, TurnSpec, WorkloadSpec
-from cadencerl.sim.workload import HiddenLength, PeekError, generate, load_trace
+from cadencerl.core.spec import HiddenLength, PeekError
+from cadencerl.workload.generate import generate
+from cadencerl.workload.trace import load_trace
 
 KEY = object()
 

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Protocol
 
-from cadencerl.sim.workload import TrajectorySpec
+from cadencerl.core.spec import TrajectorySpec
 
 
 class State(Enum):
@@ -75,3 +75,14 @@ class Trajectory:
     def version(self) -> int | None:
         """The version it would run under next: its latest."""
         return self.versions[-1] if self.versions else None
+
+
+def turn_target(traj: Trajectory, key: object) -> int:
+    """Total generated tokens at which the current turn ends (engine-side knowledge: needs the key).
+
+    Shared by both backends, which play the environment the same way."""
+    spec = traj.spec
+    total = spec.response.reveal(key)
+    for turn in spec.later_turns[: traj.turn]:
+        total += turn.response.reveal(key)
+    return total

@@ -45,13 +45,13 @@ from cadencerl.core.backend import (
 from cadencerl.core.trajectory import Trajectory
 from cadencerl.core.worker import Worker
 from cadencerl.engine.tiny_model import TINY_ARCH
-from cadencerl.engine.vllm_client import (
+from cadencerl.engine.client import (
     EngineError,
     EngineMetrics,
     Timeouts,
     VLLMClient,
 )
-from cadencerl.sim.backend import turn_target
+from cadencerl.core.trajectory import turn_target
 
 WeightUpdate = Callable[[int, str, int], None]
 """Called as hook(worker, url, version) when a worker moves to a new policy version."""

@@ -18,7 +18,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from cadencerl.engine.backend import kv_tokens_from_metrics
-from cadencerl.engine.vllm_client import EngineError, VLLMClient
+from cadencerl.engine.client import EngineError, VLLMClient
 from cadencerl.hardware import catalog
 from cadencerl.hardware.catalog import Accelerator, Model
 from cadencerl.hardware.perf import make_perf

@@ -17,7 +17,6 @@ from cadencerl.core.trajectory import Trajectory
 from cadencerl.core.view import PoolView
 from cadencerl.core.worker import Worker
 from cadencerl.policies.base import fits, place_pending
-from cadencerl.policies.registry import register
 
 
 class AReaL:
@@ -57,6 +56,3 @@ class AReaL:
             return None
         self._cursor = best[1].id + 1
         return best[1]
-
-
-register("areal", lambda s: AReaL())

@@ -30,7 +30,6 @@ from cadencerl.core.actions import Action, Admit, Advance, Evict, Place
 from cadencerl.core.trajectory import Trajectory
 from cadencerl.core.view import PoolView
 from cadencerl.core.worker import Worker
-from cadencerl.policies.registry import register
 
 
 class Cadence:
@@ -188,6 +187,3 @@ def _sibling_index(workers: list[Worker], groups: set[int]) -> dict[int, set[int
             if g in groups:
                 index.setdefault(g, set()).add(w.id)
     return index
-
-
-register("cadence", lambda s: Cadence(s.policy))

@@ -18,7 +18,6 @@ from cadencerl.core.view import PoolView
 from cadencerl.core.worker import Worker
 from cadencerl.policies.base import admit_fresh, advance_idle, move, pack, place_pending
 from cadencerl.policies.least_loaded import least_loaded
-from cadencerl.policies.registry import register
 
 
 class Dora:
@@ -66,12 +65,10 @@ class Dora:
                     yield Advance(src.id, newest)
 
 
-def make(scenario: Scenario) -> Dora:
+def dora_for(scenario: Scenario) -> Dora:
+    """DORA* for a pool; it refuses a heterogeneous one."""
     kinds = {(g.accelerator, g.tp) for g in scenario.pool}
     if len(kinds) > 1:
         raise ConfigError("policy: dora (DORA*) assumes homogeneous hardware and refuses a heterogeneous pool "
                           f"({', '.join(sorted(f'{a} TP={tp}' for a, tp in kinds))}), as the CadenceRL paper excludes it")
     return Dora()
-
-
-register("dora", make)

@@ -21,7 +21,6 @@ from cadencerl.core.view import PoolView
 from cadencerl.core.worker import Worker
 from cadencerl.policies.base import admit_fresh, advance_idle, move, pack, place_pending
 from cadencerl.policies.least_loaded import least_loaded
-from cadencerl.policies.registry import register
 
 REPACK_UTILIZATION = 0.25
 TARGET_MARGIN = 0.10
@@ -59,6 +58,3 @@ class Laminar:
 
 def _margin(w: Worker) -> int:
     return int(TARGET_MARGIN * w.kv_capacity)
-
-
-register("laminar", lambda s: Laminar())

@@ -16,7 +16,6 @@ from cadencerl.core.actions import Action, Admit, Advance
 from cadencerl.core.view import PoolView
 from cadencerl.policies.base import fits, place_pending
 from cadencerl.policies.least_loaded import least_loaded
-from cadencerl.policies.registry import register
 
 
 class Synchronous:
@@ -47,7 +46,3 @@ class Synchronous:
             if not ws:
                 return
             yield Admit(min(ws, key=lambda w: (w.load, w.id)).id, nxt.id)
-
-
-register("sync", lambda s: Synchronous(overlap=False))
-register("one-off", lambda s: Synchronous(overlap=True))

@@ -10,7 +10,7 @@ import heapq
 import itertools
 
 from cadencerl.core.backend import EngineStats, Event, Finished, Restore, Timer, ToolReturned, TurnEnded
-from cadencerl.core.trajectory import Trajectory
+from cadencerl.core.trajectory import Trajectory, turn_target
 from cadencerl.core.worker import Worker
 from cadencerl.hardware.perf import WorkerPerf
 from cadencerl.sim.engine import Request, SimEngine
@@ -176,14 +176,3 @@ class SimBackend:
             self.completions[traj.id] = self.completions.get(traj.id, 0) + 1
             out.append(Finished(traj, t))
         self._schedule_engine(engine, nxt)
-
-
-def turn_target(traj: Trajectory, key: object) -> int:
-    """Total generated tokens at which the current turn ends (engine-side knowledge: needs the key).
-
-    Shared with the real-engine backend, which plays the environment the same way."""
-    spec = traj.spec
-    total = spec.response.reveal(key)
-    for turn in spec.later_turns[: traj.turn]:
-        total += turn.response.reveal(key)
-    return total

@@ -21,17 +21,18 @@ import pytest
 from typer.testing import CliRunner
 
 from cadencerl.api import RolloutPool
-from cadencerl.cli import app
+from cadencerl.cli.main import app
 from cadencerl.config import ConfigError, builtin_scenario
 from cadencerl.core.actions import Evict
 from cadencerl.engine.backend import kv_tokens_from_metrics, synthetic_prompt
 from cadencerl.engine.calibrate import StepSample, fit
 from cadencerl.engine.local_pool import LocalPool, PoolConfig, group_members
-from cadencerl.engine.run import parse_urls, resolve_labels
+from cadencerl.runs.real import parse_urls, resolve_labels
+from cadencerl.runs.registry import make_policy
 from cadencerl.hardware import catalog
 from cadencerl.hardware.perf import make_perf
 from cadencerl.policies import cadence
-from cadencerl.sim.run import simulate
+from tests.conftest import sim
 
 KV_TOKENS = 1536
 TRAJECTORIES = 96
@@ -176,11 +177,11 @@ def test_bad_input_is_one_line_naming_the_field(args: list[str], field: str) -> 
 
 @pytest.mark.timeout(30)
 def test_unreachable_server_is_a_clear_error_not_a_hang() -> None:
-    from cadencerl.engine.run import assemble
+    from cadencerl.runs.real import assemble
 
     s = builtin_scenario("cpu-pair")
     with pytest.raises(ConfigError, match=r"^workers: .*127\.0\.0\.1"):
-        assemble(s, "cadence", ["http://127.0.0.1:9"], [], object(), connect_timeout_s=1.0)
+        assemble(s, make_policy("cadence", s), ["http://127.0.0.1:9"], [], object(), connect_timeout_s=1.0)
 
 
 def test_urls_and_labels() -> None:
@@ -231,6 +232,6 @@ def test_calibration_fit_recovers_a_known_profile() -> None:
 
 
 def test_cpu_pair_simulates_on_cpu_tiny() -> None:
-    r = simulate(builtin_scenario("cpu-pair"), "cadence")
+    r = sim(builtin_scenario("cpu-pair"), "cadence")
     assert r["trajectories_completed"] == 96 and set(r["per_accelerator"]) == {"cpu-tiny"}
     assert 10 < r["sim_time_s"] < 600  # a real pair finishes it in about a minute

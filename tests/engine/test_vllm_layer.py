@@ -29,7 +29,7 @@ from cadencerl.engine.local_pool import (
     pid_alive,
 )
 from cadencerl.engine.tiny_model import FORMAT_VERSION, MARKER, TINY_ARCH, build_tiny_model
-from cadencerl.engine.vllm_client import (
+from cadencerl.engine.client import (
     EngineConnectionError,
     EngineHTTPError,
     EngineTimeoutError,

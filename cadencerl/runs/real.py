@@ -1,21 +1,21 @@
 """Run a policy on real vLLM servers: the controller of `sim`, with an EngineBackend for a backend.
 
-`assemble` wires a controller to the servers the way `sim/run.py` wires it to simulated engines
-(same pool builder, policies, fit check); `run_real` drives it through the trainer-facing API with
-a stand-in trainer that takes `train_time_s` per step, and returns `simulate`'s figures plus
-wall-clock and engine figures.
+`assemble` wires a controller to the servers the way `runs/simulate.py` wires it to simulated
+engines (same pool builder, policies, fit check); `summarize_real` gives `simulate`'s figures plus
+wall-clock and engine figures. The trainer-facing API (`cadencerl.api`) drives it.
 """
 
 from __future__ import annotations
 
 import re
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
-from cadencerl.bounds import oracle_bounds
+from cadencerl.runs.bounds import oracle_bounds
 from cadencerl.config import ConfigError, Scenario
 from cadencerl.core.controller import Controller
+from cadencerl.core.view import Policy
 from cadencerl.core.trajectory import Trajectory
 from cadencerl.core.worker import Worker
 from cadencerl.engine.backend import (
@@ -24,14 +24,12 @@ from cadencerl.engine.backend import (
     TimerHook,
     WeightUpdate,
 )
-from cadencerl.engine.vllm_client import EngineError, ModelMismatchError, Timeouts
+from cadencerl.engine.client import EngineError, ModelMismatchError, Timeouts
 from cadencerl.hardware import catalog
 from cadencerl.hardware.perf import WorkerPerf
-from cadencerl.metrics import summarize
-from cadencerl.policies.registry import make_policy
-from cadencerl.sim.pool import build_pool
-from cadencerl.sim.run import _check_fits_somewhere
-from cadencerl.sim.workload import TrajectorySpec, total_tokens
+from cadencerl.runs.summary import summarize
+from cadencerl.runs.assemble import build_pool, check_fits_somewhere, check_model_len
+from cadencerl.core.spec import TrajectorySpec
 
 DEFAULT_LABEL = "cpu-tiny"
 _URL = re.compile(r"^https?://[^\s/:]+(:\d+)?/?$")
@@ -92,7 +90,7 @@ def _pool_of(scenario: Scenario, labels: list[str]) -> Scenario:
     return scenario.with_overrides(pool=pool)
 
 
-def assemble(scenario: Scenario, policy_name: str, urls: Sequence[str], specs: list[TrajectorySpec], key: object,
+def assemble(scenario: Scenario, policy: Policy, urls: Sequence[str], specs: list[TrajectorySpec], key: object,
              *, labels: Sequence[str] | None = None, kv_tokens: int | Sequence[int] | None = None,
              prompts: dict[int, list[int]] | None = None, weight_update: WeightUpdate | None = None,
              timer_hook: TimerHook | None = None, timeouts: Timeouts = Timeouts(),
@@ -100,7 +98,6 @@ def assemble(scenario: Scenario, policy_name: str, urls: Sequence[str], specs: l
     """Check the servers, size the workers from them and build the controller; ConfigError on bad input."""
     started = time.perf_counter()
     urls = parse_urls(urls)
-    policy = make_policy(policy_name, scenario)
     labels = resolve_labels(scenario, len(urls), labels)
     workers, perfs = build_pool(_pool_of(scenario, labels))
     caps = _kv_list(kv_tokens, len(urls))
@@ -112,8 +109,8 @@ def assemble(scenario: Scenario, policy_name: str, urls: Sequence[str], specs: l
             if cap is not None and cap > server.kv_tokens:
                 raise ConfigError(f"kv_tokens: {cap} exceeds the KV of {server.url} ({server.kv_tokens} tokens)")
             w.kv_capacity = cap or server.kv_tokens
-        _check_fits_somewhere(specs, workers, key)
-        _check_model_len(specs, key, min(s.max_model_len for s in servers))
+        check_fits_somewhere(specs, workers, key)
+        check_model_len(specs, key, min(s.max_model_len for s in servers))
     except ModelMismatchError as exc:
         backend.close()
         raise ConfigError(f"model: {exc}") from None
@@ -140,15 +137,6 @@ def _kv_list(kv_tokens: int | Sequence[int] | None, n: int) -> list[int | None]:
     return caps
 
 
-def _check_model_len(specs: list[TrajectorySpec], key: object, max_len: int) -> None:
-    """The servers silently truncate past max_model_len: refuse such a workload up front."""
-    for s in specs:
-        total = total_tokens(s, key)
-        if total > max_len:
-            raise ConfigError(f"workload: trajectory {s.id} needs {total} tokens, more than the servers' "
-                              f"max_model_len ({max_len})")
-
-
 def summarize_real(run: RealRun, wall_s: float) -> dict:
     """`simulate`'s figures for a real run, plus wall-clock and per-server figures."""
     ctl, backend, s = run.controller, run.backend, run.scenario
@@ -169,23 +157,3 @@ def summarize_real(run: RealRun, wall_s: float) -> dict:
         workers=[{**asdict(st), "label": label} for st, label in zip(backend.records, run.labels)],
     )
     return result
-
-
-def run_real(scenario: Scenario, policy_name: str, urls: Sequence[str], labels: Sequence[str] | None = None, *,
-             kv_tokens: int | Sequence[int] | None = None, progress: Callable[[int, int], None] | None = None,
-             weight_update: WeightUpdate | None = None, deadline_s: float | None = None,
-             timeouts: Timeouts = Timeouts()) -> dict:
-    """Run `scenario`'s workload with `policy_name` on the servers at `urls`.
-
-    A stand-in trainer consumes each batch through the trainer API, sleeping `train_time_s` (plus
-    the per-token time) before publishing the next version, while rollout goes on.
-    """
-    from cadencerl.api import RolloutPool
-
-    with RolloutPool.from_scenario(scenario, urls, policy=policy_name, labels=labels, kv_tokens=kv_tokens,
-                                   weight_update=weight_update, progress=progress, deadline_s=deadline_s,
-                                   timeouts=timeouts) as pool:
-        for batch in pool.batches():
-            time.sleep(scenario.trainer.train_time_s + scenario.trainer.train_time_per_token_s * batch.tokens)
-            pool.publish()
-        return pool.result()

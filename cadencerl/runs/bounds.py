@@ -24,7 +24,7 @@ import numpy as np
 from cadencerl.core.worker import Worker
 from cadencerl.hardware.catalog import GB
 from cadencerl.hardware.perf import WorkerPerf
-from cadencerl.sim.workload import TrajectorySpec
+from cadencerl.core.spec import TrajectorySpec
 
 
 def _segments(spec: TrajectorySpec, key: object) -> list[tuple[int, int]]:

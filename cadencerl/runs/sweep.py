@@ -15,6 +15,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from cadencerl.config import Scenario
+from cadencerl.routing.routers import CacheAware
+from cadencerl.runs.simulate import simulate
 
 QUICK_GRID = {"cache_threshold": [0.1, 0.3, 0.5, 0.7], "balance_abs_threshold": [16, 64],
               "balance_rel_threshold": [1.1, 1.5]}
@@ -35,10 +37,6 @@ def scenario_key(scenario: Scenario, grid: dict) -> str:
 def sweep(scenario: Scenario, grid: dict | None = None,
           progress: Callable[[int, int], None] | None = None) -> list[dict]:
     """Run the cache-aware router at every grid point; results sorted best first."""
-    from cadencerl.admission.routers import CacheAware
-    from cadencerl.policies import registry
-    from cadencerl.sim.run import simulate
-
     grid = grid or QUICK_GRID
     tune = scenario
     if scenario.workload.trajectories > TUNE_TRAJECTORIES:
@@ -46,13 +44,11 @@ def sweep(scenario: Scenario, grid: dict | None = None,
     points = [dict(zip(grid, values)) for values in itertools.product(*grid.values())]
     results = []
     for i, point in enumerate(points):
-        registry.register("_sweep_point", lambda s, p=point: CacheAware(**p))
-        r = simulate(tune, "_sweep_point")
+        r = simulate(tune, CacheAware(**point))
         results.append({**point, "throughput_tok_s": r["throughput_tok_s"], "latency_p95_s": r["latency_p95_s"],
                         "prefix_hit_rate": r["prefix_hit_rate"]})
         if progress:
             progress(i + 1, len(points))
-    registry.unregister("_sweep_point")
     return sorted(results, key=lambda r: -r["throughput_tok_s"])
 
 

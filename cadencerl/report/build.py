@@ -25,7 +25,8 @@ import yaml
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from cadencerl import bounds, plots
+from cadencerl.runs import bounds
+from cadencerl.report import plots
 from cadencerl.config import Scenario, builtin_names, builtin_scenario
 from cadencerl.hardware.catalog import ACCELERATORS
 
@@ -150,10 +151,11 @@ def simulate_one(scenario: Scenario, policy: str, trace: tuple[int, ...] = (), p
     from cadencerl.config import ConfigError
     from cadencerl.core.actions import ActionError
     from cadencerl.core.controller import StallError
-    from cadencerl.sim.run import simulate
+    from cadencerl.runs.registry import make_policy
+    from cadencerl.runs.simulate import simulate
 
     try:
-        return simulate(scenario, policy, trace=trace, progress=progress)
+        return simulate(scenario, make_policy(policy, scenario), trace=trace, progress=progress)
     except (ConfigError, StallError, ActionError) as exc:
         raise ReportError(f"{scenario.name} / {policy}: {exc}") from None
 
@@ -805,7 +807,7 @@ def _mixed_scenario(name: str, settings: Settings) -> Scenario:
 
 def misa_t(ctx: Report) -> str:
     """Section 10: MISA-T against the sweep-tuned cache-aware router (and the simpler routers) on mixed rollouts."""
-    from cadencerl.admission.sweep import tuned_thresholds
+    from cadencerl.runs.sweep import tuned_thresholds
 
     names = MIXED_SCENARIOS[:1] if ctx.settings.quick else MIXED_SCENARIOS
     parts = ["## 10. MISA-T: admission for mixed RLVR / RLHF / agentic rollouts\n",

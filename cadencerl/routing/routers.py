@@ -17,7 +17,7 @@ import hashlib
 from bisect import bisect_right
 from collections.abc import Iterator
 
-from cadencerl.admission.prefix_tree import PrefixTree
+from cadencerl.routing.prefix_tree import PrefixTree
 from cadencerl.core.actions import Action, Admit, Place
 from cadencerl.core.trajectory import Trajectory
 from cadencerl.core.view import PoolView

@@ -49,7 +49,7 @@ def register(app: typer.Typer) -> None:
     # Imported here: cadencerl.cli imports this module at its end, after defining these.
     from rich.markup import escape
 
-    from cadencerl.cli import (
+    from cadencerl.cli.main import (
         ConfigOpt,
         JsonOpt,
         ScenarioOpt,
@@ -57,10 +57,10 @@ def register(app: typer.Typer) -> None:
         _scenario,
         _write_json,
     )
-    from cadencerl.cli import _fail as _fail_markup
+    from cadencerl.cli.main import _fail as _fail_markup
     from cadencerl.config import ConfigError
     from cadencerl.engine.local_pool import vllm_available, vllm_python
-    from cadencerl.report_table import (
+    from cadencerl.cli.tables import (
         console,
         per_accelerator_table,
         print_tables,
@@ -170,8 +170,9 @@ def register(app: typer.Typer) -> None:
         from cadencerl.core.actions import ActionError
         from cadencerl.core.controller import StallError
         from cadencerl.engine.backend import EngineRunError
-        from cadencerl.engine.run import parse_urls, resolve_labels, run_real
-        from cadencerl.policies.registry import make_policy
+        from cadencerl.api import run_real
+        from cadencerl.runs.real import parse_urls, resolve_labels
+        from cadencerl.runs.registry import make_policy
 
         workers_or_local(workers, local)
         for name, value in (("trajectories", trajectories), ("kv_tokens", kv_tokens)):
@@ -225,8 +226,8 @@ def register(app: typer.Typer) -> None:
         from rich.table import Table
 
         from cadencerl.engine.calibrate import catalog_snippet, fit, measure
-        from cadencerl.engine.run import parse_urls
-        from cadencerl.engine.vllm_client import EngineError
+        from cadencerl.runs.real import parse_urls
+        from cadencerl.engine.client import EngineError
         from cadencerl.hardware import catalog
 
         workers_or_local(workers, local)
@@ -234,7 +235,7 @@ def register(app: typer.Typer) -> None:
         positive("repeat", repeat)
         if tokens < 8:
             _fail(f"tokens: need at least 8 new tokens per request, got {tokens}")
-        from cadencerl.cli import _int_list
+        from cadencerl.cli.main import _int_list
 
         batch_list, prompt_list = _int_list("batches", batches, 1), _int_list("prompts", prompts, 1)
         try:

@@ -12,7 +12,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from cadencerl.config import ConfigError, Scenario, builtin_names, builtin_scenario, load_scenario_file
-from cadencerl.report_table import comparison_table, console, per_accelerator_table, print_tables, run_table
+from cadencerl.cli.tables import comparison_table, console, per_accelerator_table, print_tables, run_table
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   rich_markup_mode=None, help="CadenceRL: rollout control plane for asynchronous RL post-training.")
@@ -60,8 +60,8 @@ def _write_json(target: Optional[str], payload) -> None:
 def _run_policies(scenario: Scenario, names: list[str], exact: bool, show_progress: bool) -> list[dict]:
     from cadencerl.core.actions import ActionError
     from cadencerl.core.controller import StallError
-    from cadencerl.policies.registry import make_policy
-    from cadencerl.sim.run import simulate
+    from cadencerl.runs.registry import make_policy
+    from cadencerl.runs.simulate import simulate
 
     for n in names:
         try:
@@ -73,7 +73,7 @@ def _run_policies(scenario: Scenario, names: list[str], exact: bool, show_progre
         for n in names:
             task = progress.add_task(f"{scenario.name} / {n}", total=scenario.workload.trajectories)
             try:
-                results.append(simulate(scenario, n, exact=exact,
+                results.append(simulate(scenario, make_policy(n, scenario), exact=exact,
                                         progress=lambda done, total, t=task: progress.update(t, completed=done)))
             except ConfigError as exc:
                 _fail(str(exc))
@@ -174,7 +174,7 @@ def sweep(scenario: Optional[str] = ScenarioOpt, config: Optional[Path] = Config
     """Tune the cache-aware router's thresholds on a scenario; the best becomes `cache-aware-tuned`."""
     from rich.table import Table
 
-    from cadencerl.admission import sweep as sw
+    from cadencerl.runs import sweep as sw
 
     if grid not in ("quick", "full"):
         _fail(f"grid: expected quick or full, got {grid!r}")
@@ -220,7 +220,7 @@ def report(out: Optional[Path] = typer.Option(None, "--out", "-o", help="directo
            seed: Optional[int] = typer.Option(None, help="workload seed for every run (default: the scenarios' own, 0)"),
            jobs: Optional[int] = typer.Option(None, help="simulations run in parallel (default: the CPU count)")) -> None:
     """Run the evaluation matrix (the paper's section 6) and write a markdown report with tables and plots."""
-    from cadencerl.report import ReportError, build_report
+    from cadencerl.report.build import ReportError, build_report
 
     if out is None:
         _fail("out: give --out DIR")
@@ -241,7 +241,7 @@ def report(out: Optional[Path] = typer.Option(None, "--out", "-o", help="directo
     console().print(f"report written to {path}")
 
 
-from cadencerl.cli_engine import register as _register_engine  # noqa: E402  (pool, run, calibrate)
+from cadencerl.cli.engine import register as _register_engine  # noqa: E402  (pool, run, calibrate)
 
 _register_engine(app)
 

@@ -1,8 +1,10 @@
-"""Turn a scenario's pool description into workers with capacities, perf models and affinity ranks."""
+"""Turn a scenario into what a run needs: workers with capacities, perf models and affinity ranks,
+and the up-front checks that a workload can run on them at all."""
 
 from __future__ import annotations
 
 from cadencerl.config import ConfigError, Scenario
+from cadencerl.core.spec import TrajectorySpec, total_tokens
 from cadencerl.core.worker import Worker
 from cadencerl.hardware import catalog
 from cadencerl.hardware.perf import WorkerPerf, make_perf
@@ -51,3 +53,21 @@ def build_pool(scenario: Scenario) -> tuple[list[Worker], list[WorkerPerf]]:
         raise ConfigError(f"workload: the longest possible trajectory ({longest} tokens) exceeds the smallest "
                           f"worker's KV capacity ({smallest} tokens)")
     return workers, perfs
+
+
+def check_fits_somewhere(specs: list[TrajectorySpec], workers: list[Worker], key: object) -> None:
+    """A trajectory longer than every worker's KV could never run: say so before starting."""
+    largest = max(w.kv_capacity for w in workers)
+    _check_longest(specs, key, largest, f"KV tokens, more than any worker holds ({largest})")
+
+
+def check_model_len(specs: list[TrajectorySpec], key: object, max_len: int) -> None:
+    """Real servers silently truncate past max_model_len: refuse such a workload up front."""
+    _check_longest(specs, key, max_len, f"tokens, more than the servers' max_model_len ({max_len})")
+
+
+def _check_longest(specs: list[TrajectorySpec], key: object, limit: int, what: str) -> None:
+    for s in specs:
+        total = total_tokens(s, key)
+        if total > limit:
+            raise ConfigError(f"workload: trajectory {s.id} needs {total} {what}")

@@ -5,22 +5,24 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from cadencerl.config import ConfigError, Scenario
+from cadencerl.config import Scenario
 from cadencerl.core.controller import Controller
 from cadencerl.core.trajectory import Trajectory
-from cadencerl.bounds import oracle_bounds
+from cadencerl.runs.bounds import oracle_bounds
 from cadencerl.hardware import catalog
-from cadencerl.metrics import summarize
-from cadencerl.policies.registry import make_policy
+from cadencerl.runs.summary import summarize
+from cadencerl.core.view import Policy
 from cadencerl.sim.backend import SimBackend
-from cadencerl.sim.pool import build_pool
-from cadencerl.sim.workload import generate, total_tokens
+from cadencerl.runs.assemble import build_pool, check_fits_somewhere
+from cadencerl.core.spec import total_tokens
+from cadencerl.workload.generate import generate
 
 
-def simulate(scenario: Scenario, policy_name: str, *, exact: bool = False,
+def simulate(scenario: Scenario, policy: Policy, *, exact: bool = False,
              progress: Callable[[int, int], None] | None = None, keep: dict | None = None,
              trace: tuple[int, ...] = ()) -> dict:
-    """Simulate `policy_name` on `scenario`; the conservation check runs before returning.
+    """Simulate `policy` (a fresh one: policies keep state) on `scenario`; the conservation check
+    runs before returning.
 
     `trace` names trajectories whose residency and KV share are recorded at every decision
     (result key `traces`); `keep`, when given, receives the controller and backend.
@@ -29,11 +31,10 @@ def simulate(scenario: Scenario, policy_name: str, *, exact: bool = False,
     workers, perfs = build_pool(scenario)
     key = object()
     specs = generate(scenario.workload, scenario.seed, key)
-    _check_fits_somewhere(specs, workers, key)
+    check_fits_somewhere(specs, workers, key)
     trajectories = [Trajectory(s) for s in specs]
     backend = SimBackend(perfs, key, exact=exact)
     link = catalog.LINKS["intra-cluster"]
-    policy = make_policy(policy_name, scenario)
     ctl = Controller(policy, backend, workers, trajectories, batch_size=scenario.trainer.batch_size,
                      params=scenario.policy, train_time_s=scenario.trainer.train_time_s,
                      train_time_per_token_s=scenario.trainer.train_time_per_token_s,
@@ -53,12 +54,3 @@ def simulate(scenario: Scenario, policy_name: str, *, exact: bool = False,
         keep.update(controller=ctl, backend=backend)
     return result
 
-
-def _check_fits_somewhere(specs, workers, key) -> None:
-    """A trajectory longer than every worker's KV could never run: say so before starting."""
-    largest = max(w.kv_capacity for w in workers)
-    for s in specs:
-        total = total_tokens(s, key)
-        if total > largest:
-            raise ConfigError(f"workload: trajectory {s.id} needs {total} KV tokens, more than any worker holds "
-                              f"({largest})")

@@ -1,0 +1,5 @@
+"""`python -m cadencerl.cli`: the command line."""
+
+from cadencerl.cli.main import main
+
+main()

@@ -1,0 +1,65 @@
+"""What the trainer submits: observable prompt facts plus sealed future lengths.
+
+The target length of each trajectory is sealed in a `HiddenLength`: only the backend (which plays
+the engine that decides when EOS happens) and an explicitly named oracle hold the key to read it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+class PeekError(RuntimeError):
+    """A policy (or anything but the engine and the named oracle) tried to read a future length."""
+
+
+class HiddenLength:
+    """A trajectory's future length. Reading it without the key raises, so peeking cannot go unnoticed."""
+
+    __slots__ = ("_value", "_key")
+
+    def __init__(self, value: int, key: object) -> None:
+        self._value = value
+        self._key = key
+
+    def reveal(self, key: object) -> int:
+        if key is not self._key:
+            raise PeekError("the target length of a trajectory is hidden from policies")
+        return self._value
+
+    def _deny(self, *_args, **_kwargs):
+        raise PeekError("the target length of a trajectory is hidden from policies")
+
+    __int__ = __index__ = __float__ = __bool__ = __eq__ = __lt__ = __le__ = __gt__ = __ge__ = _deny
+    __add__ = __radd__ = __sub__ = __rsub__ = _deny
+    __hash__ = object.__hash__
+
+    def __repr__(self) -> str:
+        return "HiddenLength(<sealed>)"
+
+
+@dataclass(frozen=True)
+class Turn:
+    """One agent turn: wait on a tool, append its observation, then decode a reply."""
+
+    observation_len: int
+    tool_latency_s: float
+    response: HiddenLength
+
+
+@dataclass(frozen=True)
+class TrajectorySpec:
+    """What the trainer submits: observable prompt facts plus sealed future lengths."""
+
+    id: int
+    group: int
+    prompt_len: int
+    response: HiddenLength  # first (or only) reply
+    workload_class: str = "rlvr"
+    later_turns: tuple[Turn, ...] = field(default=())
+
+
+def total_tokens(spec: TrajectorySpec, key: object) -> int:
+    """The KV a trajectory ends with: prompt, every reply and every observation (opens the seal)."""
+    return spec.prompt_len + spec.response.reveal(key) + sum(t.observation_len + t.response.reveal(key)
+                                                             for t in spec.later_turns)

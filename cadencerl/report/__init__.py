@@ -1,0 +1,1 @@
+"""The report: the evaluation matrix run in simulation, written as markdown with figures."""

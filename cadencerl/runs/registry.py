@@ -1,0 +1,68 @@
+"""Policy names as the command line spells them: the one place a name becomes a Policy object.
+
+Runs take Policy objects; the faces (CLI, report, API) resolve names here. `ADMISSION+PLACEMENT`
+(e.g. `misa+cache-aware`) puts an admission layer in front of a placement policy, and
+`cache-aware-tuned` is the cache-aware router at the thresholds its sweep found best for the
+scenario (it may run the sweep, see `runs/sweep.py`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from cadencerl.config import ConfigError, Scenario
+from cadencerl.core.view import Policy
+from cadencerl.policies.areal import AReaL
+from cadencerl.policies.cadence import Cadence
+from cadencerl.policies.dora import dora_for
+from cadencerl.policies.laminar import Laminar
+from cadencerl.policies.least_loaded import LeastLoaded
+from cadencerl.policies.sync import Synchronous
+from cadencerl.routing.misa import Admitted, MisaT
+from cadencerl.routing.routers import CacheAware, ConsistentHash, LeastLoadedRouter, RoundRobin, StickyLeastLoaded
+
+
+def _tuned_cache_aware(scenario: Scenario) -> Policy:
+    from cadencerl.runs.sweep import tuned_thresholds
+
+    router = CacheAware(**tuned_thresholds(scenario))
+    router.name = "cache-aware-tuned"
+    return router
+
+
+FACTORIES: dict[str, Callable[[Scenario], Policy]] = {
+    "cadence": lambda s: Cadence(s.policy),
+    "sync": lambda s: Synchronous(overlap=False),
+    "one-off": lambda s: Synchronous(overlap=True),
+    "dora": dora_for,
+    "laminar": lambda s: Laminar(),
+    "areal": lambda s: AReaL(),
+    "least-loaded": lambda s: LeastLoaded(),
+    "round-robin": lambda s: RoundRobin(),
+    "least-loaded-router": lambda s: LeastLoadedRouter(),
+    "consistent-hash": lambda s: ConsistentHash(),
+    "sticky-least-loaded": lambda s: StickyLeastLoaded(),
+    "cache-aware": lambda s: CacheAware(),
+    "cache-aware-tuned": _tuned_cache_aware,
+}
+ADMISSIONS = ("misa",)
+
+
+def policy_names() -> list[str]:
+    return list(FACTORIES)
+
+
+def make_policy(name: str, scenario: Scenario, admission: str | None = None) -> Policy:
+    """A fresh policy (policies keep state across one run) by name, for `scenario`."""
+    if "+" in name:
+        if admission is not None:
+            raise ConfigError(f"policy: {name!r} already names an admission layer; drop --admission")
+        admission, name = name.split("+", 1)
+    if name not in FACTORIES:
+        raise ConfigError(f"policy: unknown policy {name!r} (known: {', '.join(FACTORIES)})")
+    if admission is not None and admission != "none" and admission not in ADMISSIONS:
+        raise ConfigError(f"admission: unknown admission layer {admission!r} (known: none, {', '.join(ADMISSIONS)})")
+    placement = FACTORIES[name](scenario)
+    if admission == "misa":
+        return Admitted(MisaT(scenario.workload.target_mix()), placement)
+    return placement
