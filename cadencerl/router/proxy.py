@@ -1,0 +1,114 @@
+"""Forwarding one placed request to its server, with the router's fault rules.
+
+* A request that fails before its first token (no connection, 5xx, or the stream breaks before
+  any byte) is retried once on another server; the failing server is taken out of rotation until
+  a health poll gets through.
+* A stream that breaks after its first token ends with an OpenAI-style error event and
+  `data: [DONE]`, never a hang (the upstream read timeout bounds a silent server).
+* Client errors from the server (4xx) pass through unchanged.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+
+import httpx
+from starlette.responses import Response, StreamingResponse
+
+from cadencerl.router.live import Session
+from cadencerl.router.requests import ApiError, Routed
+from cadencerl.router.service import RouterService
+
+_PASS_HEADERS = ("authorization", "x-request-id")
+WORKER_HEADER = "x-cadencerl-worker"
+
+
+class _BeforeFirstToken(Exception):
+    """The server failed before the client saw a byte: the request may go elsewhere."""
+
+
+async def forward(svc: RouterService, session: Session, path: str, req: Routed, headers) -> Response:
+    fwd = {"content-type": "application/json"}
+    fwd.update({h: headers[h] for h in _PASS_HEADERS if h in headers})
+    retried = False
+    while True:
+        up = svc.upstreams[session.traj.worker]
+        try:
+            return await _attempt(svc, session, up.url + path, req, fwd, up.id)
+        except _BeforeFirstToken as exc:
+            svc.metrics.errors.labels(str(exc)).inc()
+            svc.upstream_failed(up)
+            if not retried and await svc.reroute(session, up.id):
+                retried = True
+                continue
+            svc.release(session, 0, last=req.last)
+            raise ApiError(502, f"upstream server failed ({exc})", kind="upstream_error") from None
+
+
+async def _attempt(svc: RouterService, session: Session, url: str, req: Routed, fwd: dict,
+                   worker: int) -> Response:
+    request = svc.client.build_request("POST", url, content=req.raw, headers=fwd)
+    try:
+        resp = await svc.client.send(request, stream=True)
+    except httpx.HTTPError:
+        raise _BeforeFirstToken("connect") from None
+    if resp.status_code >= 500:
+        await resp.aclose()
+        raise _BeforeFirstToken("upstream_5xx")
+    out_headers = {WORKER_HEADER: str(worker)}
+    if resp.status_code != 200 or not req.stream:
+        try:
+            content = await resp.aread()
+        except httpx.HTTPError:
+            raise _BeforeFirstToken("read") from None
+        finally:
+            await resp.aclose()
+        svc.release(session, _completion_tokens(content) if resp.status_code == 200 else 0, last=req.last)
+        return Response(content, status_code=resp.status_code, headers=out_headers,
+                        media_type=resp.headers.get("content-type", "application/json"))
+    chunks = resp.aiter_raw()
+    try:
+        first = await anext(chunks, b"")
+    except httpx.HTTPError:
+        await resp.aclose()
+        raise _BeforeFirstToken("stream_start") from None
+    return StreamingResponse(_relay(svc, session, resp, chunks, first, req.last), headers=out_headers,
+                             media_type="text/event-stream")
+
+
+async def _relay(svc: RouterService, session: Session, resp: httpx.Response, chunks: AsyncIterator[bytes],
+                 first: bytes, last: bool) -> AsyncIterator[bytes]:
+    generated = _events(first)
+    try:
+        yield first
+        async for chunk in chunks:
+            generated += _events(chunk)
+            yield chunk
+    except httpx.HTTPError as exc:
+        svc.metrics.errors.labels("midstream").inc()
+        yield error_event(f"the upstream stream broke: {type(exc).__name__}")
+    finally:
+        svc.release(session, generated, last=last)
+        try:
+            await resp.aclose()
+        except Exception:  # closing a broken connection may fail again; nothing is left to save
+            pass
+
+
+def error_event(message: str) -> bytes:
+    body = {"error": {"message": message, "type": "upstream_error", "param": None, "code": 502}}
+    return b"data: " + json.dumps(body).encode() + b"\n\ndata: [DONE]\n\n"
+
+
+def _events(chunk: bytes) -> int:
+    """SSE events in a chunk (vLLM streams about one token per event), [DONE] excluded."""
+    return chunk.count(b"data: ") - chunk.count(b"data: [DONE]")
+
+
+def _completion_tokens(content: bytes) -> int:
+    try:
+        usage = json.loads(content).get("usage") or {}
+        return int(usage.get("completion_tokens") or 0)
+    except (ValueError, AttributeError, TypeError):
+        return 0
