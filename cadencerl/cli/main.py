@@ -244,6 +244,8 @@ def report(out: Optional[Path] = typer.Option(None, "--out", "-o", help="directo
 from cadencerl.cli.engine import register as _register_engine  # noqa: E402  (pool, run, calibrate)
 
 _register_engine(app)
+from cadencerl.cli.router import router as router_cmd  # noqa: E402
+app.command("router")(router_cmd)
 
 
 def main() -> None:

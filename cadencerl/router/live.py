@@ -115,8 +115,8 @@ class LiveState:
     def turn_ended(self, session: Session, generated: int, now: float) -> None:
         """A reply is complete and more turns may follow: park the session on its worker."""
         traj = session.traj
-        traj.tokens += generated
         self._leave_worker(traj, now)
+        traj.tokens += generated
         traj.state = State.TOOL
         self.tool_waiting[traj.version] = self.tool_waiting.get(traj.version, 0) + 1
         session.parked_at = now
@@ -126,8 +126,8 @@ class LiveState:
     def finished(self, session: Session, generated: int, now: float) -> None:
         """The session's last reply is complete."""
         traj = session.traj
-        traj.tokens += generated
         self._leave_worker(traj, now)
+        traj.tokens += generated
         self._done(session, now)
 
     def end_parked(self, session: Session) -> None:

@@ -148,14 +148,14 @@ class RouterService:
         else:
             if session is not None:   # its last request is still in flight: this one is a reply of its own
                 key = None
-            if len(self.state.hold) >= self.settings.hold_max:
-                self.metrics.rejections.labels("hold_full").inc()
-                raise Rejected(429, "hold_full", "the admission queue is full; retry later",
-                               retry_after=max(1, round(self.settings.hold_timeout_s / 4)))
             session = self.state.new_session(key, cls, prompt_len, group, now)
             kind = "new"
         self.metrics.requests.labels(session.traj.workload_class, kind).inc()
         self.decide(now)
+        if session.traj.state is State.FRESH and len(self.state.hold) > self.settings.hold_max:
+            self.state.withdraw(session)
+            self.metrics.rejections.labels("hold_full").inc()
+            raise Rejected(429, "hold_full", "the admission queue is full; retry later", self._retry_after())
         if session.traj.state is not State.RESIDENT:
             await self._wait(session)
         return session
@@ -175,10 +175,14 @@ class RouterService:
                 self.state.withdraw(session)
                 self.metrics.rejections.labels("hold_timeout").inc()
                 raise Rejected(429, "hold_timeout", "waited too long for admission; retry later",
-                               retry_after=max(1, round(self.settings.hold_timeout_s / 4))) from None
+                               self._retry_after()) from None
             if traj.state is State.PENDING:
                 self.state.drop_pending(session, self.now())
             raise Rejected(503, "no_worker", "no server can take this request now") from None
+
+    def _retry_after(self) -> int:
+        """Seconds a rejected client should wait: a quarter of the hold bound, at least one."""
+        return max(1, round(self.settings.hold_timeout_s / 4))
 
     def decide(self, now: float | None = None, exclude: frozenset[int] = frozenset()) -> None:
         now = self.now() if now is None else now

@@ -94,7 +94,7 @@ def make_settings(**fields) -> RouterSettings:
     try:
         return RouterSettings(**{k: v for k, v in fields.items() if v is not None})
     except ValidationError as exc:
-        raise ConfigError(format_validation_error(exc)) from None
+        raise ConfigError(format_validation_error(exc).removeprefix("scenario: ")) from None
 
 
 def read_classes(path: Path) -> tuple[dict[str, float], str | None]:

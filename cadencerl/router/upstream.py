@@ -50,11 +50,12 @@ def parse_figures(text: str) -> tuple[EngineFigures, dict[str, float]]:
     counters: dict[str, float] = {}
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
-            if family.name in _GAUGES and not sample.name.endswith("_created"):
-                sums[family.name] = sums.get(family.name, 0.0) + sample.value
-            elif family.name in PREFIX_COUNTERS and sample.name.endswith("_total"):
-                counters[family.name] = counters.get(family.name, 0.0) + sample.value
-            elif family.name == "vllm:cache_config_info":
+            name = sample.name.removesuffix("_total")   # counters come as `name_total`, typed either way
+            if name in _GAUGES:
+                sums[name] = sums.get(name, 0.0) + sample.value
+            elif name in PREFIX_COUNTERS and sample.name.endswith("_total"):
+                counters[name] = counters.get(name, 0.0) + sample.value
+            elif name == "vllm:cache_config_info":
                 blocks, size = sample.labels.get("num_gpu_blocks"), sample.labels.get("block_size")
                 if blocks and size and blocks.isdigit() and size.isdigit():
                     fig.kv_capacity = int(blocks) * int(size)
