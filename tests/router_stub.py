@@ -128,6 +128,34 @@ class ServerThread:
         self.thread.join(timeout=10)
 
 
+class Fleet:
+    """Stub upstreams and a router in front of them, all on 127.0.0.1; a context manager."""
+
+    def __init__(self, stubs: int = 2, admin_token: str | None = "secret", **settings) -> None:
+        from cadencerl.router.app import create_app
+        from cadencerl.router.settings import make_settings
+
+        self.states = [StubState(f"stub{i}") for i in range(stubs)]
+        self.stubs = [ServerThread(stub_app(s)).start() for s in self.states]
+        settings.setdefault("metrics_interval_s", 0.1)
+        self.settings = make_settings(workers=[s.url for s in self.stubs], **settings)
+        self.app = create_app(self.settings, admin_token=admin_token)
+        self.router = ServerThread(self.app).start()
+        self.url = self.router.url
+
+    @property
+    def service(self):
+        return self.app.state.service
+
+    def __enter__(self) -> "Fleet":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.router.stop()
+        for s in self.stubs:
+            s.stop()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--port", type=int, required=True)
