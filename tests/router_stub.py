@@ -105,7 +105,8 @@ class ServerThread:
 
     def __init__(self, app, port: int = 0) -> None:
         config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="error", access_log=False,
-                                lifespan="on", loop="asyncio", http="h11", backlog=4096)
+                                lifespan="on", loop="uvloop", http="httptools", backlog=4096,
+                                timeout_keep_alive=75)
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, daemon=True)
 

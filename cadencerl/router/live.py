@@ -190,6 +190,8 @@ class LiveState:
 
         `exclude` hides workers for this pass only (a request that just failed on one)."""
         hidden = [w for w in self.workers if w.id in exclude and w.alive]
+        if len(hidden) == sum(w.alive for w in self.workers):
+            return []                     # no server to place on: nothing to decide
         for w in hidden:
             w.alive = False
         try:

@@ -25,7 +25,12 @@ WORKER_HEADER = "x-cadencerl-worker"
 
 
 class _BeforeFirstToken(Exception):
-    """The server failed before the client saw a byte: the request may go elsewhere."""
+    """The server failed before the client saw a byte: the request may go elsewhere. `down`: it did
+    not take the connection (as opposed to, say, closing a kept-alive one), so it leaves rotation."""
+
+    def __init__(self, kind: str, down: bool = False) -> None:
+        super().__init__(kind)
+        self.down = down
 
 
 async def forward(svc: RouterService, session: Session, path: str, req: Routed, headers) -> Response:
@@ -38,7 +43,8 @@ async def forward(svc: RouterService, session: Session, path: str, req: Routed, 
             return await _attempt(svc, session, up.url + path, req, fwd, up.id)
         except _BeforeFirstToken as exc:
             svc.metrics.errors.labels(str(exc)).inc()
-            svc.upstream_failed(up)
+            if exc.down:
+                svc.upstream_failed(up)
             if not retried and await svc.reroute(session, up.id):
                 retried = True
                 continue
@@ -51,11 +57,13 @@ async def _attempt(svc: RouterService, session: Session, url: str, req: Routed, 
     request = svc.client.build_request("POST", url, content=req.raw, headers=fwd)
     try:
         resp = await svc.client.send(request, stream=True)
-    except httpx.HTTPError:
-        raise _BeforeFirstToken("connect") from None
+    except httpx.ConnectError:     # refused or unreachable: the server is gone
+        raise _BeforeFirstToken("connect", down=True) from None
+    except httpx.HTTPError as exc:
+        raise _BeforeFirstToken(f"send_{type(exc).__name__}") from None
     if resp.status_code >= 500:
         await resp.aclose()
-        raise _BeforeFirstToken("upstream_5xx")
+        raise _BeforeFirstToken("upstream_5xx", down=True)
     out_headers = {WORKER_HEADER: str(worker)}
     if resp.status_code != 200 or not req.stream:
         try:

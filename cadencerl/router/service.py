@@ -73,7 +73,7 @@ class RouterService:
 
     async def start(self) -> None:
         limits = httpx.Limits(max_connections=8192, max_keepalive_connections=2048)
-        timeout = httpx.Timeout(self.settings.request_timeout_s, connect=5.0)
+        timeout = httpx.Timeout(self.settings.request_timeout_s, connect=10.0)
         self.client = httpx.AsyncClient(limits=limits, timeout=timeout)
         await self.poll_once()
         self._poller = asyncio.create_task(self._poll_forever())
