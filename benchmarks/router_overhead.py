@@ -1,12 +1,13 @@
 """What a router adds to each request: `cadencerl router` and the real `vllm-router`, on one stub.
 
-A stub upstream (tests/router_stub.py, uvloop + httptools) streams its tokens at once, so the
-latency measured is HTTP and routing work only. Closed loop: `--concurrency` client tasks each send
-streaming completions back to back for `--seconds` after a warm-up (MISA-T's caps reach their
-ceiling in it). Added latency = the percentile through the router minus the same percentile
-straight to the stub, at the same concurrency; requests/s likewise. The client runs in this process
-(httpx, sharded over clients of 25 connections): on a small shared CPU it is a large share of every
-figure, so read the added latency, not the absolute numbers.
+A stub upstream (tests/router_stub.py, uvloop + httptools) streams its 16 tokens at once, so the
+latency measured is HTTP and routing work only. Closed loop, driven by `wrk` (apt `wrk`; else an
+httpx client in this process): `--concurrency` connections each send streaming completions back to
+back for `--seconds` after a warm-up (MISA-T's caps reach their ceiling in it), then the same with
+one connection. Added latency = the percentile through the router minus the same percentile straight
+to the stub, at the same concurrency. At 200 connections every server is saturated, so latency
+there is queueing (connections / throughput) and the figure to compare is requests/s; the
+one-connection run shows the per-request cost.
 
     /work/main/.venv/bin/python benchmarks/router_overhead.py [--concurrency 200] [--seconds 10]
 
@@ -125,14 +126,52 @@ async def _closed_loop(url: str, concurrency: int, seconds: float, warmup: float
             "errors": errors}
 
 
-def measure(url: str, args) -> dict:
-    return asyncio.run(_closed_loop(url, args.concurrency, args.seconds, args.warmup))
+WRK_SCRIPT = """wrk.method = "POST"
+wrk.body = '%s'
+wrk.headers["Content-Type"] = "application/json"
+"""
+_UNITS = {"us": 1e-3, "ms": 1.0, "s": 1e3, "m": 6e4}
+
+
+def _wrk(url: str, connections: int, seconds: float, script: Path) -> dict:
+    cmd = ["wrk", f"-t{min(2, connections)}", f"-c{connections}", f"-d{max(1, round(seconds))}s", "--latency",
+           "--timeout", "30s", "-s", str(script), f"{url}/v1/completions"]
+    text = subprocess.run(cmd, capture_output=True, text=True, timeout=seconds + 60).stdout
+    row: dict = {"errors": 0}
+    for line in text.splitlines():
+        parts = line.split()
+        if len(parts) == 2 and parts[0] in ("50%", "99%"):
+            value = float(parts[1].rstrip("usm"))
+            unit = parts[1][len(parts[1].rstrip("usm")):]
+            row[f"p{parts[0][:-1]}_ms"] = value * _UNITS[unit]
+        elif line.startswith("Requests/sec:"):
+            row["requests_per_s"] = float(parts[1])
+        elif "Non-2xx" in line or "Socket errors" in line:
+            row["errors"] += sum(int(x.strip(",")) for x in parts if x.strip(",").isdigit())
+    return row
+
+
+def measure(url: str, args, connections: int | None = None) -> dict:
+    connections = connections or args.concurrency
+    if shutil.which("wrk") is None:
+        return asyncio.run(_closed_loop(url, connections, args.seconds, args.warmup))
+    script = args.logs / "post.lua"
+    script.write_text(WRK_SCRIPT % json.dumps(BODY))
+    _wrk(url, connections, args.warmup, script)
+    return _wrk(url, connections, args.seconds, script)
+
+
+def measure_both(url: str, args, direct: dict | None = None) -> dict:
+    rows = {f"c{args.concurrency}": measure(url, args), "c1": measure(url, args, 1)}
+    if direct is None:
+        return {k: {q: (round(v, 3) if isinstance(v, float) else v) for q, v in r.items()} for k, r in rows.items()}
+    return {k: _added(r, direct[k]) for k, r in rows.items()}
 
 
 def _added(row: dict, direct: dict) -> dict:
     out = dict(row)
     for q in ("p50", "p99"):
-        if row[f"{q}_ms"] is not None:
+        if row.get(f"{q}_ms") is not None and direct.get(f"{q}_ms") is not None:
             out[f"added_{q}_ms"] = round(row[f"{q}_ms"] - direct[f"{q}_ms"], 3)
             out[f"{q}_ms"] = round(row[f"{q}_ms"], 3)
     return out
@@ -151,20 +190,19 @@ def main() -> None:
     result: dict = {"concurrency": args.concurrency, "seconds": args.seconds, "stream_tokens": BODY["max_tokens"]}
     with Proc([sys.executable, "tests/router_stub.py", "--port", str(stub_port)], args.logs / "stub.log") as s:
         s.wait_http(f"{stub}/health")
-        direct = measure(stub, args)
-        result["direct"] = {k: (round(v, 3) if isinstance(v, float) else v) for k, v in direct.items()}
+        direct = result["direct"] = measure_both(stub, args)
         for policy in ("misa+cache-aware", "cache-aware"):
             port = free_port()
             with cadencerl_router([stub], port, policy, args.logs / f"cadencerl-{policy}.log") as r:
                 r.wait_http(f"http://127.0.0.1:{port}/health")
-                result[f"cadencerl router ({policy})"] = _added(measure(f"http://127.0.0.1:{port}", args), direct)
+                result[f"cadencerl router ({policy})"] = measure_both(f"http://127.0.0.1:{port}", args, direct)
         if vllm_router_binary() is None:
             result["vllm-router"] = "not installed (pip install vllm-router==0.1.17)"
         else:
             port = free_port()
             with vllm_router([stub], port, args.logs / "vllm-router.log", "--policy", "cache_aware") as r:
                 r.wait_http(f"http://127.0.0.1:{port}/health")
-                result["vllm-router (cache_aware)"] = _added(measure(f"http://127.0.0.1:{port}", args), direct)
+                result["vllm-router (cache_aware)"] = measure_both(f"http://127.0.0.1:{port}", args, direct)
     print(json.dumps(result, indent=2))
 
 

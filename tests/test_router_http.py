@@ -171,3 +171,17 @@ def test_a_stream_broken_midway_ends_with_an_error_event() -> None:
             s.break_after = None
         r = c.post("/v1/completions", json=TOKENS, headers={"X-Session-Id": "s"})
         assert r.status_code == 200, "the session continues after a broken turn"
+
+
+def test_a_client_that_leaves_mid_stream_frees_its_slot_and_the_upstream_request() -> None:
+    with Fleet(stubs=1) as f, httpx.Client(base_url=f.url, timeout=10) as c:
+        f.states[0].token_delay_s = 0.05
+        with c.stream("POST", "/v1/completions", json={**TOKENS, "stream": True, "max_tokens": 200},
+                      headers={"X-Session-Id": "s"}) as r:
+            lines = r.iter_lines()
+            assert next(line for line in lines if line.startswith("data: "))
+        deadline = time.monotonic() + 5
+        while (f.states[0].running or f.service.state.workers[0].load) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert f.states[0].running == 0 and f.service.state.workers[0].load == 0
+        assert len(f.service.state.parked) == 1, "the session parks, ready for its next turn"
