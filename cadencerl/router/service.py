@@ -28,6 +28,24 @@ from cadencerl.routing.routers import CacheAware, ConsistentHash, LeastLoadedRou
 GROUPS_PER_WORKER = 4096    # prompt groups remembered per server, for the router's own hit count
 
 
+class ShardedTransport(httpx.AsyncBaseTransport):
+    """The shared client's connection pool, split in shards taken in turn: httpcore scans every
+    connection of a pool on each request, so one pool of hundreds of streams costs O(n) a request."""
+
+    def __init__(self, shards: int = 16, connections: int = 512) -> None:
+        limits = httpx.Limits(max_connections=connections, max_keepalive_connections=connections // 4)
+        self.shards = [httpx.AsyncHTTPTransport(limits=limits) for _ in range(shards)]
+        self._turn = 0
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        self._turn = (self._turn + 1) % len(self.shards)
+        return await self.shards[self._turn].handle_async_request(request)
+
+    async def aclose(self) -> None:
+        for shard in self.shards:
+            await shard.aclose()
+
+
 class Rejected(Exception):
     """A request the router will not serve now: 429 (hold queue) or 503 (no server)."""
 
@@ -72,9 +90,8 @@ class RouterService:
     # -- lifecycle --------------------------------------------------------------------------------
 
     async def start(self) -> None:
-        limits = httpx.Limits(max_connections=8192, max_keepalive_connections=2048)
         timeout = httpx.Timeout(self.settings.request_timeout_s, connect=10.0)
-        self.client = httpx.AsyncClient(limits=limits, timeout=timeout)
+        self.client = httpx.AsyncClient(transport=ShardedTransport(), timeout=timeout)
         await self.poll_once()
         self._poller = asyncio.create_task(self._poll_forever())
 
