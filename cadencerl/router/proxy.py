@@ -52,6 +52,9 @@ async def forward(svc: RouterService, session: Session, path: str, req: Routed, 
                 continue
             svc.release(session, 0, last=req.last)
             raise ApiError(502, f"upstream server failed ({exc})", kind="upstream_error") from None
+        except BaseException:
+            svc.release(session, 0, last=req.last)    # never leave a session placed with no request
+            raise
 
 
 async def _attempt(svc: RouterService, session: Session, url: str, req: Routed, fwd: dict,

@@ -183,18 +183,25 @@ class RouterService:
         self.waiters[traj.id] = fut
         try:
             await asyncio.wait_for(fut, self.settings.hold_timeout_s)
-        except BaseException:
+        except BaseException as exc:      # the wait passed its bound, or the client left
             self.waiters.pop(traj.id, None)
-            if traj.state is State.RESIDENT:   # placed as the wait ended
+            timed_out = isinstance(exc, asyncio.TimeoutError)
+            if traj.state is State.RESIDENT:
+                if timed_out:
+                    return                     # placed just as the bound passed: go ahead
                 self.release(session, 0, last=True)
                 raise
-            if traj.state is State.FRESH:
+            held = traj.state is State.FRESH
+            if held:
                 self.state.withdraw(session)
+            elif traj.state is State.PENDING:
+                self.state.drop_pending(session, self.now())
+            if not timed_out:
+                raise
+            if held:
                 self.metrics.rejections.labels("hold_timeout").inc()
                 raise Rejected(429, "hold_timeout", "waited too long for admission; retry later",
                                self._retry_after()) from None
-            if traj.state is State.PENDING:
-                self.state.drop_pending(session, self.now())
             raise Rejected(503, "no_worker", "no server can take this request now") from None
 
     def _retry_after(self) -> int:
