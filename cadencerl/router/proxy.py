@@ -129,17 +129,31 @@ class RelayResponse(Response):
 
 async def _relay(svc: RouterService, session: Session, resp: httpx.Response, chunks: AsyncIterator[bytes],
                  first: bytes, last: bool) -> AsyncIterator[bytes]:
-    generated = _events(first)
+    """The stream, one chunk behind: the session is released before its final chunk goes out, so a
+    client that sends the next turn as soon as it reads `[DONE]` finds the session parked."""
+    generated = 0
+    held = first
+    released = False
     try:
-        yield first
         async for chunk in chunks:
-            generated += _events(chunk)
-            yield chunk
+            generated += _events(held)
+            yield held
+            held = chunk
+        generated += _events(held)
+        svc.release(session, generated, last=last)
+        released = True
+        yield held
     except httpx.HTTPError as exc:
         svc.metrics.errors.labels("midstream").inc()
+        if not released:
+            generated += _events(held)
+            svc.release(session, generated, last=last)
+            released = True
+        yield held                          # what arrived before the break, not yet sent
         yield error_event(f"the upstream stream broke: {type(exc).__name__}")
     finally:
-        svc.release(session, generated, last=last)
+        if not released:
+            svc.release(session, generated, last=last)
         try:
             await resp.aclose()
         except Exception:  # closing a broken connection may fail again; nothing is left to save

@@ -158,6 +158,9 @@ class RouterService:
     async def acquire(self, key: str | None, cls: str, prompt_len: int, group: int) -> Session:
         """Admit (a new session) or place (a continuation) one request; waits in HOLD if it must."""
         now = self.now()
+        if not any(w.alive for w in self.state.workers):
+            self.metrics.rejections.labels("no_worker").inc()
+            raise Rejected(503, "no_worker", "no server is up; retry later", self._retry_after())
         session = self.state.session(key)
         if session is not None and session.traj.state is State.TOOL:
             self.state.continuation(session, prompt_len, now)
