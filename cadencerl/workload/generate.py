@@ -18,7 +18,7 @@ def generate(spec: WorkloadSpec, seed: int, key: object) -> list[TrajectorySpec]
     """Sample `spec.trajectories` trajectories: each class gets its share, in groups that share a
     prompt and a difficulty; groups of all classes arrive interleaved in a seeded random order."""
     if spec.trace:
-        return load_trace(spec.trace, key)
+        return load_trace(spec.trace, key, limit=spec.trajectories, classes=set(spec.target_mix()))
     rng = np.random.default_rng(seed)
     classes = spec.class_specs()
     counts = _split(spec.trajectories, {n: c.share for n, c in classes.items()})
