@@ -37,10 +37,6 @@ class TraceRecord(_Line):
     turns: list[TraceTurn] = Field(default_factory=list, max_length=1000)
 
 
-def _reject_constant(name: str) -> float:
-    raise ValueError(f"{name} is not a number JSON allows")
-
-
 def load_trace(path: str | Path, key: object, workload_class: str = "rlvr", *, limit: int | None = None,
                classes: set[str] | None = None) -> list[TrajectorySpec]:
     """Replay a JSONL trace of `{prompt_len, response_len, group, class, turns: [{observation_len,
@@ -75,8 +71,8 @@ def load_trace(path: str | Path, key: object, workload_class: str = "rlvr", *, l
 def _record(line: str, path: Path, lineno: int) -> TraceRecord:
     where = f"workload.trace: {path.name} line {lineno}"
     try:
-        data = json.loads(line, parse_constant=_reject_constant)
-    except (json.JSONDecodeError, ValueError, RecursionError) as exc:
+        data = json.loads(line)
+    except (ValueError, RecursionError) as exc:
         raise ConfigError(f"{where}: not JSON ({getattr(exc, 'msg', None) or exc})") from None
     if not isinstance(data, dict):
         raise ConfigError(f"{where}: expected an object")
