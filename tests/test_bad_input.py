@@ -15,26 +15,13 @@ from typer.testing import CliRunner
 from cadencerl.cli import app
 from cadencerl.config import ConfigError, builtin_scenario, load_scenario_dict, load_scenario_file
 from cadencerl.workload.trace import load_trace
+from tests.test_cli import GOOD as CLI_GOOD
 
 pytestmark = pytest.mark.timeout(120)
 runner = CliRunner()
 WALL_BOUND_S = 30.0  # generous for a busy 2-core machine; a refusal itself takes milliseconds
 
-GOOD = """\
-name: mine
-model: Qwen3-8B
-pool:
-  - {accelerator: H800, devices: 2, tp: 1}
-workload:
-  trajectories: 16
-  group_size: 4
-  response: {median: 200, sigma: 0.5, cap: 1000}
-trainer:
-  batch_size: 8
-  train_time_s: 1
-policy:
-  tick_s: 0.5
-"""
+GOOD = CLI_GOOD + "policy:\n  tick_s: 0.5\n"
 
 MIXED = GOOD.replace("  response: {median: 200, sigma: 0.5, cap: 1000}\n", """\
   classes:
