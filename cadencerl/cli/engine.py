@@ -18,8 +18,8 @@ from pathlib import Path
 import typer
 from rich.markup import escape
 
-from cadencerl.cli import common
 from cadencerl.cli.common import ConfigOpt, JsonOpt, ScenarioOpt, int_list, load_scenario, progress_bar, write_json
+from cadencerl.cli.common import fail as fail_markup
 from cadencerl.cli.pinning import pin_servers
 from cadencerl.cli.tables import (
     calibration_table,
@@ -42,7 +42,8 @@ def default_model_dir() -> Path:
 
 
 def fail(message: str) -> None:
-    common.fail(escape(message))   # engine errors end in "[URL]", which is not markup
+    """`common.fail` for messages that quote engine errors: those end in "[URL]", which is not markup."""
+    fail_markup(escape(message))
 
 
 def positive(name: str, value: int | None) -> None:
