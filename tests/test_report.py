@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 
 from cadencerl.cli.main import app
 from cadencerl.config import load_scenario_file
-from cadencerl.report.build import MIXED_POLICIES, HETEROGENEOUS_POOLS, make_settings, planned_runs
+from cadencerl.report.matrix import MIXED_POLICIES, HETEROGENEOUS_POOLS, make_settings, planned_runs
 
 runner = CliRunner()
 TINY = 128  # trajectories per run: the whole matrix in a few seconds
