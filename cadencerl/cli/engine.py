@@ -16,10 +16,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import typer
-from rich.markup import escape
 
 from cadencerl.cli.common import ConfigOpt, JsonOpt, ScenarioOpt, int_list, load_scenario, progress_bar, write_json
-from cadencerl.cli.common import fail as fail_markup
+from cadencerl.cli.common import fail
 from cadencerl.cli.pinning import pin_servers
 from cadencerl.cli.tables import (
     calibration_table,
@@ -39,11 +38,6 @@ def default_model_dir() -> Path:
     """Built once and reused: ~/.cache/cadencerl/tiny-model (or under $XDG_CACHE_HOME)."""
     root = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
     return root / "cadencerl" / "tiny-model"
-
-
-def fail(message: str) -> None:
-    """`common.fail` for messages that quote engine errors: those end in "[URL]", which is not markup."""
-    fail_markup(escape(message))
 
 
 def positive(name: str, value: int | None) -> None:

@@ -1,4 +1,5 @@
-"""The `cadencerl` command line. Bad input gets one line naming the field, and exit code 2.
+"""The `cadencerl` command line. Bad input gets one line naming the field, and exit code 2; an
+internal failure gets one line saying it is a bug, and exit code 1.
 
 This module only assembles the app: simulator commands come from `sim.py`, real-engine commands
 from `engine.py`, and what they share from `common.py`.
@@ -12,6 +13,7 @@ import typer
 from rich.console import Console
 
 from cadencerl.cli import engine, sim
+from cadencerl.cli.common import guarded
 
 
 def build_app() -> typer.Typer:
@@ -20,13 +22,13 @@ def build_app() -> typer.Typer:
                       rich_markup_mode=None,
                       help="CadenceRL: rollout control plane for asynchronous RL post-training.")
     for command in (sim.sim, sim.compare, sim.sensitivity, sim.sweep, sim.scenarios, sim.report):
-        app.command()(command)
+        app.command()(guarded(command))
     pool = typer.Typer(no_args_is_help=True, help=engine.POOL_HELP)
-    pool.command("up")(engine.pool_up)
-    pool.command("down")(engine.pool_down)
+    pool.command("up")(guarded(engine.pool_up))
+    pool.command("down")(guarded(engine.pool_down))
     app.add_typer(pool, name="pool")
-    app.command("run")(engine.run)
-    app.command("calibrate")(engine.calibrate)
+    app.command("run")(guarded(engine.run))
+    app.command("calibrate")(guarded(engine.calibrate))
     return app
 
 

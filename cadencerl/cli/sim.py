@@ -5,16 +5,18 @@ Each is a plain function with typer options; `main.py` registers them on the app
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Optional
 
 import typer
 
 from cadencerl.cli.common import (
+    BatchOpt,
     ConfigOpt,
     JsonOpt,
     ScenarioOpt,
+    bug,
+    check_json_target,
     fail,
     int_list,
     load_scenario,
@@ -46,7 +48,7 @@ def run_policies(scenario: Scenario, names: list[str], exact: bool, show_progres
     for n in names:
         try:
             make_policy(n, scenario)
-        except (ConfigError, ValueError) as exc:
+        except ConfigError as exc:
             fail(str(exc))
     results = []
     with progress_bar(show_progress) as progress:
@@ -57,8 +59,10 @@ def run_policies(scenario: Scenario, names: list[str], exact: bool, show_progres
                                         progress=lambda done, total, t=task: progress.update(t, completed=done)))
             except ConfigError as exc:
                 fail(str(exc))
-            except (StallError, ActionError) as exc:
+            except StallError as exc:   # the knobs leave the policy no move: the message names them
                 fail(f"policy {n}: {exc}")
+            except ActionError as exc:  # a policy broke the rules: a bug, not bad input
+                bug(exc)
     return results
 
 
@@ -68,9 +72,12 @@ def sim(scenario: Optional[str] = ScenarioOpt, config: Optional[Path] = ConfigOp
         json_out: Optional[str] = JsonOpt,
         exact: bool = typer.Option(False, "--exact", help="step every decode iteration (reference mode)"),
         seed: Optional[int] = typer.Option(None, min=0), trajectories: Optional[int] = typer.Option(None, min=1),
+        batch_size: Optional[int] = BatchOpt,
         eta: Optional[int] = typer.Option(None, min=0), delta: Optional[int] = typer.Option(None, min=0)) -> None:
     """Simulate one policy on a scenario and print its figures."""
-    s = load_scenario(scenario, config, dict(seed=seed, trajectories=trajectories, eta=eta, delta=delta))
+    check_json_target(json_out, config)
+    s = load_scenario(scenario, config, dict(seed=seed, trajectories=trajectories, batch_size=batch_size, eta=eta,
+                                             delta=delta))
     to_stderr = json_out == "-"
     if admission not in (None, "none"):
         if "+" in policy:
@@ -85,9 +92,12 @@ def compare(scenario: Optional[str] = ScenarioOpt, config: Optional[Path] = Conf
             policies: str = typer.Option("cadence,laminar,areal,least-loaded", "--policies"),
             json_out: Optional[str] = JsonOpt,
             seed: Optional[int] = typer.Option(None, min=0), trajectories: Optional[int] = typer.Option(None, min=1),
+            batch_size: Optional[int] = BatchOpt,
             eta: Optional[int] = typer.Option(None, min=0), delta: Optional[int] = typer.Option(None, min=0)) -> None:
     """Run several policies on the same seeded workload, side by side."""
-    s = load_scenario(scenario, config, dict(seed=seed, trajectories=trajectories, eta=eta, delta=delta))
+    check_json_target(json_out, config)
+    s = load_scenario(scenario, config, dict(seed=seed, trajectories=trajectories, batch_size=batch_size, eta=eta,
+                                             delta=delta))
     names = [p.strip() for p in policies.split(",") if p.strip()]
     if not names:
         fail("policies: give at least one policy name")
@@ -99,9 +109,11 @@ def compare(scenario: Optional[str] = ScenarioOpt, config: Optional[Path] = Conf
 def sensitivity(scenario: Optional[str] = ScenarioOpt, config: Optional[Path] = ConfigOpt,
                 policy: str = typer.Option("cadence", "--policy", "-p"),
                 etas: str = typer.Option("1,2,3,4,6", "--etas"), deltas: str = typer.Option("512,1024,2048,4096", "--deltas"),
-                json_out: Optional[str] = JsonOpt, trajectories: Optional[int] = typer.Option(None, min=1)) -> None:
+                json_out: Optional[str] = JsonOpt, trajectories: Optional[int] = typer.Option(None, min=1),
+                batch_size: Optional[int] = BatchOpt) -> None:
     """Throughput and P95 latency over a grid of eta (admission budget) and delta (decode reserve)."""
-    s = load_scenario(scenario, config, dict(trajectories=trajectories))
+    check_json_target(json_out, config)
+    s = load_scenario(scenario, config, dict(trajectories=trajectories, batch_size=batch_size))
     eta_values, delta_values = int_list("etas", etas), int_list("deltas", deltas)
     runs = []
     with progress_bar(True) as progress:
@@ -124,15 +136,13 @@ def sweep(scenario: Optional[str] = ScenarioOpt, config: Optional[Path] = Config
 
     if grid not in ("quick", "full"):
         fail(f"grid: expected quick or full, got {grid!r}")
+    check_json_target(json_out, config)
     s = load_scenario(scenario, config, {})
     points = sw.QUICK_GRID if grid == "quick" else sw.FULL_GRID
     with progress_bar(True) as progress:
         task = progress.add_task(f"{s.name} / cache-aware sweep", total=None)
         results = sw.sweep(s, points, lambda done, total: progress.update(task, completed=done, total=total))
-    best = {k: results[0][k] for k in points}
-    path = sw.cache_dir() / f"{s.name}-{sw.scenario_key(s, points)}.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"scenario": s.name, "grid": points, "best": best, "results": results}, indent=1))
+    best, path = sw.save(s, points, results)
     table = sweep_table(s.name, results)
     table.caption = f"best: {best} (saved for cache-aware-tuned in {path})"
     print_tables([table], json_out == "-")
@@ -150,13 +160,11 @@ def report(out: Optional[Path] = typer.Option(None, "--out", "-o", help="directo
            seed: Optional[int] = typer.Option(None, help="workload seed for every run (default: the scenarios' own, 0)"),
            jobs: Optional[int] = typer.Option(None, help="simulations run in parallel (default: the CPU count)")) -> None:
     """Run the evaluation matrix (the paper's section 6) and write a markdown report with tables and plots."""
-    from cadencerl.report.build import build_report
+    from cadencerl.report.build import OutputError, build_report, check_out_dir
     from cadencerl.report.runner import ReportError
 
     if out is None:
         fail("out: give --out DIR")
-    if out.exists() and not out.is_dir():
-        fail(f"out: {str(out)!r} exists and is not a directory")
     if trajectories is not None and trajectories < 8:
         fail(f"trajectories: must be at least 8, got {trajectories}")
     if seed is not None and seed < 0:
@@ -164,9 +172,10 @@ def report(out: Optional[Path] = typer.Option(None, "--out", "-o", help="directo
     if jobs is not None and jobs < 1:
         fail(f"jobs: must be at least 1, got {jobs}")
     try:
+        check_out_dir(out)
         path = build_report(out, quick=quick, trajectories=trajectories, seed=seed, processes=jobs)
-    except (ConfigError, ReportError) as exc:
+    except (ConfigError, OutputError) as exc:
         fail(str(exc))
-    except OSError as exc:
-        fail(f"out: cannot write to {str(out)!r}: {exc.strerror or exc}")
+    except ReportError as exc:   # a run of the built-in matrix failed: not the user's input
+        bug(exc)
     console().print(f"report written to {path}")

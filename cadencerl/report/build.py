@@ -78,19 +78,23 @@ def render(ctx: Report, sections: list[str], wall_s: float) -> str:
 REPORT_ENTRIES = ("report.md", "results.json", "figures", "scenarios")   # what a report directory holds
 
 
+class OutputError(ReportError):
+    """`--out` cannot take the report (bad input, unlike a failed run)."""
+
+
 def check_out_dir(out: Path) -> None:
     """Before any work: `out` is new, empty or an earlier report (nothing else is replaced), and its
-    parent is writable. A ReportError names `out` otherwise."""
+    parent is writable. An OutputError names `out` otherwise."""
     if out.exists() and not out.is_dir():
-        raise ReportError(f"out: {str(out)!r} exists and is not a directory")
+        raise OutputError(f"out: {str(out)!r} exists and is not a directory")
     if out.is_dir():
         foreign = sorted(p.name for p in out.iterdir() if p.name not in REPORT_ENTRIES)
         if foreign:
-            raise ReportError(f"out: {str(out)!r} holds files that are not a report ({', '.join(foreign[:3])}); "
+            raise OutputError(f"out: {str(out)!r} holds files that are not a report ({', '.join(foreign[:3])}); "
                               "give a new or empty directory, or an earlier report's")
     parent = out.resolve().parent
     if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
-        raise ReportError(f"out: cannot write to {str(parent)!r}")
+        raise OutputError(f"out: cannot write to {str(parent)!r}")
 
 
 def _replace_dir(staging: Path, out: Path) -> None:
@@ -119,7 +123,7 @@ def build_report(out: str | Path, *, quick: bool = False, trajectories: int | No
     try:
         staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.staging-", dir=out.resolve().parent))
     except OSError as exc:
-        raise ReportError(f"out: cannot write beside {str(out)!r}: {exc.strerror or exc}") from None
+        raise OutputError(f"out: cannot write beside {str(out)!r}: {exc.strerror or exc}") from None
     try:
         settings = make_settings(quick, trajectories, seed)
         jobs = planned_runs(settings)
@@ -136,7 +140,7 @@ def build_report(out: str | Path, *, quick: bool = False, trajectories: int | No
                 indent=1) + "\n")
             _replace_dir(staging, out)
         except OSError as exc:
-            raise ReportError(f"out: cannot write to {str(out)!r}: {exc.strerror or exc}") from None
+            raise OutputError(f"out: cannot write to {str(out)!r}: {exc.strerror or exc}") from None
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return out / "report.md"
