@@ -13,7 +13,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Optional
 
-import click
 import typer
 from rich.console import Console
 from rich.text import Text
@@ -25,6 +24,11 @@ from cadencerl.runs.outputs import write_atomic
 ScenarioOpt = typer.Option(None, "--scenario", "-s", help="built-in scenario name (see `cadencerl scenarios`)")
 ConfigOpt = typer.Option(None, "--config", "-c", help="a scenario file (YAML or TOML)")
 JsonOpt = typer.Option(None, "--json", help="write the figures as JSON to PATH, or '-' for stdout only")
+
+
+# click's exception classes as typer uses them (typer >= 0.22 vendors its own click, older ones use click)
+ClickException = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "ClickException")
+UsageError = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "UsageError")
 
 
 def fail(message: str) -> None:
@@ -50,8 +54,7 @@ def guarded(command: Callable) -> Callable:
     def run(*args, **kwargs):
         try:
             return command(*args, **kwargs)
-        except (typer.Exit, typer.Abort, click.exceptions.Exit, click.exceptions.ClickException,
-                click.exceptions.Abort):
+        except (typer.Exit, typer.Abort, ClickException):
             raise
         except ConfigError as exc:
             fail(str(exc))
