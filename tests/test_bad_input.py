@@ -258,12 +258,47 @@ CLI_CASES = [
     ("missing-config", ["sim", "--config", "/no/such/file.yaml"], "no such file"),
     ("report-jobs-zero", ["report", "--out", "unused-dir", "--jobs", "0"], "jobs"),
     ("report-few-trajectories", ["report", "--out", "unused-dir", "--trajectories", "3"], "trajectories"),
+    ("report-out-is-a-file", ["report", "--out", __file__], "out"),
+    ("batch-size-zero", ["sim", "-s", "h800-16", "--batch-size", "0"], "--batch-size"),
+    ("batch-size-above-trajectories", ["sim", "-s", "h800-16", "--trajectories", "64", "--batch-size", "65"],
+     "trainer.batch_size"),
+    ("json-unwritable", ["sim", "-s", "h800-16", "--json", "/proc/cadencerl/r.json"], "--json"),
+    ("json-is-a-directory", ["sim", "-s", "h800-16", "--json", "/"], "--json"),
+    ("unknown-command", ["simulate"], "No such command"),
+    ("unknown-option", ["sim", "-s", "h800-16", "--trajectory", "5"], "--trajectory"),
 ]
 
 
 @pytest.mark.parametrize("args, field", [c[1:] for c in CLI_CASES], ids=[c[0] for c in CLI_CASES])
 def test_bad_cli_option(args, field):
     assert_refused(*_invoke(args), field)
+
+
+def test_json_may_not_overwrite_the_config(tmp_path):
+    config = tmp_path / "s.yaml"
+    config.write_text(GOOD)
+    result, wall = _invoke(["sim", "--config", str(config), "--json", str(tmp_path / "." / "s.yaml")])
+    assert_refused(result, wall, "--json")
+    assert config.read_text() == GOOD
+
+
+def test_markup_in_a_value_is_printed_as_given(tmp_path):
+    result, wall = _run_config(tmp_path, sub(GOOD, "model: Qwen3-8B", "model: '[red]Qwen[/red]'"))
+    assert_refused(result, wall, "model")
+    assert "'[red]Qwen[/red]'" in result.output
+
+
+def test_sweep_of_a_bad_trace_is_one_line(tmp_path):
+    body = "\n".join([GOOD_TRACE_LINE, '{"prompt_len": 10, "response_len": 5, "class": "x"}'] * 8)
+    config = tmp_path / "s.yaml"
+    config.write_text(_trace_scenario(tmp_path, body.encode()))
+    assert_refused(*_invoke(["sweep", "--config", str(config)]), "class 'x'")
+
+
+def test_report_will_not_replace_a_directory_that_is_not_a_report(tmp_path):
+    (tmp_path / "notes.txt").write_text("mine")
+    assert_refused(*_invoke(["report", "--out", str(tmp_path), "--trajectories", "8"]), "out")
+    assert (tmp_path / "notes.txt").read_text() == "mine"
 
 
 def _dict(**changes) -> dict:
@@ -298,7 +333,7 @@ def test_bad_api_call(call, field):
 
 
 def test_the_table_holds_at_least_sixty_bad_inputs():
-    count = len(YAML_CASES) + len(TOML_CASES) + len(TRACE_CASES) + len(CLI_CASES) + len(API_CASES) + 4 + 4 + 2
+    count = len(YAML_CASES) + len(TOML_CASES) + len(TRACE_CASES) + len(CLI_CASES) + len(API_CASES) + 4 + 4 + 6
     assert count >= 60
 
 
