@@ -265,6 +265,12 @@ CLI_CASES = [
     ("json-unwritable", ["sim", "-s", "h800-16", "--json", "/proc/cadencerl/r.json"], "--json"),
     ("json-is-a-directory", ["sim", "-s", "h800-16", "--json", "/"], "--json"),
     ("unknown-command", ["simulate"], "No such command"),
+    ("run-deadline-negative", ["run", "-s", "cpu-pair", "--workers", "http://127.0.0.1:9", "--deadline", "-1"],
+     "deadline"),
+    ("run-deadline-inf", ["run", "-s", "cpu-pair", "--workers", "http://127.0.0.1:9", "--deadline", "inf"],
+     "deadline"),
+    ("run-deadline-nan", ["run", "-s", "cpu-pair", "--workers", "http://127.0.0.1:9", "--deadline", "nan"],
+     "deadline"),
     ("unknown-option", ["sim", "-s", "h800-16", "--trajectory", "5"], "--trajectory"),
 ]
 

@@ -31,12 +31,12 @@ ClickException = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "Cl
 UsageError = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "UsageError")
 
 
-def fail(message: str) -> None:
-    """Print one red line naming the field and exit with code 2 (bad input). The message is plain
+def fail(message: str, code: int = 2) -> None:
+    """Print one red line naming the field and exit with `code` (2: bad input). The message is plain
     text: a user's value in it (`[red]`, a URL in brackets) is printed as given, never as markup."""
     line = " ".join(str(message).split())
     Console(stderr=True).print(Text.assemble(("error:", "bold red"), " ", line), highlight=False, soft_wrap=True)
-    raise typer.Exit(2)
+    raise typer.Exit(code)
 
 
 def bug(exc: BaseException) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime
+import math
 import os
 import shutil
 import tempfile
@@ -17,8 +18,19 @@ from pathlib import Path
 
 import typer
 
-from cadencerl.cli.common import ConfigOpt, JsonOpt, ScenarioOpt, int_list, load_scenario, progress_bar, write_json
-from cadencerl.cli.common import fail
+from cadencerl.cli.common import (
+    BatchOpt,
+    ConfigOpt,
+    JsonOpt,
+    ScenarioOpt,
+    bug,
+    check_json_target,
+    fail,
+    int_list,
+    load_scenario,
+    progress_bar,
+    write_json,
+)
 from cadencerl.cli.pinning import pin_servers
 from cadencerl.cli.tables import (
     calibration_table,
@@ -31,6 +43,7 @@ from cadencerl.cli.tables import (
 from cadencerl.config import ConfigError
 
 DEFAULT_STATE_DIR = Path("out/pool")
+MAX_DEADLINE_S = 7 * 86_400.0
 POOL_HELP = "Local vLLM CPU servers serving the tiny model."
 
 
@@ -139,7 +152,7 @@ def _check_run_input(scenario: str | None, config: Path | None, policy: str, wor
     for name in ("seed", "eta", "delta"):
         if numbers[name] is not None and numbers[name] < 0:
             fail(f"{name}: must be non-negative, got {numbers[name]}")
-    s = load_scenario(scenario, config, {k: numbers[k] for k in ("seed", "trajectories", "eta", "delta")})
+    s = load_scenario(scenario, config, {k: numbers[k] for k in ("seed", "trajectories", "batch_size", "eta", "delta")})
     try:
         make_policy(policy, s)
         urls = parse_urls(workers) if workers else None
@@ -161,7 +174,8 @@ def run(scenario: str | None = ScenarioOpt, config: Path | None = ConfigOpt,
         kv_tokens: int | None = typer.Option(None, "--kv-tokens", help="KV tokens the controller may use per server"),
         trajectories: int | None = typer.Option(None), seed: int | None = typer.Option(None),
         eta: int | None = typer.Option(None), delta: int | None = typer.Option(None),
-        deadline: float = typer.Option(3600.0, "--deadline", help="give up after this many seconds"),
+        batch_size: int | None = BatchOpt,
+        deadline: float = typer.Option(3600.0, "--deadline", help="give up after this many seconds (at most a week)"),
         json_out: str | None = JsonOpt) -> None:
     """Run a scenario's workload with one policy on real vLLM servers; same figures as `sim`."""
     from cadencerl.api import run_real
@@ -169,8 +183,11 @@ def run(scenario: str | None = ScenarioOpt, config: Path | None = ConfigOpt,
     from cadencerl.core.controller import StallError
     from cadencerl.engine.backend import EngineRunError
 
+    if not (math.isfinite(deadline) and 0 < deadline <= MAX_DEADLINE_S):
+        fail(f"deadline: must be more than 0 and at most {MAX_DEADLINE_S:.0f} seconds, got {deadline}")
+    check_json_target(json_out, config)
     s, urls, label_list = _check_run_input(scenario, config, policy, workers, labels, local, dict(
-        trajectories=trajectories, kv_tokens=kv_tokens, seed=seed, eta=eta, delta=delta))
+        trajectories=trajectories, batch_size=batch_size, kv_tokens=kv_tokens, seed=seed, eta=eta, delta=delta))
     with contextlib.ExitStack() as stack:
         if urls is None:
             seqs = max(g.max_num_seqs for g in s.pool)
@@ -183,10 +200,12 @@ def run(scenario: str | None = ScenarioOpt, config: Path | None = ConfigOpt,
                                   progress=lambda done, total: progress.update(task, completed=done))
             except ConfigError as exc:
                 fail(str(exc))
-            except (StallError, ActionError, EngineRunError) as exc:
+            except StallError as exc:        # the knobs leave the policy no move: the message names them
                 fail(f"policy {policy}: {exc}")
-            except AssertionError as exc:
-                fail(f"run: {exc}")
+            except EngineRunError as exc:    # the servers failed: not bad input, not our bug
+                fail(f"policy {policy}: {exc}", code=1)
+            except ActionError as exc:       # a policy broke the rules (a failed conservation check too: a bug)
+                bug(exc)
     print_tables([run_table([result], f"{s.name}: {policy} on {len(urls)} real servers"),
                   per_accelerator_table(result), engine_table(result)], json_out == "-")
     write_json(json_out, result)
@@ -209,6 +228,7 @@ def calibrate(workers: str | None = typer.Option(None, "--workers", help="server
     from cadencerl.runs.real import parse_urls
 
     workers_or_local(workers, local)
+    check_json_target(json_out)
     positive("tokens", tokens)
     positive("repeat", repeat)
     if tokens < 8:
