@@ -81,17 +81,20 @@ class Pool:
 
 def pool(policy: Policy, workers: list[Worker], pending: Iterable[Trajectory] = (),
          fresh: Iterable[Trajectory] = (), trainer_version: int = 0, admitted: int = 0, total: int = 1000,
-         batch: int = 100, tags: dict[int, int] | None = None, trainer_busy: bool = False, done: int = 0,
-         tool_waiting: dict[int, int] | None = None, params: PolicySpec = PARAMS) -> Pool:
+         batch: int = 100, tags: dict[int, int] | None = None, consumed: int = 0, trainer_busy: bool = False,
+         done: int = 0, tool_waiting: dict[int, int] | None = None, params: PolicySpec = PARAMS) -> Pool:
     """A controller holding this state. `tags` (default {0: admitted}) counts the trajectories
-    started under each version and not yet consumed by the trainer; `done` of them completed.
-    The next batch is `trainer_version`, or one more while the trainer is busy."""
+    started under each version and not yet consumed by the trainer, `consumed` those started and
+    already consumed; `done` of all of them completed. The next batch is `trainer_version`, or one
+    more while the trainer is busy."""
     ctl = Controller(policy, StubBackend(), workers, list(fresh), batch_size=batch, params=params,
                      train_time_s=1.0)
     ctl.credits.total = total
     for tag, n in (tags if tags is not None else {0: admitted}).items():
         if n:
             ctl.credits.record(tag, n)
+    ctl.credits.admitted += consumed
+    ctl.trainer.consumed = consumed
     ctl.done = done
     ctl.trainer.version = trainer_version
     ctl.trainer.busy_until = 1.0 if trainer_busy else None
