@@ -25,9 +25,8 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from cadencerl.config import PolicySpec, Scenario
+from cadencerl.config import PolicySpec
 from cadencerl.core.actions import Action, Admit, Advance, Evict, Place
-from cadencerl.core.trajectory import Trajectory
 from cadencerl.core.view import PoolView
 from cadencerl.core.worker import Worker
 from cadencerl.policies.base import fits
