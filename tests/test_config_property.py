@@ -83,9 +83,9 @@ def test_a_scenario_is_refused_in_one_line_or_runs_to_completion(data, policy):
     started = time.monotonic()
     try:
         result = simulate(scenario, make_policy(policy, scenario))
-    except ConfigError as exc:      # refused up front: a trajectory that fits no worker's KV
+    except ConfigError as exc:      # refused up front: a trajectory (or a prompt plus delta) fits no worker
         event("does not fit")
-        assert "\n" not in str(exc) and str(exc).startswith("workload"), str(exc)
+        assert "\n" not in str(exc) and str(exc).startswith(("workload", "policy.delta")), str(exc)
         return
     event("ran")
     assert result["trajectories_completed"] == scenario.workload.trajectories

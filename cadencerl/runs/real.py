@@ -109,7 +109,7 @@ def assemble(scenario: Scenario, policy: Policy, urls: Sequence[str], specs: lis
             if cap is not None and cap > server.kv_tokens:
                 raise ConfigError(f"kv_tokens: {cap} exceeds the KV of {server.url} ({server.kv_tokens} tokens)")
             w.kv_capacity = cap or server.kv_tokens
-        check_fits_somewhere(specs, workers, key)
+        check_fits_somewhere(specs, workers, key, scenario.policy)
         check_model_len(specs, key, min(s.max_model_len for s in servers))
     except ModelMismatchError as exc:
         backend.close()

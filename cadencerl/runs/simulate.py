@@ -30,7 +30,7 @@ def simulate(scenario: Scenario, policy: Policy, *, exact: bool = False,
     workers, perfs = build_pool(scenario)
     key = object()
     specs = generate(scenario.workload, scenario.seed, key)
-    check_fits_somewhere(specs, workers, key)
+    check_fits_somewhere(specs, workers, key, scenario.policy)
     trajectories = [Trajectory(s) for s in specs]
     backend = SimBackend(perfs, key, exact=exact)
     link = catalog.LINKS["intra-cluster"]
