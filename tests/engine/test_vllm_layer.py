@@ -25,19 +25,17 @@ from cadencerl.engine.local_pool import (
     PoolConfig,
     PoolError,
     down,
-    group_members,
-    pid_alive,
 )
+from cadencerl.engine.processes import group_members, pid_alive
 from cadencerl.engine.tiny_model import FORMAT_VERSION, MARKER, TINY_ARCH, build_tiny_model
 from cadencerl.engine.client import (
     EngineConnectionError,
     EngineHTTPError,
     EngineTimeoutError,
     ModelMismatchError,
-    EngineMetrics,
     VLLMClient,
-    parse_metrics,
 )
+from cadencerl.engine.server_metrics import EngineMetrics, parse_metrics
 
 T = TypeVar("T")
 MODEL = "tiny"
