@@ -24,7 +24,8 @@ from typing import Self
 
 from cadencerl.config import Scenario, builtin_scenario
 from cadencerl.core.trajectory import Trajectory
-from cadencerl.engine.backend import WeightUpdate
+from cadencerl.core.controller import Controller
+from cadencerl.engine.backend import EngineBackend, WeightUpdate
 from cadencerl.runs.real import RealRun, assemble, summarize_real
 from cadencerl.runs.registry import make_policy
 from cadencerl.engine.client import Timeouts
@@ -180,11 +181,11 @@ class RolloutPool:
         self.close()
 
     @property
-    def controller(self):
+    def controller(self) -> Controller | None:
         return self._run.controller if self._run else None
 
     @property
-    def backend(self):
+    def backend(self) -> EngineBackend | None:
         return self._run.backend if self._run else None
 
     # -- the controller's side (background thread) ------------------------------------------------

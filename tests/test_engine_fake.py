@@ -9,6 +9,7 @@ one uninterrupted stream, and the server must have been asked to continue from i
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Callable, Iterator
 
@@ -16,13 +17,13 @@ import pytest
 
 from cadencerl.api import RolloutPool
 from cadencerl.config import builtin_scenario
-from cadencerl.core.backend import Finished, Restore, WorkerLost
-from cadencerl.core.spec import HiddenLength, TrajectorySpec
+from cadencerl.core.backend import Finished, Restore, ToolReturned, TurnEnded, WorkerLost
+from cadencerl.core.spec import HiddenLength, TrajectorySpec, Turn
 from cadencerl.core.trajectory import Trajectory
 from cadencerl.core.worker import Worker
 from cadencerl.engine.backend import EngineBackend
 from cadencerl.engine.client import EngineHTTPError, VLLMClient
-from cadencerl.engine.prompts import synthetic_prompt
+from cadencerl.engine.prompts import synthetic_observation, synthetic_prompt
 from tests.fake_vllm import PREFIX, FakeVLLM, reference
 
 pytestmark = pytest.mark.timeout(60)
@@ -77,16 +78,22 @@ def test_client_streams_aborts_and_reads_metrics(pair: tuple[FakeVLLM, FakeVLLM]
 
 # --- EngineBackend, driven by hand as the controller would ---------------------------------------
 
-def one_trajectory(key: object) -> Trajectory:
-    traj = Trajectory(TrajectorySpec(0, 0, PROMPT_LEN, HiddenLength(TARGET, key)))
+@contextlib.contextmanager
+def streaming(urls: list[str], worker: int, tokens: int,
+              later: Callable[[object], tuple[Turn, ...]] = lambda key: ()) -> Iterator[tuple[EngineBackend, Trajectory]]:
+    """A backend over `urls` with one trajectory placed on `worker` that has `tokens` or more;
+    `later(key)` gives its later turns (sealed with the run's key)."""
+    key = object()
+    traj = Trajectory(TrajectorySpec(0, 0, PROMPT_LEN, HiddenLength(TARGET, key), later_turns=later(key)))
     traj.versions.append(0)
-    return traj
-
-
-def started_backend(urls: list[str], key: object) -> EngineBackend:
     backend = EngineBackend(urls, "tiny", key, metrics_every_s=0.05)
-    backend.start([Worker(i, "cpu-tiny", "local", 1, 8192, 32, i) for i in range(len(urls))])
-    return backend
+    try:
+        backend.start([Worker(i, "cpu-tiny", "local", 1, 8192, 32, i) for i in range(len(urls))])
+        backend.place(traj, worker, Restore.PREFILL, 0.0)
+        advance_until(backend, lambda _: traj.generated >= tokens)
+        yield backend, traj
+    finally:
+        backend.close()
 
 
 def advance_until(backend: EngineBackend, cond: Callable[[list], bool], timeout_s: float = 10.0) -> list:
@@ -99,6 +106,10 @@ def advance_until(backend: EngineBackend, cond: Callable[[list], bool], timeout_
     return seen
 
 
+def finished(events: list) -> bool:
+    return any(isinstance(e, Finished) for e in events)
+
+
 def expected_ids() -> list[int]:
     prompt = synthetic_prompt(0, 0, PROMPT_LEN)
     return prompt + reference(prompt, TARGET)
@@ -106,59 +117,41 @@ def expected_ids() -> list[int]:
 
 def test_evicted_trajectory_resumes_elsewhere_from_its_last_token(pair: tuple[FakeVLLM, FakeVLLM]) -> None:
     a, b = pair
-    key = object()
-    traj = one_trajectory(key)
-    backend = started_backend([a.url, b.url], key)
-    try:
-        backend.place(traj, 0, Restore.PREFILL, 0.0)
-        advance_until(backend, lambda _: traj.generated >= 30)
+    with streaming([a.url, b.url], 0, 30) as (backend, traj):
         backend.evict(traj)
         kept = traj.tokens
         assert 30 <= kept < TARGET and traj.meter is None and backend.kv_committed(0) == 0
         advance_until(backend, lambda _: a.running == 0)   # the abort reached the server
-        assert len(a.state.aborted) + len(a.state.disconnected) == 1
+        ((rid, _, _),) = a.state.requests            # ended by the abort call, the disconnect, or both
+        assert set(a.state.aborted + a.state.disconnected) == {PREFIX + rid}
 
         backend.place(traj, 1, Restore.PREFILL, 0.0)
-        events = advance_until(backend, lambda evs: any(isinstance(e, Finished) for e in evs))
-        rid, sent, max_tokens = b.state.requests[-1]
+        events = advance_until(backend, finished)
+        ((_, sent, max_tokens),) = b.state.requests
         assert sent == expected_ids()[: PROMPT_LEN + kept] and max_tokens == TARGET - kept
         assert traj.tokens == TARGET and backend.token_ids(0) == expected_ids()
         assert [type(e) for e in events] == [Finished]
         assert (backend.counts.resumes, backend.counts.resumes_accepted, backend.counts.aborts) == (1, 1, 1)
         assert backend.verify() == [] and backend.completions == {0: 1}
-    finally:
-        backend.close()
 
 
 def test_broken_stream_on_a_live_server_is_reissued_from_its_last_token(
         pair: tuple[FakeVLLM, FakeVLLM]) -> None:
     a, _ = pair
-    key = object()
-    traj = one_trajectory(key)
-    backend = started_backend([a.url], key)
-    try:
-        backend.place(traj, 0, Restore.PREFILL, 0.0)
-        advance_until(backend, lambda _: traj.generated >= 20)
+    with streaming([a.url], 0, 20) as (backend, traj):
         a.break_streams()
-        advance_until(backend, lambda evs: any(isinstance(e, Finished) for e in evs))
+        advance_until(backend, finished)
         assert backend.counts.retries == 1 and backend.lost == []
         (_, first, _), (_, second, rest) = a.state.requests
         assert len(second) > len(first) and second == expected_ids()[: len(second)]
         assert rest == TARGET - (len(second) - PROMPT_LEN)
         assert backend.token_ids(0) == expected_ids() and backend.verify() == []
-    finally:
-        backend.close()
 
 
 def test_dead_server_is_one_lost_worker_and_its_trajectory_finishes_elsewhere(
         pair: tuple[FakeVLLM, FakeVLLM]) -> None:
     a, b = pair
-    key = object()
-    traj = one_trajectory(key)
-    backend = started_backend([a.url, b.url], key)
-    try:
-        backend.place(traj, 1, Restore.PREFILL, 0.0)
-        advance_until(backend, lambda _: traj.generated >= 20)
+    with streaming([a.url, b.url], 1, 20) as (backend, traj):
         b.die()
         events = advance_until(backend, lambda evs: any(isinstance(e, WorkerLost) for e in evs))
         assert [e.worker for e in events if isinstance(e, WorkerLost)] == [1]
@@ -167,12 +160,32 @@ def test_dead_server_is_one_lost_worker_and_its_trajectory_finishes_elsewhere(
         kept = traj.tokens
         assert 20 <= kept < TARGET
         backend.place(traj, 0, Restore.PREFILL, 0.0)
-        advance_until(backend, lambda evs: any(isinstance(e, Finished) for e in evs))
+        advance_until(backend, finished)
         ((_, sent, max_tokens),) = a.state.requests   # the survivor continues from the last token
         assert sent == expected_ids()[: PROMPT_LEN + kept] and max_tokens == TARGET - kept
         assert backend.token_ids(0) == expected_ids() and backend.verify() == []
-    finally:
-        backend.close()
+
+
+def one_tool_turn(key: object) -> tuple[Turn, ...]:
+    return (Turn(observation_len=8, tool_latency_s=0.05, response=HiddenLength(20, key)),)
+
+
+def test_a_tool_turn_appends_its_observation_and_the_next_reply_follows_it(
+        pair: tuple[FakeVLLM, FakeVLLM]) -> None:
+    a, _ = pair
+    with streaming([a.url], 0, 0, later=one_tool_turn) as (backend, traj):
+        ended = advance_until(backend, lambda evs: any(isinstance(e, TurnEnded) for e in evs))
+        assert [type(e) for e in ended] == [TurnEnded] and traj.tokens == TARGET
+        returned = advance_until(backend, lambda evs: any(isinstance(e, ToolReturned) for e in evs))
+        assert returned[0].observation_tokens == 8 and returned[0].time >= ended[0].time + 0.05
+        traj.turn, traj.observation_tokens = 1, 8          # what the controller does on ToolReturned
+        backend.place(traj, 0, Restore.PREFILL, 0.0)
+        advance_until(backend, finished)
+        context = expected_ids() + synthetic_observation(0, 0, 1, 8)
+        (_, _, _), (_, sent, max_tokens) = a.state.requests
+        assert sent == context and max_tokens == 20
+        assert backend.token_ids(0) == context + reference(context, 20) and traj.tokens == TARGET + 20
+        assert backend.verify() == [] and backend.completions == {0: 1}
 
 
 # --- a whole run through the trainer API -----------------------------------------------------------
