@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import time
 from collections.abc import Callable, Iterator
 
@@ -17,7 +18,7 @@ import pytest
 
 from cadencerl.api import RolloutPool
 from cadencerl.config import builtin_scenario
-from cadencerl.core.backend import Finished, Restore, ToolReturned, TurnEnded, WorkerLost
+from cadencerl.core.backend import Backend, Finished, Restore, ToolReturned, TurnEnded, WorkerLost
 from cadencerl.core.spec import HiddenLength, TrajectorySpec, Turn
 from cadencerl.core.trajectory import Trajectory
 from cadencerl.core.worker import Worker
@@ -41,6 +42,14 @@ def wait_until(cond: Callable[[], bool], what: str, timeout_s: float = 10.0) -> 
     while not cond():
         assert time.monotonic() < deadline, f"not seen within {timeout_s} s: {what}"
         time.sleep(0.01)
+
+
+def test_engine_backend_has_every_protocol_method_with_its_parameters() -> None:
+    methods = [n for n, f in vars(Backend).items() if callable(f) and not n.startswith("_")]
+    assert "advance" in methods and "place" in methods
+    for name in methods:
+        want = list(inspect.signature(getattr(Backend, name)).parameters)
+        assert list(inspect.signature(getattr(EngineBackend, name)).parameters) == want, name
 
 
 # --- the client against the fake -----------------------------------------------------------------

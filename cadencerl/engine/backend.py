@@ -170,12 +170,12 @@ class EngineBackend:
     def commit(self, now: float) -> None:
         """Placements started their streams already; the loop runs them on the next advance."""
 
-    def schedule(self, time_s: float, tag: str) -> None:
+    def schedule(self, time: float, tag: str) -> None:
         if tag == PUBLISH and self.on_publish_due is not None:
             self._publishes_out += 1
             self.on_publish_due()
             return
-        self._clock.push(time_s, Timer(time_s, tag))
+        self._clock.push(time, Timer(time, tag))
 
     def advance(self, until: float) -> list[Event]:
         """Run the streams until wall time `until`, the first due timer, or the first event."""
