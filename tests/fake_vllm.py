@@ -13,8 +13,9 @@ shapes follow vLLM's `--enable-scale-out` token-in/token-out server:
 
 Tokens are greedy and deterministic: the next id is a function of the whole context so far, so a
 request resumed from its last token on any fake server continues exactly as if never interrupted.
-`die()` makes the server drop every stream mid-body and stop answering (a killed process);
-`break_streams()` drops the streams in flight once but stays healthy (a network hiccup).
+`die_after_tokens` makes the server drop every stream mid-body and stop answering (a
+killed process); `break_after_tokens` drops the next stream to send a token, once, and stays
+healthy (a network hiccup); `hold_after_tokens` stalls each request after that many tokens until it is aborted.
 """
 
 from __future__ import annotations
@@ -74,10 +75,14 @@ class FakeVLLM:
     """One fake server; `with FakeVLLM() as server:` serves at `server.url` until the block ends."""
 
     def __init__(self, *, model: str = "tiny", max_model_len: int = 2048, kv_tokens: int = 8192,
-                 token_interval_s: float = 0.002, die_after_tokens: int | None = None) -> None:
+                 token_interval_s: float = 0.002, die_after_tokens: int | None = None,
+                 break_after_tokens: int | None = None, hold_after_tokens: int | None = None) -> None:
         self.model, self.max_model_len, self.kv_tokens = model, max_model_len, kv_tokens
         self.token_interval_s = token_interval_s
-        self.die_after_tokens = die_after_tokens   # die once this many tokens were streamed in all
+        # Faults at a token count, not a time, so a test on a busy machine sees the same run.
+        self.die_after_tokens = die_after_tokens      # die once this many tokens were streamed in all
+        self.break_after_tokens = break_after_tokens  # break one stream once, at this many in all
+        self.hold_after_tokens = hold_after_tokens    # a request stalls after this many of its tokens
         self.state = FakeState()
         self.dead = False
         self._break_once = False
@@ -114,16 +119,11 @@ class FakeVLLM:
 
     def stop(self) -> None:
         self._server.should_exit = True
-        self._thread.join(10)
+        if self._thread.is_alive():
+            self._thread.join(10)
         self._socket.close()
-
-    def die(self) -> None:
-        """A killed server: streams break mid-body, and nothing answers afterwards."""
-        self.dead = True
-
-    def break_streams(self) -> None:
-        """The streams in flight break once; the server stays healthy."""
-        self._break_once = True
+        if self._thread.is_alive():
+            raise RuntimeError(f"fake vLLM server at {self.url} did not stop")
 
     @property
     def running(self) -> int:
@@ -190,6 +190,13 @@ class FakeVLLM:
                 self.state.prefix_hits += BLOCK
             self._seen_blocks.add(block)
 
+    def _count_streamed(self) -> None:
+        self.state.tokens_streamed += 1
+        if self.state.tokens_streamed == self.die_after_tokens:
+            self.dead = True
+        if self.state.tokens_streamed == self.break_after_tokens:
+            self._break_once = True
+
     async def _stream(self, rid: str, max_tokens: int):
         req, sent, finish = self._running[rid], 0, "length"
         try:
@@ -201,12 +208,12 @@ class FakeVLLM:
                 if req.aborted:
                     finish = "abort"
                     break
+                if self.hold_after_tokens is not None and sent >= self.hold_after_tokens:
+                    continue
                 token = next_token(req.context)
                 req.context.append(token)
                 sent += 1
-                self.state.tokens_streamed += 1
-                if self.die_after_tokens is not None and self.state.tokens_streamed >= self.die_after_tokens:
-                    self.dead = True
+                self._count_streamed()
                 yield _event({"request_id": rid, "choices": [{"index": 0, "token_ids": [token],
                                                               "finish_reason": None}]})
             yield _event({"request_id": rid, "choices": [{"index": 0, "token_ids": [],
