@@ -26,7 +26,6 @@ class TrainingBatch:
 
     index: int
     trajectory_ids: tuple[int, ...]
-    tokens: int
 
 
 @dataclass
@@ -111,7 +110,7 @@ class Trainer:
         self.consumed += len(batch)
         self.batch_tokens.append(tokens)
         self.batch_classes.append(Counter(t.workload_class for t in batch))
-        self.batches.append(TrainingBatch(k, tuple(t.id for t in batch), tokens))
+        self.batches.append(TrainingBatch(k, tuple(t.id for t in batch)))
         self.busy_until = now + self.train_time_s + self.train_time_per_token_s * tokens
         return self.busy_until
 
