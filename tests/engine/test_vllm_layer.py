@@ -118,7 +118,8 @@ def test_unreachable_server_gives_clear_errors() -> None:
             start = time.monotonic()
             with pytest.raises(EngineTimeoutError, match="not healthy"):
                 await client.wait_healthy(1.0, poll_s=0.1)
-            assert time.monotonic() - start < 3.0
+            # It waited its second, and gave up well before the 20 s bound (loose: a busy machine).
+            assert 0.95 <= time.monotonic() - start < 10.0
 
     run(scenario(), 20)
 
