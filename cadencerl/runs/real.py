@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 
-from cadencerl.runs.bounds import oracle_bounds
+from cadencerl.runs.bounds import add_bounds
 from cadencerl.config import ConfigError, Scenario
 from cadencerl.core.controller import Controller
 from cadencerl.core.view import Policy
@@ -142,9 +142,7 @@ def summarize_real(run: RealRun, wall_s: float) -> dict:
     ctl, backend, s = run.controller, run.backend, run.scenario
     result = summarize(s.name, ctl.policy.name, ctl, backend.records, wall_s, backend.events_processed,
                        s.workload.target_mix())
-    result.update(oracle_bounds(run.specs, run.workers, run.perfs, run.key))
-    result["throughput_fraction_of_bound"] = result["throughput_tok_s"] / result["bound_throughput_tok_s"]
-    result["p95_multiple_of_bound"] = result["latency_p95_s"] / max(result["bound_latency_p95_s"], 1e-12)
+    add_bounds(result, run.specs, run.workers, run.perfs, run.key)
     result.update(
         backend="vllm",
         makespan_wall_s=result["sim_time_s"],
