@@ -199,6 +199,9 @@ class EngineBackend:
         return not (s.by_traj or s.probing or self._clock.has_timers() or self._clock.events
                     or self._publishes_out)
 
+    def next_event_time(self) -> float | None:
+        return None   # real time: the controller waits on the servers, it never jumps
+
     def verify(self) -> list[str]:
         problems = list(self.streams.problems)
         dup = [tid for tid, n in self.completions.items() if n != 1]

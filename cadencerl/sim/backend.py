@@ -132,6 +132,9 @@ class SimBackend:
     def idle(self) -> bool:
         return not self._heap
 
+    def next_event_time(self) -> float | None:
+        return self._heap[0][0] if self._heap else None
+
     def verify(self) -> list[str]:
         problems = list(self.length_mismatches)
         for e in self.engines:
