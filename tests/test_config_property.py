@@ -90,3 +90,20 @@ def test_a_scenario_is_refused_in_one_line_or_runs_to_completion(data, policy):
     event("ran")
     assert result["trajectories_completed"] == scenario.workload.trajectories
     assert time.monotonic() - started < WALL_BOUND_S
+
+
+@pytest.mark.parametrize("policy", ["cadence", "least-loaded", "sync", "misa+cache-aware"])
+def test_idle_virtual_time_costs_no_decisions(policy):
+    """A day of training per batch and the finest tick: the controller jumps over the idle time, so
+    the number of decisions follows the events, not virtual time / tick_s (8.6 million ticks here)."""
+    scenario = load_scenario_dict({
+        "name": "idle", "model": "Qwen3-8B", "pool": [{"accelerator": "H800", "devices": 2}],
+        "workload": {"trajectories": 16, "group_size": 4, "response": {"median": 300, "cap": 2000},
+                     "turns": {"turns_min": 2, "turns_max": 3, "tool_latency_median_s": MAX_SECONDS,
+                               "tool_latency_sigma": 0.0}},
+        "trainer": {"batch_size": 8, "train_time_s": MAX_SECONDS},
+        "policy": {"tick_s": 0.01}})
+    result = simulate(scenario, make_policy(policy, scenario))
+    assert result["trajectories_completed"] == 16
+    assert result["sim_time_s"] > MAX_SECONDS
+    assert result["decisions"] < 20_000
