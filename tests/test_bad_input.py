@@ -6,6 +6,7 @@ line that names the field, no traceback, within a bound on wall time. Then the v
 from __future__ import annotations
 
 import json
+import socket
 import time
 from pathlib import Path
 
@@ -328,6 +329,67 @@ API_CASES = [
 ]
 
 
+def _pool(**kwargs):
+    from cadencerl.api import RolloutPool
+
+    return RolloutPool(kwargs.pop("urls", [DEAD_URL]), **kwargs)
+
+
+def _submit(*args, **kwargs):
+    pool = _pool()
+    pool.submit(*args, **kwargs)
+
+
+def _submit_after_close():
+    pool = _pool()
+    pool.close()
+    with pytest.raises(RuntimeError, match="closed"):
+        pool.submit([1, 2], max_tokens=4)
+    raise ConfigError("submit: raised RuntimeError as documented")
+
+
+def _closed_port_url() -> str:
+    """A local port nothing listens on (bound, then released)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return f"http://127.0.0.1:{s.getsockname()[1]}"
+
+
+DEAD_URL = _closed_port_url()
+API_CASES += [
+    ("pool-url-string", lambda: _pool(urls=DEAD_URL), "urls"),
+    ("pool-url-not-http", lambda: _pool(urls=["ftp://x:1"]), "workers"),
+    ("pool-url-number", lambda: _pool(urls=[8000]), "urls"),
+    ("pool-batch-true", lambda: _pool(batch_size=True), "trainer.batch_size"),
+    ("pool-batch-string", lambda: _pool(batch_size="64"), "trainer.batch_size"),
+    ("pool-eta-float", lambda: _pool(eta=1.5), "policy.eta"),
+    ("pool-kv-true", lambda: _pool(kv_tokens=True), "kv_tokens"),
+    ("pool-kv-list-length", lambda: _pool(kv_tokens=[8192, 8192]), "kv_tokens"),
+    ("pool-policy", lambda: _pool(policy="magic"), "policy"),
+    ("pool-labels", lambda: _pool(labels=["H9000"]), "labels"),
+    ("pool-labels-string", lambda: _pool(labels="H800"), "labels"),
+    ("pool-deadline-negative", lambda: _pool(deadline_s=-1), "deadline_s"),
+    ("pool-deadline-inf", lambda: _pool(deadline_s=float("inf")), "deadline_s"),
+    ("pool-connect-timeout-nan", lambda: _pool(connect_timeout_s=float("nan")), "connect_timeout_s"),
+    ("pool-join-timeout-zero", lambda: _pool(join_timeout_s=0), "join_timeout_s"),
+    ("pool-timeouts-dict", lambda: _pool(timeouts={"connect": 1}), "timeouts"),
+    ("pool-hook-not-callable", lambda: _pool(weight_update=3), "weight_update"),
+    ("pool-scenario-dict", lambda: _pool(scenario={"name": "x"}), "scenario"),
+    ("submit-string-prompt", lambda: _submit("123", max_tokens=4), "token_ids"),
+    ("submit-empty", lambda: _submit([], max_tokens=4), "token_ids"),
+    ("submit-float-ids", lambda: _submit([1.0, 2.0], max_tokens=4), "token_ids"),
+    ("submit-bool-ids", lambda: _submit([True], max_tokens=4), "token_ids"),
+    ("submit-negative-id", lambda: _submit([-1], max_tokens=4), "token_ids"),
+    ("submit-max-tokens-true", lambda: _submit([1], max_tokens=True), "max_tokens"),
+    ("submit-max-tokens-float", lambda: _submit([1], max_tokens=3.9), "max_tokens"),
+    ("submit-max-tokens-string", lambda: _submit([1], max_tokens="4"), "max_tokens"),
+    ("submit-max-tokens-huge", lambda: _submit([1], max_tokens=10**12), "max_tokens"),
+    ("submit-group-negative", lambda: _submit([1], max_tokens=4, group=-2), "group"),
+    ("submit-class-outside-mix", lambda: _submit([1], max_tokens=4, workload_class="agent"), "workload_class"),
+    ("submit-after-close", _submit_after_close, "RuntimeError as documented"),
+]
+
+
 @pytest.mark.parametrize("call, field", [c[1:] for c in API_CASES], ids=[c[0] for c in API_CASES])
 def test_bad_api_call(call, field):
     started = time.monotonic()
@@ -336,6 +398,17 @@ def test_bad_api_call(call, field):
     message = str(err.value)
     assert "\n" not in message and field in message, message
     assert time.monotonic() - started < WALL_BOUND_S
+
+
+def test_a_refused_connection_fails_at_once():
+    """Nothing listens at the URL: the run fails in well under the 30 s connect timeout."""
+    pool = _pool()
+    pool.submit([1, 2, 3], max_tokens=4)
+    started = time.monotonic()
+    with pytest.raises(ConfigError, match="refused"):
+        list(pool.batches())
+    assert time.monotonic() - started < 10
+    pool.close()
 
 
 def test_the_table_holds_at_least_sixty_bad_inputs():
