@@ -123,7 +123,9 @@ class Controller:
         raise StallError(
             f"policy {self.policy.name!r} stalled at t={self.now:.1f}s: {len(self.fresh)} fresh, "
             f"{len(self.pending)} pending, {self.done}/{len(self.trajectories)} done, trainer at version "
-            f"{self.trainer.version}, worker versions {sorted({w.version for w in self.workers})}")
+            f"{self.trainer.version}, worker versions {sorted({w.version for w in self.workers})}; knobs eta "
+            f"{self.params.eta}, delta {self.params.delta} tokens, largest worker KV "
+            f"{max(w.kv_capacity for w in self.workers)} tokens")
 
     def _handle(self, ev) -> bool:
         """Apply one backend event; True when it warrants an immediate decision."""
