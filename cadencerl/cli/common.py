@@ -63,15 +63,23 @@ def guarded(command: Callable) -> Callable:
     return run
 
 
+SeedOpt = typer.Option(None, "--seed", min=0, help="workload seed (default: the scenario's)")
+TrajectoriesOpt = typer.Option(None, "--trajectories", min=1,
+                               help="trajectories per run; the trainer batch scales with it unless --batch-size")
 BatchOpt = typer.Option(None, "--batch-size", min=1,
                         help="trainer batch (default: the scenario's, scaled with --trajectories)")
+EtaOpt = typer.Option(None, "--eta", min=0, help="staleness bound (default: the scenario's)")
+DeltaOpt = typer.Option(None, "--delta", min=0, help="decode reserve per trajectory, tokens (default: the scenario's)")
 
 
-def load_scenario(name: Optional[str], config: Optional[Path], overrides: dict) -> Scenario:
-    """The scenario named by exactly one of --scenario / --config, with the command-line overrides applied.
+def load_scenario(name: Optional[str], config: Optional[Path], overrides: dict,
+                  json_out: Optional[str] = None) -> Scenario:
+    """The scenario named by exactly one of --scenario / --config, with the command-line overrides
+    applied, after checking that `--json` (if given) can be written.
 
     `--trajectories N` scales the trainer batch with it, so the run keeps the scenario's number of
     batches (the same regime, smaller); `--batch-size B` sets the batch instead."""
+    check_json_target(json_out, config)
     if (name is None) == (config is None):
         fail("give exactly one of --scenario NAME or --config FILE")
     try:

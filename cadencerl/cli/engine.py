@@ -18,19 +18,8 @@ from pathlib import Path
 
 import typer
 
-from cadencerl.cli.common import (
-    BatchOpt,
-    ConfigOpt,
-    JsonOpt,
-    ScenarioOpt,
-    bug,
-    check_json_target,
-    fail,
-    int_list,
-    load_scenario,
-    progress_bar,
-    write_json,
-)
+from cadencerl.cli.common import BatchOpt, ConfigOpt, JsonOpt, ScenarioOpt, bug, check_json_target, fail
+from cadencerl.cli.common import int_list, load_scenario, progress_bar, write_json
 from cadencerl.cli.pinning import pin_servers
 from cadencerl.cli.tables import (
     calibration_table,
@@ -152,7 +141,8 @@ def _check_run_input(scenario: str | None, config: Path | None, policy: str, wor
     for name in ("seed", "eta", "delta"):
         if numbers[name] is not None and numbers[name] < 0:
             fail(f"{name}: must be non-negative, got {numbers[name]}")
-    s = load_scenario(scenario, config, {k: numbers[k] for k in ("seed", "trajectories", "batch_size", "eta", "delta")})
+    s = load_scenario(scenario, config, {k: numbers[k] for k in ("seed", "trajectories", "batch_size", "eta", "delta")},
+                      numbers["json_out"])
     try:
         make_policy(policy, s)
         urls = parse_urls(workers) if workers else None
@@ -185,9 +175,9 @@ def run(scenario: str | None = ScenarioOpt, config: Path | None = ConfigOpt,
 
     if not (math.isfinite(deadline) and 0 < deadline <= MAX_DEADLINE_S):
         fail(f"deadline: must be more than 0 and at most {MAX_DEADLINE_S:.0f} seconds, got {deadline}")
-    check_json_target(json_out, config)
     s, urls, label_list = _check_run_input(scenario, config, policy, workers, labels, local, dict(
-        trajectories=trajectories, batch_size=batch_size, kv_tokens=kv_tokens, seed=seed, eta=eta, delta=delta))
+        trajectories=trajectories, batch_size=batch_size, kv_tokens=kv_tokens, seed=seed, eta=eta, delta=delta,
+        json_out=json_out))
     with contextlib.ExitStack() as stack:
         if urls is None:
             seqs = max(g.max_num_seqs for g in s.pool)

@@ -10,19 +10,8 @@ from typing import Optional
 
 import typer
 
-from cadencerl.cli.common import (
-    BatchOpt,
-    ConfigOpt,
-    JsonOpt,
-    ScenarioOpt,
-    bug,
-    check_json_target,
-    fail,
-    int_list,
-    load_scenario,
-    progress_bar,
-    write_json,
-)
+from cadencerl.cli.common import BatchOpt, ConfigOpt, DeltaOpt, EtaOpt, JsonOpt, ScenarioOpt, SeedOpt
+from cadencerl.cli.common import TrajectoriesOpt, bug, fail, int_list, load_scenario, progress_bar, write_json
 from cadencerl.cli.tables import (
     comparison_table,
     console,
@@ -71,13 +60,11 @@ def sim(scenario: Optional[str] = ScenarioOpt, config: Optional[Path] = ConfigOp
         admission: Optional[str] = AdmissionOpt,
         json_out: Optional[str] = JsonOpt,
         exact: bool = typer.Option(False, "--exact", help="step every decode iteration (reference mode)"),
-        seed: Optional[int] = typer.Option(None, min=0), trajectories: Optional[int] = typer.Option(None, min=1),
-        batch_size: Optional[int] = BatchOpt,
-        eta: Optional[int] = typer.Option(None, min=0), delta: Optional[int] = typer.Option(None, min=0)) -> None:
+        seed: Optional[int] = SeedOpt, trajectories: Optional[int] = TrajectoriesOpt,
+        batch_size: Optional[int] = BatchOpt, eta: Optional[int] = EtaOpt, delta: Optional[int] = DeltaOpt) -> None:
     """Simulate one policy on a scenario and print its figures."""
-    check_json_target(json_out, config)
     s = load_scenario(scenario, config, dict(seed=seed, trajectories=trajectories, batch_size=batch_size, eta=eta,
-                                             delta=delta))
+                                             delta=delta), json_out)
     to_stderr = json_out == "-"
     if admission not in (None, "none"):
         if "+" in policy:
@@ -91,13 +78,11 @@ def sim(scenario: Optional[str] = ScenarioOpt, config: Optional[Path] = ConfigOp
 def compare(scenario: Optional[str] = ScenarioOpt, config: Optional[Path] = ConfigOpt,
             policies: str = typer.Option("cadence,laminar,areal,least-loaded", "--policies"),
             json_out: Optional[str] = JsonOpt,
-            seed: Optional[int] = typer.Option(None, min=0), trajectories: Optional[int] = typer.Option(None, min=1),
-            batch_size: Optional[int] = BatchOpt,
-            eta: Optional[int] = typer.Option(None, min=0), delta: Optional[int] = typer.Option(None, min=0)) -> None:
+            seed: Optional[int] = SeedOpt, trajectories: Optional[int] = TrajectoriesOpt,
+            batch_size: Optional[int] = BatchOpt, eta: Optional[int] = EtaOpt, delta: Optional[int] = DeltaOpt) -> None:
     """Run several policies on the same seeded workload, side by side."""
-    check_json_target(json_out, config)
-    s = load_scenario(scenario, config, dict(seed=seed, trajectories=trajectories, batch_size=batch_size, eta=eta,
-                                             delta=delta))
+    knobs = dict(seed=seed, trajectories=trajectories, batch_size=batch_size, eta=eta, delta=delta)
+    s = load_scenario(scenario, config, knobs, json_out)
     names = [p.strip() for p in policies.split(",") if p.strip()]
     if not names:
         fail("policies: give at least one policy name")
@@ -109,11 +94,10 @@ def compare(scenario: Optional[str] = ScenarioOpt, config: Optional[Path] = Conf
 def sensitivity(scenario: Optional[str] = ScenarioOpt, config: Optional[Path] = ConfigOpt,
                 policy: str = typer.Option("cadence", "--policy", "-p"),
                 etas: str = typer.Option("1,2,3,4,6", "--etas"), deltas: str = typer.Option("512,1024,2048,4096", "--deltas"),
-                json_out: Optional[str] = JsonOpt, trajectories: Optional[int] = typer.Option(None, min=1),
+                json_out: Optional[str] = JsonOpt, trajectories: Optional[int] = TrajectoriesOpt,
                 batch_size: Optional[int] = BatchOpt) -> None:
     """Throughput and P95 latency over a grid of eta (admission budget) and delta (decode reserve)."""
-    check_json_target(json_out, config)
-    s = load_scenario(scenario, config, dict(trajectories=trajectories, batch_size=batch_size))
+    s = load_scenario(scenario, config, dict(trajectories=trajectories, batch_size=batch_size), json_out)
     eta_values, delta_values = int_list("etas", etas), int_list("deltas", deltas)
     runs = []
     with progress_bar(True) as progress:
@@ -136,8 +120,7 @@ def sweep(scenario: Optional[str] = ScenarioOpt, config: Optional[Path] = Config
 
     if grid not in ("quick", "full"):
         fail(f"grid: expected quick or full, got {grid!r}")
-    check_json_target(json_out, config)
-    s = load_scenario(scenario, config, {})
+    s = load_scenario(scenario, config, {}, json_out)
     points = sw.QUICK_GRID if grid == "quick" else sw.FULL_GRID
     with progress_bar(True) as progress:
         task = progress.add_task(f"{s.name} / cache-aware sweep", total=None)
