@@ -304,6 +304,8 @@ def read_text_file(path: Path, field: str, limit: int = MAX_FILE_BYTES) -> str:
     """A user file as text: exists, is a file, not huge, UTF-8 (a BOM is fine), CRLF or LF."""
     if path.is_dir():
         raise ConfigError(f"{field}: {str(path)!r} is a directory, not a file")
+    if path.exists() and not path.is_file():
+        raise ConfigError(f"{field}: {str(path)!r} is not a regular file")
     if not path.is_file():
         raise ConfigError(f"{field}: no such file {str(path)!r}")
     try:

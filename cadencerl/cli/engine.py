@@ -29,7 +29,7 @@ from cadencerl.cli.tables import (
     print_tables,
     run_table,
 )
-from cadencerl.config import ConfigError
+from cadencerl.config import MAX_TOKENS, ConfigError
 
 DEFAULT_STATE_DIR = Path("out/pool")
 MAX_DEADLINE_S = 7 * 86_400.0
@@ -56,6 +56,11 @@ def pool_config(workers: int, kv_tokens: int, max_num_seqs: int, max_model_len: 
         positive(name, value)
     if dtype not in ("bfloat16", "float32"):
         fail(f"dtype: expected bfloat16 or float32, got {dtype!r}")
+    cores = os.cpu_count() or 1
+    if workers > cores:
+        fail(f"workers: {workers} local servers need a core each; this machine has {cores}")
+    if kv_tokens > MAX_TOKENS or max_num_seqs > 65_536:
+        fail(f"kv_tokens/max_num_seqs: at most {MAX_TOKENS} KV tokens and 65536 sequences per server")
     cfg = PoolConfig(num_workers=workers, kv_tokens=kv_tokens, max_num_seqs=max_num_seqs,
                      max_model_len=max_model_len or min(4096, kv_tokens), dtype=dtype,
                      model_dir=default_model_dir())

@@ -24,6 +24,7 @@ from cadencerl.cli.tables import (
 )
 from cadencerl.config import ConfigError, Scenario
 
+MAX_JOBS = 256   # simulations in parallel: processes, so a bound keeps `report` from exhausting the machine
 AdmissionOpt = typer.Option(None, "--admission", help="an admission layer in front of the policy: misa or none")
 
 
@@ -152,8 +153,8 @@ def report(out: Optional[Path] = typer.Option(None, "--out", "-o", help="directo
         fail(f"trajectories: must be at least 8, got {trajectories}")
     if seed is not None and seed < 0:
         fail(f"seed: must be non-negative, got {seed}")
-    if jobs is not None and jobs < 1:
-        fail(f"jobs: must be at least 1, got {jobs}")
+    if jobs is not None and not 1 <= jobs <= MAX_JOBS:
+        fail(f"jobs: must be from 1 to {MAX_JOBS}, got {jobs}")
     try:
         check_out_dir(out)
         path = build_report(out, quick=quick, trajectories=trajectories, seed=seed, processes=jobs)
