@@ -16,7 +16,7 @@ from cadencerl.config import MAX_SECONDS, MAX_TOKENS, MAX_TRAJECTORIES, ConfigEr
     read_text_file
 from cadencerl.core.spec import HiddenLength, TrajectorySpec, Turn
 
-MAX_TRACE_BYTES = 1 << 30
+MAX_TRACE_BYTES = 1 << 28   # 256 MiB: a million trajectories of multi-turn lines
 
 
 class _Line(BaseModel):
