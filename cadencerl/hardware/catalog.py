@@ -30,6 +30,7 @@ class Accelerator:
     allreduce_latency_s: float = 10e-6
     memory_utilization: float = 0.9
     activation_reserve_gb: float = 2.0
+    max_num_batched_tokens: int = 2048
     sources: dict[str, str] = field(default_factory=dict, compare=False, repr=False)
 
 
@@ -73,12 +74,29 @@ class Model:
 
 @dataclass(frozen=True)
 class Link:
-    """A path KV bytes can travel between workers."""
+    """A path bytes (KV, weights, tokens) travel between machines; concurrent transfers share it."""
 
     name: str
     bandwidth_gbs: float
     latency_s: float
     sources: dict[str, str] = field(default_factory=dict, compare=False, repr=False)
+
+
+_VLLM_BUDGET = ("vLLM 0.32.0 EngineArgs.get_batch_defaults (vllm/engine/arg_utils.py), OPENAI_API_SERVER context "
+                "(rollout workers serve over HTTP): 16384 at >= 160 GiB per device, 8192 at >= 70 GiB unless "
+                "the name holds 'a100', else 2048; on the CPU platform 2048 x world size. V1 always chunks prefill.")
+
+
+def vllm_token_budget(name: str, hbm_gb: float, cpu: bool = False) -> int:
+    """vLLM V1's default max_num_batched_tokens for an API server on this device (see _VLLM_BUDGET)."""
+    gib = hbm_gb * GB / GIB
+    if cpu:
+        return 2048
+    if gib >= 160:
+        return 16384
+    if gib >= 70 and "a100" not in name.lower():
+        return 8192
+    return 2048
 
 
 _EFF = {
@@ -94,7 +112,9 @@ _EFF = {
 def _acc(name: str, hbm: float, bw: float, tflops: float, link: float, price: float | None,
          src: dict[str, str], **overrides: float) -> Accelerator:
     sources = dict(_EFF)
+    sources["max_num_batched_tokens"] = _VLLM_BUDGET
     sources.update(src)
+    overrides.setdefault("max_num_batched_tokens", vllm_token_budget(name, hbm))
     return Accelerator(name=name, hbm_gb=hbm, mem_bw_gbs=bw, bf16_tflops=tflops, scaleup_link_gbs=link,
                        price_per_hour=price, sources=sources, **overrides)
 
@@ -207,6 +227,8 @@ ACCELERATORS["cpu-tiny"] = _acc(
         "bw_efficiency": "1.0: mem_bw_gbs is already the fitted effective bandwidth",
         "compute_efficiency": "1.0: bf16_tflops is already the fitted effective rate",
         "memory_utilization": "1.0: the KV size is set exactly by --kv-cache-memory-bytes",
-        "activation_reserve_gb": "0: activations are outside the KV budget on vLLM CPU"},
+        "activation_reserve_gb": "0: activations are outside the KV budget on vLLM CPU",
+        "max_num_batched_tokens": "cadencerl/engine/local_pool.py passes no --max-num-batched-tokens, so vLLM "
+                                  "0.32.0's CPU API-server default applies: 2048 x world size 1 (" + _VLLM_BUDGET + ")"},
     bw_efficiency=1.0, compute_efficiency=1.0, step_overhead_s=0.006933, memory_utilization=1.0,
-    activation_reserve_gb=0.0)
+    activation_reserve_gb=0.0, max_num_batched_tokens=vllm_token_budget("cpu-tiny", 0.0, cpu=True))
