@@ -181,7 +181,19 @@ LINKS: dict[str, Link] = {
     "cross-cluster": Link("cross-cluster", 2.5, 1e-3, sources={
         "bandwidth_gbs": "CadenceRL setup: 20 Gbps between clusters (2nd-hand)",
         "latency_s": "est.: ~1 ms WAN round trip"}),
+    "host": Link("host", 54.0, 10e-6, sources={
+        "bandwidth_gbs": "host DRAM <-> GPU ~54 GB/s per device, community measurement (reference/hardware.md)",
+        "latency_s": "est.: ~10 us to launch a device-host copy"}),
 }
+
+# Late-bound KV preparation (CadenceRL section 4.4): departed KV is staged on relay nodes of the source's
+# cluster and fetched with fan-in from all of them. Each relay has one NIC of the intra-cluster link.
+KV_RELAYS_PER_CLUSTER = 4
+KV_RELAYS_SOURCE = ("est.: the paper varies the relay count (Fig. 18: tails shrink as relays are added, with "
+                    "diminishing returns) and its digest gives no default; 4 per cluster assumed")
+# Training runs on H800 (CadenceRL setup, 2nd-hand): the trainer sits in the H800 cluster when the pool
+# has one, else in a cluster of its own reached over the cross-cluster link.
+TRAINER_ACCELERATOR = "H800"
 
 
 class CatalogError(ValueError):

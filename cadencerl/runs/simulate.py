@@ -8,11 +8,15 @@ from collections.abc import Callable
 from cadencerl.config import Scenario
 from cadencerl.core.controller import Controller
 from cadencerl.core.trajectory import Trajectory
+from cadencerl.core.worker import Worker
 from cadencerl.runs.bounds import oracle_bounds
 from cadencerl.hardware import catalog
 from cadencerl.runs.summary import summarize
 from cadencerl.core.view import Policy
 from cadencerl.sim.backend import SimBackend
+from cadencerl.sim.kv_moves import KvMoves
+from cadencerl.sim.links import Links
+from cadencerl.sim.weights import WeightSync
 from cadencerl.runs.assemble import build_pool, check_fits_somewhere
 from cadencerl.core.spec import total_tokens
 from cadencerl.workload.generate import generate
@@ -33,12 +37,18 @@ def simulate(scenario: Scenario, policy: Policy, *, exact: bool = False,
     specs = generate(scenario.workload, scenario.seed, key)
     check_fits_somewhere(specs, workers, key)
     trajectories = [Trajectory(s) for s in specs]
-    backend = SimBackend(perfs, key, exact=exact)
-    link = catalog.LINKS["intra-cluster"]
+    links = Links()
+    weights = WeightSync(catalog.model(scenario.model).weight_bytes, [w.cluster for w in workers],
+                         [w.tp for w in workers], _trainer_cluster(workers),
+                         getattr(policy, "weight_sync", "on-demand"), links)
+    kv = KvMoves(workers, perfs, links, staging=getattr(policy, "kv_staging", False))
+    backend = SimBackend(perfs, key, exact=exact, weights=weights, kv=kv)
     ctl = Controller(policy, backend, workers, trajectories, batch_size=scenario.trainer.batch_size,
                      params=scenario.policy, train_time_s=scenario.trainer.train_time_s,
                      train_time_per_token_s=scenario.trainer.train_time_per_token_s,
-                     kv_transfer_time=lambda src, dst, tokens: perfs[dst.id].kv_transfer_time(tokens, link),
+                     kv_transfer_time=lambda src, dst, traj: kv.fetch(
+                         traj.id, src, dst, traj.context, backend.now(),
+                         backend.engines[dst.id].reprefill_estimate(traj.context)),
                      kv_bytes_per_token=catalog.model(scenario.model).kv_bytes_per_token)
     ctl.on_progress = progress
     ctl.traced = {tid: [] for tid in trace}
@@ -46,6 +56,8 @@ def simulate(scenario: Scenario, policy: Policy, *, exact: bool = False,
     result = summarize(scenario.name, policy.name, ctl, backend.engines, time.perf_counter() - started,
                        backend.events_processed, scenario.workload.target_mix())
     result.update(oracle_bounds(specs, workers, perfs, key))
+    result.update(link_bytes=links.bytes_by_link(), weight_sync=weights.style, weight_updates=weights.updates,
+                  weight_wait_s=weights.waited_s, kv_staging=kv.staging, kv_fallbacks=kv.fallbacks)
     if trace:
         result["traces"] = {str(tid): [list(p) for p in pts] for tid, pts in ctl.traced.items()}
     result["throughput_fraction_of_bound"] = result["throughput_tok_s"] / result["bound_throughput_tok_s"]
@@ -54,3 +66,8 @@ def simulate(scenario: Scenario, policy: Policy, *, exact: bool = False,
         keep.update(controller=ctl, backend=backend)
     return result
 
+
+
+def _trainer_cluster(workers: list[Worker]) -> str | None:
+    """The trainer trains on H800 (CadenceRL setup): it shares the H800 workers' cluster if any."""
+    return next((w.cluster for w in workers if w.accelerator == catalog.TRAINER_ACCELERATOR), None)

@@ -60,10 +60,11 @@ class SimEngine:
     prefilling: list[Request] = field(default_factory=list)    # admitted, prompt still being computed
     chunks: list = field(default_factory=list)                 # (request, tokens) of the step in progress
     mixed_end: float = -1.0        # >= 0 while a step carrying prefill chunks is in progress
+    ready_at: float = 0.0          # new weights arrive then; nothing is admitted before
     steps: int = 0                 # decode steps committed so far
     lag: int = 0                   # steps finished since seg_start, observed by sync but not committed
     ctx_total: int = 0             # KV tokens of the running set at `steps`
-    prefill_kv: int = 0            # KV tokens reserved by prefilling requests
+    prefill_kv: int = 0            # KV tokens reserved by prefilling requests (context + first token)
     queued_ctx: int = 0            # KV tokens reserved by waiting, in-transit and prefilling requests
     seg_start: float = 0.0         # time of step `steps` (start of the in-progress step)
     line: DecodeLine | None = None
@@ -130,7 +131,7 @@ class SimEngine:
         elif req in self.prefilling:
             self.prefilling.remove(req)
             self.queued_ctx -= req.ctx0
-            self.prefill_kv -= req.ctx0
+            self.prefill_kv -= req.ctx0 + 1
             self._release(req)
 
     def _leave_running(self, req: Request) -> None:
@@ -154,10 +155,10 @@ class SimEngine:
         else:
             self.seg_start = now
         self._relieve_overflow()
-        self._admit()
+        self._admit(now)
         if self.line is None and self.prefilling:
             self._start_mixed(now)
-        return self._plan()
+        return self._plan(now)
 
     def on_event(self, now: float, finished: list[Request]) -> float | None:
         """The scheduled event happened at `now`: a step boundary."""
@@ -169,11 +170,21 @@ class SimEngine:
             self._commit(self.event_step, now)
         self._collect_finished(finished)
         self._relieve_overflow()
-        self._admit()
+        self._admit(now)
         if self.prefilling:
             self._start_mixed(now)
         self.cache.trim(self.capacity - self.ctx_total - len(self.running) - self.prefill_kv)
-        return self._plan()
+        return self._plan(now)
+
+    def reprefill_estimate(self, tokens: int) -> float:
+        """Seconds to prefill `tokens` here in chunks beside the current decode batch."""
+        per = max(1, self.perf.token_budget - len(self.running))
+        total, done = 0.0, 0
+        while done < tokens:
+            n = min(per, tokens - done)
+            total += self.perf.mixed_step_time(len(self.running), self.ctx_total, [(n, done)])
+            done += n
+        return total
 
     def _start_mixed(self, now: float) -> None:
         """One step: every running decode, then prefill chunks oldest first within the token budget."""
@@ -203,7 +214,7 @@ class SimEngine:
             self.prefill_tokens += n
             if req.left == 0:
                 self.prefilling.remove(req)
-                self.prefill_kv -= req.ctx0
+                self.prefill_kv -= req.ctx0 + 1
                 self._join(req, first_token=True)
         self.chunks = []
         self._reline()
@@ -239,7 +250,7 @@ class SimEngine:
         while self.running and self.ctx_total + len(self.running) + self.prefill_kv > self.capacity:
             if self.prefilling:
                 req = self.prefilling.pop()
-                self.prefill_kv -= req.ctx0
+                self.prefill_kv -= req.ctx0 + 1
                 self.queued_ctx -= req.ctx0
                 self._release(req)
             else:
@@ -253,9 +264,11 @@ class SimEngine:
             self.preemptions_by_class[cls] = self.preemptions_by_class.get(cls, 0) + 1
         self._reline()
 
-    def _admit(self) -> None:
+    def _admit(self, now: float) -> None:
         """Admit from the waiting queue in order while a slot, KV for its context and token budget
-        remain; prefix-cache hits and loaded KV are not recomputed."""
+        remain; prefix-cache hits and loaded KV are not recomputed. Nothing runs before new weights."""
+        if now < self.ready_at:
+            return
         kv = self.ctx_total + len(self.running) + self.prefill_kv
         slots = self.max_num_seqs - len(self.running) - len(self.prefilling)
         budget = self.perf.token_budget - len(self.running) - sum(r.left for r in self.prefilling)
@@ -272,7 +285,7 @@ class SimEngine:
                 req.left, req.done = req.ctx0 - hit, hit
                 budget -= req.left
                 self.prefilling.append(req)
-                self.prefill_kv += req.ctx0
+                self.prefill_kv += req.ctx0 + 1
             else:
                 self._join(req, first_token=False)
         self.cache.trim(self.capacity - kv)
@@ -283,12 +296,12 @@ class SimEngine:
         self.cache.release(spec.group, spec.id, spec.prompt_len, req.ctx0)
         self.cache.trim(self.capacity - self.ctx_total - len(self.running) - self.prefill_kv)
 
-    def _plan(self) -> float | None:
+    def _plan(self, now: float) -> float | None:
         """The time of this engine's next event, or None when it has nothing to do."""
         if self.mixed_end >= 0:
             return self.mixed_end
         if self.line is None:
-            return None
+            return self.ready_at if self.waiting and now < self.ready_at else None
         heap = self.finish_heap
         while heap and (not heap[0][3].live or heap[0][3].step0 < 0 or heap[0][2] != heap[0][3].joins):
             heapq.heappop(heap)
