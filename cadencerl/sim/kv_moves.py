@@ -5,7 +5,7 @@ Two mechanisms, both over shared links (`links.py`):
 * Late-bound KV preparation (CadenceRL section 4.4, `staging=True`): at departure the KV is
   snapshotted to the source's host memory, then striped over the relay nodes of the source's
   cluster before any destination is known; at placement the destination fetches every stripe at
-  once (fan-in), limited by each relay's NIC and by its own.
+  once (fan-in): the relays' NIC rates add, up to what the destination's own NICs take in.
 * Direct transfer (Laminar's and DORA*'s moves): at placement the KV leaves the source's host
   snapshot over the source's NICs to the destination's.
 
@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from cadencerl.core.worker import Worker
 from cadencerl.hardware.catalog import KV_RELAYS_PER_CLUSTER, LINKS
 from cadencerl.hardware.perf import WorkerPerf
-from cadencerl.sim.links import Links, LinkQueue
+from cadencerl.sim.links import LinkQueue, Links, transfer, transfer_finish
 
 
 @dataclass
@@ -44,9 +44,7 @@ class KvMoves:
         on_host = host.send(now, nbytes)
         self.snapshots[traj] = (worker, on_host)
         if self.staging:
-            src = self._nic_out(worker)
-            stripe = nbytes / self.relays
-            staged = max(r.send(src.send(on_host, stripe, count=False), stripe) for r in self._relays(w.cluster))
+            staged = transfer(on_host, nbytes, [self._nic_out(worker)], self._relays(w.cluster), counted=1)
             self.staged[traj] = (worker, staged)
 
     def fetch(self, traj: int, src: Worker, dst: Worker, tokens: int, now: float, reprefill: float) -> float | None:
@@ -56,20 +54,17 @@ class KvMoves:
         if snap is None or not src.compatible(dst):
             return None
         nbytes = tokens * self.perfs[dst.id].kv_bytes_per_token
-        nic_in = self._nic_in(dst.id)
+        nic_in = [self._nic_in(dst.id)]
         if staged is not None:
-            start = max(now, staged[1])
-            legs = [(r, nbytes / self.relays) for r in self._relays(src.cluster)]
+            start, legs = max(now, staged[1]), [self._relays(src.cluster), nic_in]
         else:
-            start = max(now, snap[1])
-            legs = [(self._nic_out(src.id), nbytes)]
-        done = max(max(q.finish(start, b) for q, b in legs), nic_in.finish(start, nbytes))
-        if done - now > reprefill:
+            start, legs = max(now, snap[1]), [[self._nic_out(src.id)], nic_in]
+        if transfer_finish(start, nbytes, *legs) - now > reprefill:
             self.fallbacks += 1
             return None
-        done = max(max(q.send(start, b) for q, b in legs), nic_in.send(start, nbytes, count=False))
-        self.transfer_s += done - now
-        return done - now
+        delay = transfer(start, nbytes, *legs) - now
+        self.transfer_s += delay
+        return delay
 
     def _relays(self, cluster: str) -> list[LinkQueue]:
         return [self.links.get(f"relay:{cluster}:{i}", LINKS["intra-cluster"], report=f"intra-cluster:{cluster}")

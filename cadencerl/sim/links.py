@@ -4,6 +4,9 @@ A link serves its transfers in the order they start, each at the link's full ban
 queue). For transfers that start together this ends the batch exactly when fair sharing would,
 the last one at sum(bytes) / bandwidth, while earlier ones finish sooner than under fair sharing;
 it keeps every completion time known when the transfer starts, which the event loop needs.
+
+A transfer across several links (`transfer`) holds all of them at once and moves at the slowest
+leg's rate; a leg may be several links in parallel (the relays of a fan-in), whose rates add.
 """
 
 from __future__ import annotations
@@ -33,6 +36,30 @@ class LinkQueue:
         self.free_at = begin + nbytes / self.bandwidth
         self.bytes_moved += nbytes if count else 0.0
         return self.free_at + self.latency
+
+
+def _plan(start: float, nbytes: float, legs: list[list[LinkQueue]]) -> tuple[float, float, float]:
+    begin = max([start] + [q.free_at for leg in legs for q in leg])
+    rate = min(sum(q.bandwidth for q in leg) for leg in legs)
+    latency = max(q.latency for leg in legs for q in leg)
+    return begin, begin + nbytes / rate, latency
+
+
+def transfer_finish(start: float, nbytes: float, *legs: list[LinkQueue]) -> float:
+    """When a transfer over `legs` would arrive (nothing is reserved)."""
+    _begin, end, latency = _plan(start, nbytes, list(legs))
+    return end + latency
+
+
+def transfer(start: float, nbytes: float, *legs: list[LinkQueue], counted: int = 0) -> float:
+    """Queue a transfer that holds every link of every leg; its bytes count on leg `counted`."""
+    _begin, end, latency = _plan(start, nbytes, list(legs))
+    for i, leg in enumerate(legs):
+        for q in leg:
+            q.free_at = end
+            if i == counted:
+                q.bytes_moved += nbytes / len(leg)
+    return end + latency
 
 
 @dataclass
