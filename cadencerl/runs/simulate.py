@@ -24,16 +24,17 @@ from cadencerl.workload.generate import generate
 
 def simulate(scenario: Scenario, policy: Policy, *, exact: bool = False,
              progress: Callable[[int, int], None] | None = None, keep: dict | None = None,
-             trace: tuple[int, ...] = ()) -> dict:
+             trace: tuple[int, ...] = (), key: object | None = None) -> dict:
     """Simulate `policy` (a fresh one: policies keep state) on `scenario`; the conservation check
     runs before returning.
 
     `trace` names trajectories whose residency and KV share are recorded at every decision
-    (result key `traces`); `keep`, when given, receives the controller and backend.
+    (result key `traces`); `keep`, when given, receives the controller and backend. `key` seals
+    the lengths; only `runs/reference.py` passes one, the one it also hands its oracle.
     """
     started = time.perf_counter()
     workers, perfs = build_pool(scenario)
-    key = object()
+    key = object() if key is None else key
     specs = generate(scenario.workload, scenario.seed, key)
     check_fits_somewhere(specs, workers, key)
     trajectories = [Trajectory(s) for s in specs]
@@ -55,7 +56,8 @@ def simulate(scenario: Scenario, policy: Policy, *, exact: bool = False,
     ctl.run()
     result = summarize(scenario.name, policy.name, ctl, backend.engines, time.perf_counter() - started,
                        backend.events_processed, scenario.workload.target_mix())
-    result.update(oracle_bounds(specs, workers, perfs, key))
+    result.update(oracle_bounds(specs, workers, perfs, key, batch_size=scenario.trainer.batch_size,
+                                eta=scenario.policy.eta, train_time_s=scenario.trainer.train_time_s))
     result.update(link_bytes=links.bytes_by_link(), weight_sync=weights.style, weight_updates=weights.updates,
                   weight_wait_s=weights.waited_s, kv_staging=kv.staging, kv_fallbacks=kv.fallbacks)
     if trace:
