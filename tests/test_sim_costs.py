@@ -167,3 +167,16 @@ def test_kv_never_moves_across_clusters():
     other = Worker(2, "H800", "elsewhere", 2, 10**6, 64, 0)
     kv.depart(7, 0, 100, 0.0)
     assert kv.fetch(7, workers[0], other, 100, 1.0, reprefill=100.0) is None
+
+
+def test_a_direct_move_goes_gpu_to_gpu_at_placement():
+    workers = [Worker(i, "H800", "c", 1, 10**6, 64, 0) for i in range(3)]
+    perf = make_perf(catalog.ACCELERATORS["H800"], catalog.MODELS["Qwen3-8B"], 1)
+    kv = KvMoves(workers, [perf] * 3, Links(), staging=False)
+    b = 10_000 * KVB
+    kv.depart(1, 0, 10_000, 0.0)
+    kv.depart(2, 0, 10_000, 0.0)
+    # both leave through the source's one NIC (25 GB/s): the second waits for the first
+    assert kv.fetch(1, workers[0], workers[1], 10_000, 0.0, reprefill=100.0) == pytest.approx(b / 25e9 + 20e-6)
+    assert kv.fetch(2, workers[0], workers[2], 10_000, 0.0, reprefill=100.0) == pytest.approx(2 * b / 25e9 + 20e-6)
+    assert kv.links.bytes_by_link() == {"intra-cluster:c": pytest.approx(2 * b)}

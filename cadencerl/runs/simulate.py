@@ -42,12 +42,12 @@ def simulate(scenario: Scenario, policy: Policy, *, exact: bool = False,
     weights = WeightSync(catalog.model(scenario.model).weight_bytes, [w.cluster for w in workers],
                          [w.tp for w in workers], _trainer_cluster(workers),
                          getattr(policy, "weight_sync", "on-demand"), links)
-    kv = KvMoves(workers, perfs, links, staging=getattr(policy, "kv_staging", False))
+    kv = KvMoves(workers, perfs, links, staging=getattr(policy, "kv_staging", False)) if policy.kv_transfer else None
     backend = SimBackend(perfs, key, exact=exact, weights=weights, kv=kv)
     ctl = Controller(policy, backend, workers, trajectories, batch_size=scenario.trainer.batch_size,
                      params=scenario.policy, train_time_s=scenario.trainer.train_time_s,
                      train_time_per_token_s=scenario.trainer.train_time_per_token_s,
-                     kv_transfer_time=lambda src, dst, traj: kv.fetch(
+                     kv_transfer_time=None if kv is None else lambda src, dst, traj: kv.fetch(
                          traj.id, src, dst, traj.context, backend.now(),
                          backend.engines[dst.id].reprefill_estimate(traj.context)),
                      kv_bytes_per_token=catalog.model(scenario.model).kv_bytes_per_token)
@@ -59,7 +59,8 @@ def simulate(scenario: Scenario, policy: Policy, *, exact: bool = False,
     result.update(oracle_bounds(specs, workers, perfs, key, batch_size=scenario.trainer.batch_size,
                                 eta=scenario.policy.eta, train_time_s=scenario.trainer.train_time_s))
     result.update(link_bytes=links.bytes_by_link(), weight_sync=weights.style, weight_updates=weights.updates,
-                  weight_wait_s=weights.waited_s, kv_staging=kv.staging, kv_fallbacks=kv.fallbacks)
+                  weight_wait_s=weights.waited_s, kv_staging=kv is not None and kv.staging,
+                  kv_fallbacks=kv.fallbacks if kv is not None else 0)
     if trace:
         result["traces"] = {str(tid): [list(p) for p in pts] for tid, pts in ctl.traced.items()}
     result["throughput_fraction_of_bound"] = result["throughput_tok_s"] / result["bound_throughput_tok_s"]

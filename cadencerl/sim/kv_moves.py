@@ -6,8 +6,8 @@ Two mechanisms, both over shared links (`links.py`):
   snapshotted to the source's host memory, then striped over the relay nodes of the source's
   cluster before any destination is known; at placement the destination fetches every stripe at
   once (fan-in): the relays' NIC rates add, up to what the destination's own NICs take in.
-* Direct transfer (Laminar's and DORA*'s moves): at placement the KV leaves the source's host
-  snapshot over the source's NICs to the destination's.
+* Direct transfer (Laminar's and DORA*'s moves, made as the trajectory departs): at placement the
+  KV goes GPU to GPU, out of the source's NICs into the destination's.
 
 Either way KV only moves between compatible workers (one type, one cluster); otherwise, or when the
 transfer would take longer than re-prefilling the context on the destination, the move falls back
@@ -37,15 +37,18 @@ class KvMoves:
     transfer_s: float = 0.0
 
     def depart(self, traj: int, worker: int, tokens: int, now: float) -> None:
-        """Snapshot to host (and, when staging, stripe to the relays) as the trajectory departs."""
+        """Late-bound preparation starts as the trajectory departs: a host snapshot, then the relays.
+        Without staging the KV stays put until a placement pulls it (GPU to GPU)."""
+        if not self.staging:
+            self.snapshots[traj] = (worker, now)
+            return
         w = self.workers[worker]
         nbytes = tokens * self.perfs[worker].kv_bytes_per_token
         host = self.links.get(f"host:{worker}", LINKS["host"], w.tp, report="host")
         on_host = host.send(now, nbytes)
         self.snapshots[traj] = (worker, on_host)
-        if self.staging:
-            staged = transfer(on_host, nbytes, [self._nic_out(worker)], self._relays(w.cluster), counted=1)
-            self.staged[traj] = (worker, staged)
+        self.staged[traj] = (worker, transfer(on_host, nbytes, [self._nic_out(worker)], self._relays(w.cluster),
+                                              counted=1))
 
     def fetch(self, traj: int, src: Worker, dst: Worker, tokens: int, now: float, reprefill: float) -> float | None:
         """Seconds until the KV is loaded on `dst`, or None: re-prefilling (`reprefill` seconds) is faster."""
