@@ -96,6 +96,12 @@ class SimEngine:
         if self.lag:
             n, self.lag = self.lag, 0
             self._commit(n, self.seg_start + self.line.time(n))
+            self._trim()
+
+    def _trim(self) -> None:
+        """Evict cached prefixes the running set has grown into. Free KV only shrinks during a segment,
+        so trimming at its end evicts what vLLM's per-step allocation would have."""
+        self.cache.trim(self.capacity - self.ctx_total - len(self.running) - self.prefill_kv)
 
     def _commit(self, n: int, at: float) -> None:
         b = len(self.running)
@@ -168,21 +174,24 @@ class SimEngine:
             self._end_mixed(now)
         elif self.line is not None:
             self._commit(self.event_step, now)
+        self._trim()
         self._collect_finished(finished)
         self._relieve_overflow()
         self._admit(now)
         if self.prefilling:
             self._start_mixed(now)
-        self.cache.trim(self.capacity - self.ctx_total - len(self.running) - self.prefill_kv)
+        self._trim()
         return self._plan(now)
 
     def reprefill_estimate(self, tokens: int) -> float:
         """Seconds to prefill `tokens` here in chunks beside the current decode batch."""
-        per = max(1, self.perf.token_budget - len(self.running))
+        b = len(self.running)
+        per = max(1, self.perf.token_budget - b)
+        ctx = self.ctx_total + b * self.lag      # as of the last step finished (the same in exact mode)
         total, done = 0.0, 0
         while done < tokens:
             n = min(per, tokens - done)
-            total += self.perf.mixed_step_time(len(self.running), self.ctx_total, [(n, done)])
+            total += self.perf.mixed_step_time(b, ctx, [(n, done)])
             done += n
         return total
 
@@ -294,7 +303,7 @@ class SimEngine:
     def _release(self, req: Request) -> None:
         spec = req.traj.spec
         self.cache.release(spec.group, spec.id, spec.prompt_len, req.ctx0)
-        self.cache.trim(self.capacity - self.ctx_total - len(self.running) - self.prefill_kv)
+        self._trim()
 
     def _plan(self, now: float) -> float | None:
         """The time of this engine's next event, or None when it has nothing to do."""
