@@ -31,6 +31,7 @@ class Accelerator:
     memory_utilization: float = 0.9
     activation_reserve_gb: float = 2.0
     max_num_batched_tokens: int = 2048
+    kv_block_tokens: int = 16
     sources: dict[str, str] = field(default_factory=dict, compare=False, repr=False)
 
 
@@ -113,6 +114,7 @@ def _acc(name: str, hbm: float, bw: float, tflops: float, link: float, price: fl
          src: dict[str, str], **overrides: float) -> Accelerator:
     sources = dict(_EFF)
     sources["max_num_batched_tokens"] = _VLLM_BUDGET
+    sources["kv_block_tokens"] = "vLLM CacheConfig default block_size 16 on GPUs (prefix-cache hits are whole blocks)"
     sources.update(src)
     overrides.setdefault("max_num_batched_tokens", vllm_token_budget(name, hbm))
     return Accelerator(name=name, hbm_gb=hbm, mem_bw_gbs=bw, bf16_tflops=tflops, scaleup_link_gbs=link,
@@ -241,6 +243,8 @@ ACCELERATORS["cpu-tiny"] = _acc(
         "memory_utilization": "1.0: the KV size is set exactly by --kv-cache-memory-bytes",
         "activation_reserve_gb": "0: activations are outside the KV budget on vLLM CPU",
         "max_num_batched_tokens": "cadencerl/engine/local_pool.py passes no --max-num-batched-tokens, so vLLM "
-                                  "0.32.0's CPU API-server default applies: 2048 x world size 1 (" + _VLLM_BUDGET + ")"},
+                                  "0.32.0's CPU API-server default applies: 2048 x world size 1 (" + _VLLM_BUDGET + ")",
+        "kv_block_tokens": "cadencerl/engine/local_pool.py PoolConfig.block_size = 32 (--block-size; vLLM CPU "
+                           "needs a multiple of 32)"},
     bw_efficiency=1.0, compute_efficiency=1.0, step_overhead_s=0.006933, memory_utilization=1.0,
-    activation_reserve_gb=0.0, max_num_batched_tokens=vllm_token_budget("cpu-tiny", 0.0, cpu=True))
+    activation_reserve_gb=0.0, max_num_batched_tokens=vllm_token_budget("cpu-tiny", 0.0, cpu=True), kv_block_tokens=32)

@@ -16,6 +16,7 @@ from cadencerl.core.worker import Worker
 from cadencerl.hardware.perf import WorkerPerf
 from cadencerl.sim.engine import Request, SimEngine
 from cadencerl.sim.kv_moves import KvMoves
+from cadencerl.sim.prefix_cache import PrefixCache
 from cadencerl.sim.weights import WeightSync
 
 _ENGINE, _ARRIVAL, _TIMER, _TOOL = range(4)
@@ -46,7 +47,8 @@ class SimBackend:
         return self._clock
 
     def start(self, workers: list[Worker]) -> None:
-        self.engines = [SimEngine(w.id, p, w.kv_capacity, w.max_num_seqs, exact=self.exact)
+        self.engines = [SimEngine(w.id, p, w.kv_capacity, w.max_num_seqs, exact=self.exact,
+                                  cache=PrefixCache(block=p.accel.kv_block_tokens))
                         for w, p in zip(workers, self._perfs)]
         self._transit = {w.id: 0 for w in workers}
 
