@@ -180,3 +180,22 @@ def test_a_direct_move_goes_gpu_to_gpu_at_placement():
     assert kv.fetch(1, workers[0], workers[1], 10_000, 0.0, reprefill=100.0) == pytest.approx(b / 25e9 + 20e-6)
     assert kv.fetch(2, workers[0], workers[2], 10_000, 0.0, reprefill=100.0) == pytest.approx(2 * b / 25e9 + 20e-6)
     assert kv.links.bytes_by_link() == {"intra-cluster:c": pytest.approx(2 * b)}
+
+
+def test_token_budgets_follow_vllm_defaults():
+    # vLLM 0.32 API server: 8192 on >= 70 GiB parts (not A100), 2048 below, 16384 from 160 GiB; CPU 2048
+    budgets = {name: a.max_num_batched_tokens for name, a in catalog.ACCELERATORS.items()}
+    assert budgets["H800"] == budgets["H200"] == budgets["A800"] == 8192
+    assert budgets["A100"] == budgets["L40S"] == budgets["A910X"] == budgets["BI-V150"] == 2048
+    assert budgets["MI300X"] == 16384
+
+
+def test_the_cpu_pair_chunks_prefill_like_its_real_servers():
+    from cadencerl.config import builtin_scenario
+    from cadencerl.engine.local_pool import PoolConfig
+    from cadencerl.runs.assemble import build_pool
+
+    workers, perfs = build_pool(builtin_scenario("cpu-pair"))
+    assert {p.token_budget for p in perfs} == {2048}            # no --max-num-batched-tokens is passed
+    assert {p.accel.kv_block_tokens for p in perfs} == {PoolConfig().block_size}
+    assert {w.kv_capacity for w in workers} == {8192}
