@@ -44,7 +44,7 @@ def test_many_trajectories_are_bound_by_bandwidth_and_step_overhead():
     b = oracle_bounds(specs, workers, perfs, KEY)
     n = min(256, workers[0].kv_capacity // 101)            # the largest batch the KV allows
     per_token = (0.005 * BW + W) / n                       # step overhead and weights, shared by the batch
-    kv_bytes = 5000 * KVB * (50 * 100 + 50 * 49 // 2)      # contexts 100..149
+    kv_bytes = 5000 * KVB * sum(range(101, 150))          # contexts 101..149 (the first token comes with prefill)
     assert b["bound_makespan_by"] == "bandwidth"
     assert b["bound_makespan_s"] == pytest.approx((kv_bytes + 5000 * 50 * per_token) / BW)
 

@@ -5,9 +5,10 @@ the clairvoyant reference policy, `policies/oracle.py`, which gets its key from 
 named so. Derivation (also in the report):
 
 * Makespan, three ways; the run cannot end before the largest of them.
-  - Bandwidth and step overhead. Every generated token at context c reads c tokens of KV, so the
-    KV bytes of a run are fixed by the lengths: sum over trajectories of kv_bytes * (P*L +
-    L*(L-1)/2) for a prompt of P and a response of L (plus observation tokens for multi-turn).
+  - Bandwidth and step overhead. Every decoded token at context c reads c tokens of KV, so the
+    KV bytes of a run are fixed by the lengths: sum over trajectories of kv_bytes * ((L-1)*P +
+    L*(L-1)/2) for a prompt of P and a response of L (the first token of a turn comes with its
+    prefill, which reads no cached KV; plus observation tokens for multi-turn).
     A decode step on worker j serves at most n_j = min(max_num_seqs_j, KV_j / (Pmin+1))
     sequences and costs at least its fixed time t0_j (launch overhead and TP all-reduces) plus
     reading the weights it touches, W_j(n_j), so each token costs worker j at least
@@ -59,7 +60,7 @@ def oracle_bounds(specs: list[TrajectorySpec], workers: list[Worker], perfs: lis
                   batch_size: int = 0, eta: int = 0, train_time_s: float = 0.0) -> dict:
     segs = [_segments(s, key) for s in specs]
     tokens = sum(n for ss in segs for _c, n in ss)
-    kv_tokens_read = sum(n * c + n * (n - 1) // 2 for ss in segs for c, n in ss)
+    kv_tokens_read = sum((n - 1) * c + n * (n - 1) // 2 for ss in segs for c, n in ss if n > 0)
     kv_bytes = kv_tokens_read * perfs[0].kv_bytes_per_token
     min_ctx = min(s.prompt_len for s in specs) + 1
     bandwidth = 0.0
