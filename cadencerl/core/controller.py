@@ -47,7 +47,7 @@ class Counters:
 class Controller:
     def __init__(self, policy: Policy, backend: Backend, workers: list[Worker], trajectories: list[Trajectory],
                  *, batch_size: int, params: PolicySpec, train_time_s: float, train_time_per_token_s: float = 0.0,
-                 kv_transfer_time: Callable[[Worker, Worker, int], float] | None = None,
+                 kv_transfer_time: Callable[[Worker, Worker, Trajectory], float | None] | None = None,
                  kv_bytes_per_token: float = 0.0, sample_every_s: float = 5.0) -> None:
         self.policy = policy
         self.gate: AdmissionGate | None = getattr(policy, "gate", None)   # handed to every view
@@ -242,8 +242,11 @@ class Controller:
         if home is not None and home is not w:
             self.counters.migrations += 1
             traj.migrations += 1
+            moved = None
             if self.policy.kv_transfer and home.alive and home.compatible(w) and self.kv_transfer_time:
-                restore, delay = Restore.KV_TRANSFER, self.kv_transfer_time(home, w, traj.context)
+                moved = self.kv_transfer_time(home, w, traj)   # None: re-prefilling is faster
+            if moved is not None:
+                restore, delay = Restore.KV_TRANSFER, moved
                 self.counters.kv_transfers += 1
                 self.counters.migrated_kv_bytes += traj.context * self.kv_bytes_per_token
             else:

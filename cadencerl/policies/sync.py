@@ -24,6 +24,8 @@ class Synchronous:
     def __init__(self, overlap: bool) -> None:
         self.overlap = overlap
         self.name = "one-off" if overlap else "sync"
+        # Sync takes the new weights at its barrier; One-off ships them while the next batch rolls out.
+        self.weight_sync = "prefetch" if overlap else "on-demand"
 
     def decide(self, view: PoolView) -> Iterator[Action]:
         b = view.credits.batch_size

@@ -143,9 +143,10 @@ def summarize_real(run: RealRun, wall_s: float) -> dict:
     ctl, backend, s = run.controller, run.backend, run.scenario
     result = summarize(s.name, ctl.policy.name, ctl, backend.records, wall_s, backend.events_processed,
                        s.workload.target_mix())
-    add_bounds(result, run.specs, run.workers, run.perfs, run.key)
+    add_bounds(result, run.specs, run.workers, run.perfs, run.key, s)
     result.update(
         backend="vllm",
+        kv_transfer="none (every move re-prefills)",
         makespan_wall_s=result["sim_time_s"],
         setup_wall_s=run.setup_s,
         lost_workers=list(backend.lost),
