@@ -1,4 +1,4 @@
-"""Unit tests of the live router's adapter (`LiveState`), its settings and its /metrics parser."""
+"""Unit tests of the live router's adapter (`LiveState`), its settings, and its reading of vLLM's /metrics."""
 
 from __future__ import annotations
 
@@ -10,10 +10,10 @@ from cadencerl.config import ConfigError
 from cadencerl.core.actions import Admit, Place
 from cadencerl.core.trajectory import State
 from cadencerl.core.worker import Worker
-from cadencerl.router.live import EngineFigures, HoldQueue, LiveState
+from cadencerl.engine.server_metrics import parse_metrics
+from cadencerl.router.live import HoldQueue, LiveState
 from cadencerl.router.service import build_policy
 from cadencerl.router.settings import make_settings, read_classes
-from cadencerl.router.upstream import parse_figures
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -125,7 +125,7 @@ def test_hold_queue_grows_in_arrival_order() -> None:
     assert q.peek() is a and len(q) == 1
 
 
-def test_vllm_metrics_are_read_into_engine_figures() -> None:
+def test_vllm_metrics_set_the_workers_kv_and_queue() -> None:
     text = """# TYPE vllm:kv_cache_usage_perc gauge
 vllm:kv_cache_usage_perc{engine="0",model_name="tiny"} 0.25
 # TYPE vllm:num_requests_running gauge
@@ -141,12 +141,11 @@ vllm:prefix_cache_queries_total{engine="0",model_name="tiny"} 120.0
 # TYPE vllm:cache_config_info gauge
 vllm:cache_config_info{block_size="16",num_gpu_blocks="512"} 1.0
 """
-    fig, counters = parse_figures(text)
-    assert fig == EngineFigures(kv_usage=0.25, running=3, waiting=2, preemptions=5, kv_capacity=8192)
-    assert counters == {"vllm:prefix_cache_hits": 30.0, "vllm:prefix_cache_queries": 120.0}
+    fig = parse_metrics(text)
     st = _state()
     st.set_figures(0, fig)
-    assert st.workers[0].kv_capacity == 8192 and st.workers[0].engine_kv == 2048
+    w = st.workers[0]
+    assert (w.kv_capacity, w.engine_kv, w.num_waiting, w.preemptions) == (8192, 2048, 2, 5)
 
 
 @pytest.mark.parametrize("fields, field", [

@@ -19,7 +19,8 @@ from cadencerl.core.controller import Controller
 from cadencerl.core.spec import HiddenLength, TrajectorySpec
 from cadencerl.core.trajectory import State, Trajectory
 from cadencerl.core.worker import Worker
-from cadencerl.router.live import EngineFigures, LiveState
+from cadencerl.engine.server_metrics import EngineMetrics
+from cadencerl.router.live import LiveState
 from cadencerl.router.service import build_policy
 from cadencerl.router.settings import make_settings
 
@@ -146,7 +147,7 @@ def replay_live(policy_name: str, specs: list[TrajectorySpec], events: list[tupl
             decisions.append([_key(a) for a in live.decide(t)])
         elif kind == "stats":
             for wid, (kv, running, waiting, preemptions) in enumerate(ev[2]):
-                live.set_figures(wid, EngineFigures(kv / KV, running, waiting, preemptions))
+                live.set_figures(wid, EngineMetrics(kv / KV, running, waiting, preemptions, 0, 0))
         else:
             session = sessions[ev[2]]
             if kind == "tool_return":

@@ -6,15 +6,9 @@ from pathlib import Path
 from typing import Optional
 
 import typer
-from rich.console import Console
-from rich.markup import escape
 
+from cadencerl.cli.common import fail
 from cadencerl.config import ConfigError
-
-
-def _fail(message: str) -> None:
-    Console(stderr=True).print(f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
-    raise typer.Exit(2)
 
 
 def router(
@@ -60,5 +54,5 @@ def router(
             hold_max=hold_max, hold_timeout_s=hold_timeout, session_ttl_s=session_ttl, kv_capacity=kv_capacity,
             max_num_seqs=max_num_seqs if max_num_seqs is not None else seqs)
     except ConfigError as exc:
-        _fail(str(exc))
+        fail(str(exc))
     serve(settings)

@@ -1,4 +1,4 @@
-"""Rich tables of run figures, for people; the JSON is for programs."""
+"""The CLI's rich tables of run figures, for people; the JSON is for programs."""
 
 from __future__ import annotations
 
@@ -55,3 +55,68 @@ def print_tables(tables: list[Table], to_stderr: bool) -> None:
     console_ = console(to_stderr)
     for t in tables:
         console_.print(t)
+
+
+def sensitivity_table(title: str, runs: list[dict], etas: list[int], deltas: list[int]) -> Table:
+    """Throughput / P95 for each (eta, delta) run: eta down the rows, delta across the columns."""
+    table = Table(title=f"{title} throughput tok/s / P95 s by eta (rows) and delta (columns)")
+    table.add_column("eta")
+    for d in deltas:
+        table.add_column(f"delta {d}", justify="right")
+    for eta in etas:
+        cells = [next(r for r in runs if r["eta"] == eta and r["delta"] == d) for d in deltas]
+        table.add_row(str(eta), *(f"{r['throughput_tok_s']:,.0f} / {r['latency_p95_s']:.0f}" for r in cells))
+    return table
+
+
+def sweep_table(scenario: str, results: list[dict]) -> Table:
+    """The cache-aware router's threshold sweep, best first."""
+    table = Table(title=f"{scenario}: cache-aware router sweep (best first)")
+    for col in ("cache_threshold", "balance_abs", "balance_rel", "throughput tok/s", "P95 s", "hit rate"):
+        table.add_column(col, justify="right")
+    for r in results:
+        table.add_row(f"{r['cache_threshold']}", f"{r['balance_abs_threshold']}", f"{r['balance_rel_threshold']}",
+                      f"{r['throughput_tok_s']:,.0f}", f"{r['latency_p95_s']:.0f}", f"{100 * r['prefix_hit_rate']:.1f}%")
+    return table
+
+
+def scenarios_table() -> Table:
+    """The built-in scenarios, one row each."""
+    from cadencerl.config import builtin_names, builtin_scenario
+
+    table = Table(title="built-in scenarios")
+    for col in ("name", "workers", "devices", "model", "trajectories", "description"):
+        table.add_column(col, overflow="fold")
+    for name in builtin_names():
+        s = builtin_scenario(name)
+        table.add_row(name, str(sum(g.workers for g in s.pool)), str(sum(g.devices for g in s.pool)), s.model,
+                      str(s.workload.trajectories), s.description)
+    return table
+
+
+def engine_table(result: dict) -> Table:
+    """Per server: the controller's KV accounting next to what /metrics said."""
+    table = Table(title=f"{result['policy']}: per server (controller vs /metrics)")
+    for col in ("worker", "url", "label", "KV cap", "tokens", "max KV ctl", "max KV srv", "max gap", "max run",
+                "max wait", "preempt", "alive"):
+        table.add_column(col, justify="left" if col in ("url", "label") else "right")
+    for w in result["workers"]:
+        table.add_row(str(w["worker"]), w["url"], w["label"], f"{w['kv_capacity']:,}", f"{w['tokens_generated']:,}",
+                      f"{w['max_committed']:,}", f"{w['max_server_kv_used']:,}", f"{w['max_kv_gap']:,}",
+                      str(w["max_running"]), str(w["max_waiting"]), str(w["preemptions"]),
+                      "yes" if w["alive"] else "LOST")
+    table.caption = (f"makespan {result['makespan_wall_s']:.1f} s, set-up {result['setup_wall_s']:.1f} s; "
+                     f"resumes {result['resumes']} (accepted {result['resumes_accepted']}), aborts {result['aborts']}, "
+                     f"lost workers {result['lost_workers'] or 'none'}")
+    return table
+
+
+def calibration_table(samples, predicted_s: list[float], servers: int, alone: bool) -> Table:
+    """Measured vs fitted decode step time for each (batch, context) point."""
+    table = Table(title=f"decode step time on {servers} server(s), {'one at a time' if alone else 'together'}")
+    for col in ("batch", "context", "measured ms", "fitted ms", "error"):
+        table.add_column(col, justify="right")
+    for s, p in zip(samples, predicted_s):
+        table.add_row(str(s.batch), f"{s.context:,}", f"{1000 * s.step_s:.2f}", f"{1000 * p:.2f}",
+                      f"{100 * (p - s.step_s) / s.step_s:+.1f}%")
+    return table

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import Enum
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from cadencerl.core.trajectory import Trajectory
 from cadencerl.core.worker import Worker
@@ -64,6 +64,26 @@ class EngineStats:
     preemptions: int
 
 
+@runtime_checkable
+class PrefixCounts(Protocol):
+    """An engine's prefix cache over a run, counted as vLLM counts it: tokens hit of tokens queried."""
+
+    hits: int
+    queried: int
+
+
+@runtime_checkable
+class EngineFigures(Protocol):
+    """One engine's totals over a run, the per-engine input of a run's summary. The simulator's
+    engines and the real backend's worker records both provide it."""
+
+    tokens_generated: int
+    preemptions: int
+    prefill_tokens: int
+    preemptions_by_class: dict[str, int]   # empty where the engine cannot tell (a real server)
+    cache: PrefixCounts
+
+
 class Backend(Protocol):
     """Turns placements into work and reports what happened; owns the clock."""
 
@@ -96,6 +116,10 @@ class Backend(Protocol):
 
     def idle(self) -> bool:
         """Nothing is running or scheduled: time would not move without a new placement."""
+
+    def next_event_time(self) -> float | None:
+        """The earliest time something is scheduled to happen, if the backend keeps a virtual clock
+        that may jump there (None: it does not, or nothing is scheduled)."""
 
     def verify(self) -> list[str]:
         """Conservation problems found by the engine side (empty when all is well)."""

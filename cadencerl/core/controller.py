@@ -7,6 +7,8 @@ before the backend sees it, so a buggy policy fails loudly instead of corrupting
 
 from __future__ import annotations
 
+import math
+
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -16,9 +18,11 @@ from cadencerl.core.backend import Backend, Finished, Restore, Timer, ToolReturn
 from cadencerl.core.credits import CreditModel
 from cadencerl.core.fresh import FreshQueue
 from cadencerl.core.pending import PendingSet
+from cadencerl.core.recorder import Recorder
 from cadencerl.core.trainer import Trainer
 from cadencerl.core.trajectory import State, Trajectory
-from cadencerl.core.view import Policy, PoolView
+from cadencerl.core.view import AdmissionGate, Policy, PoolView, strands_work
+from cadencerl.core.residency import attach, detach, live_worker, retire
 from cadencerl.core.worker import Worker
 
 PUBLISH = "publish"
@@ -44,9 +48,10 @@ class Counters:
 class Controller:
     def __init__(self, policy: Policy, backend: Backend, workers: list[Worker], trajectories: list[Trajectory],
                  *, batch_size: int, params: PolicySpec, train_time_s: float, train_time_per_token_s: float = 0.0,
-                 kv_transfer_time: Callable[[Worker, Worker, int], float] | None = None,
+                 kv_transfer_time: Callable[[Worker, Worker, Trajectory], float | None] | None = None,
                  kv_bytes_per_token: float = 0.0, sample_every_s: float = 5.0) -> None:
         self.policy = policy
+        self.gate: AdmissionGate | None = getattr(policy, "gate", None)   # handed to every view
         self.backend = backend
         self.workers = workers
         self.trajectories = {t.id: t for t in trajectories}
@@ -62,10 +67,8 @@ class Controller:
         self.active_by_class: dict[str, int] = {}   # admitted, unfinished sessions per workload class
         self.tool_waiting: dict[int, int] = {}   # version -> trajectories off-worker on a tool call
         self.now = 0.0
-        self.sample_every_s = sample_every_s
-        self._next_sample = 0.0
+        self.recorder = Recorder(sample_every_s, self.counters.samples)
         self.on_progress: Callable[[int, int], None] | None = None
-        self.traced: dict[int, list[tuple[float, str | None, int, float]]] = {}  # id -> (t, accel, ctx, kv share)
 
     # -- the loop -------------------------------------------------------------------------------
 
@@ -84,11 +87,35 @@ class Controller:
                 acted = self._decide(self.now)
                 if self.now >= next_tick - 1e-12:
                     next_tick = self.now + tick
-                if not acted and not events and self.backend.idle() and not self._finished():
-                    self._stalled()
+                if not acted and not events and not self._finished():
+                    if self.backend.idle():
+                        self._stalled()
+                    next_tick = self._skip_idle(next_tick, tick)
         problems = self.check_conservation()
         if problems:
             raise AssertionError("conservation check failed: " + "; ".join(problems[:5]))
+
+    def _skip_idle(self, next_tick: float, tick: float) -> float:
+        """Past idle time: with no trajectory on a worker and a decision that did nothing, nothing
+        changes before the backend's next event, so jump to the first tick at or after it (wall
+        time grows with events, not with virtual time / tick_s)."""
+        if any(w.residents for w in self.workers):
+            return next_tick
+        wake = self.backend.next_event_time()
+        if wake is None or wake <= next_tick:
+            return next_tick
+        skipped = math.ceil((wake - next_tick) / tick)
+        self.recorder.at_idle_ticks(next_tick, skipped, tick, self.trajectories)
+        return next_tick + skipped * tick
+
+    @property
+    def traced(self) -> dict[int, list]:
+        """Trajectory id -> (t, accelerator, context, KV share) at each decision (see Recorder)."""
+        return self.recorder.traced
+
+    @traced.setter
+    def traced(self, value: dict[int, list]) -> None:
+        self.recorder.traced = value
 
     def _finished(self) -> bool:
         return self.done == len(self.trajectories) and self.trainer.all_consumed
@@ -97,7 +124,9 @@ class Controller:
         raise StallError(
             f"policy {self.policy.name!r} stalled at t={self.now:.1f}s: {len(self.fresh)} fresh, "
             f"{len(self.pending)} pending, {self.done}/{len(self.trajectories)} done, trainer at version "
-            f"{self.trainer.version}, worker versions {sorted({w.version for w in self.workers})}")
+            f"{self.trainer.version}, worker versions {sorted({w.version for w in self.workers})}; knobs eta "
+            f"{self.params.eta}, delta {self.params.delta} tokens, largest worker KV "
+            f"{max(w.kv_capacity for w in self.workers)} tokens")
 
     def _handle(self, ev) -> bool:
         """Apply one backend event; True when it warrants an immediate decision."""
@@ -134,35 +163,21 @@ class Controller:
             if w.alive:
                 w.kv_used = self.backend.kv_committed(w.id)
                 st = self.backend.stats(w.id)
-                w.engine_kv, w.num_running, w.num_waiting, w.preemptions = (st.kv_tokens, st.running, st.waiting,
-                                                                            st.preemptions)
-        if now >= self._next_sample:
-            self._sample(now)
-        for tid, points in self.traced.items():
-            t = self.trajectories[tid]
-            if t.state is State.RESIDENT:
-                w = self.workers[t.worker]
-                points.append((now, w.accelerator, t.context, t.context / max(w.kv_used, 1)))
-            elif t.state is not State.DONE and t.state is not State.FRESH:
-                points.append((now, None, t.context, 0.0))
-        view = PoolView(now, self.trainer.version, self.trainer.next_batch, self.workers, self.pending, self.fresh,
-                        self.credits, self.params, self.trainer.busy_until is not None,
-                        self.credits.admitted - self.done, self.trainer.completed_count, self.tool_waiting,
-                        active_by_class=self.active_by_class)
+                w.engine_kv, w.num_waiting, w.preemptions = st.kv_tokens, st.waiting, st.preemptions
+        self.recorder.at_decision(now, self.workers, self.trajectories)
         acted = False
-        for action in self.policy.decide(view):
+        for action in self.policy.decide(self.view(now)):
             self.apply(action, now)
             acted = True
         self.backend.commit(now)
         self.counters.decisions += 1
         return acted
 
-    def _sample(self, now: float) -> None:
-        """Mean resident context per worker, for the specialization-over-time plot."""
-        self._next_sample = now + self.sample_every_s
-        for w in self.workers:
-            if w.residents:
-                self.counters.samples.append((now, w.id, w.kv_used / len(w.residents), len(w.residents)))
+    def view(self, now: float) -> PoolView:
+        """What the policy sees at `now`, with the policy's own admission gate, if it has one."""
+        return PoolView(now, self.trainer.version, self.trainer.next_batch, self.workers, self.pending, self.fresh,
+                        self.credits, self.trainer.busy_until is not None, self.credits.admitted - self.done,
+                        self.tool_waiting, gate=self.gate, active_by_class=self.active_by_class)
 
     # -- actions --------------------------------------------------------------------------------
 
@@ -181,9 +196,7 @@ class Controller:
             raise ActionError(f"unknown action {action!r}")
 
     def _worker(self, wid: int) -> Worker:
-        if not 0 <= wid < len(self.workers) or not self.workers[wid].alive:
-            raise ActionError(f"worker {wid} does not exist or is lost")
-        return self.workers[wid]
+        return live_worker(self.workers, wid)
 
     def _check_fits(self, w: Worker, traj: Trajectory) -> None:
         """No placement exceeds KV capacity. A router may queue work at an engine (vLLM's waiting
@@ -223,14 +236,16 @@ class Controller:
                               f"version {w.version}")
         self._check_fits(w, traj)
         self.pending.remove(traj)
-        traj.pending_time += now - traj.departed_at
         restore, delay = Restore.PREFILL, 0.0   # back home, the engine's prefix cache may still hold it
         home = self.workers[traj.kv_home] if traj.kv_home is not None else None
         if home is not None and home is not w:
             self.counters.migrations += 1
             traj.migrations += 1
+            moved = None
             if self.policy.kv_transfer and home.alive and home.compatible(w) and self.kv_transfer_time:
-                restore, delay = Restore.KV_TRANSFER, self.kv_transfer_time(home, w, traj.context)
+                moved = self.kv_transfer_time(home, w, traj)   # None: re-prefilling is faster
+            if moved is not None:
+                restore, delay = Restore.KV_TRANSFER, moved
                 self.counters.kv_transfers += 1
                 self.counters.migrated_kv_bytes += traj.context * self.kv_bytes_per_token
             else:
@@ -239,17 +254,7 @@ class Controller:
         self._attach(traj, w, restore, delay, now)
 
     def _attach(self, traj: Trajectory, w: Worker, restore: Restore, delay: float, now: float) -> None:
-        traj.state = State.RESIDENT
-        traj.worker = w.id
-        traj.placed_at = now
-        traj.placements += 1
-        if traj.home != w.id:
-            if traj.home is not None:
-                self.workers[traj.home].sessions -= 1
-            traj.home = w.id
-            w.sessions += 1
-        w.residents[traj.id] = traj
-        w.kv_used += traj.context
+        attach(traj, w, self.workers, now)
         self.backend.place(traj, w.id, restore, delay)
 
     def _evict(self, a: Evict, now: float) -> None:
@@ -261,17 +266,11 @@ class Controller:
         self._leave_worker(traj, now, freed=traj.context)
         traj.state = State.PENDING
         traj.departed_at = now
-        traj.departures += 1
         self.counters.evictions += 1
         self.pending.add(traj)
 
     def _leave_worker(self, traj: Trajectory, now: float, freed: int | None = None) -> None:
-        w = self.workers[traj.worker]
-        del w.residents[traj.id]
-        w.kv_used -= traj.context if freed is None else freed
-        traj.resident_time += now - traj.placed_at
-        traj.kv_home = w.id
-        traj.worker = None
+        detach(traj, self.workers, now, freed)
 
     def _advance(self, a: Advance) -> None:
         w = self._worker(a.worker)
@@ -280,17 +279,11 @@ class Controller:
         if not w.version < a.version <= self.trainer.version:
             raise ActionError(f"worker {w.id} cannot move from version {w.version} to {a.version} "
                               f"(trainer at {self.trainer.version})")
-        if self._last_home(w):
+        if strands_work(w, self.workers, self.pending, self.tool_waiting):
             raise ActionError(f"worker {w.id} is the last worker of version {w.version}, which still has work")
         w.version = a.version
         self.backend.set_version(w.id, a.version)
         self._retag_stranded(w)   # only after a lost worker can a skipped version still hold work
-
-    def _last_home(self, w: Worker) -> bool:
-        """Would advancing `w` strand trajectories of its version with no worker to run on?"""
-        if any(o.version == w.version and o.alive for o in self.workers if o is not w):
-            return False
-        return bool(self.pending.count(w.version) or self.tool_waiting.get(w.version, 0))
 
     def _retag_stranded(self, w: Worker) -> None:
         """AReaL resumes off-worker trajectories with the new weights: move them to the new version
@@ -341,11 +334,7 @@ class Controller:
         if traj.state is not State.RESIDENT:
             raise AssertionError(f"trajectory {traj.id} finished twice or while {traj.state.value}")
         self._leave_worker(traj, now)
-        self.workers[traj.home].sessions -= 1
-        traj.home = None
-        self.active_by_class[traj.workload_class] -= 1
-        traj.state = State.DONE
-        traj.completed_at = now
+        retire(traj, self.workers, self.active_by_class, now)
         self.done += 1
         self.trainer.finished(traj)
         self._maybe_train(now)

@@ -21,11 +21,12 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Awaitable, Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Literal, Self, TypeVar
 
 import httpx
-from prometheus_client.parser import text_string_to_metric_families
+
+from cadencerl.engine.server_metrics import EngineMetrics, MetricsFormatError, parse_metrics
 
 FinishReason = Literal["length", "stop", "aborted", "error"]
 """`stop` only appears if a stop condition was set server-side; requests here use ignore_eos."""
@@ -88,59 +89,6 @@ class GenerationOutcome:
     def raise_for_error(self) -> None:
         if self.error is not None:
             raise self.error
-
-
-@dataclass(frozen=True)
-class EngineMetrics:
-    """The scheduler-relevant gauges and counters of /metrics, summed over engines."""
-
-    kv_cache_usage: float
-    num_requests_running: int
-    num_requests_waiting: int
-    num_preemptions_total: int
-    prefix_cache_queries_total: int
-    prefix_cache_hits_total: int
-    raw: dict[str, float] = field(default_factory=dict, repr=False)
-
-
-_METRIC_SAMPLES = {
-    "kv_cache_usage": "vllm:kv_cache_usage_perc",
-    "num_requests_running": "vllm:num_requests_running",
-    "num_requests_waiting": "vllm:num_requests_waiting",
-    "num_preemptions_total": "vllm:num_preemptions_total",
-    "prefix_cache_queries_total": "vllm:prefix_cache_queries_total",
-    "prefix_cache_hits_total": "vllm:prefix_cache_hits_total",
-}
-_REQUIRED_GAUGES = ("vllm:kv_cache_usage_perc", "vllm:num_requests_running")
-
-
-def parse_metrics(text: str, *, url: str = "<metrics>") -> EngineMetrics:
-    """Parse Prometheus text from vLLM's /metrics; label sets (engines) are summed."""
-    wanted = set(_METRIC_SAMPLES.values())
-    totals: dict[str, float] = {}
-    try:
-        for family in text_string_to_metric_families(text):
-            for sample in family.samples:
-                if sample.name in wanted:
-                    totals[sample.name] = totals.get(sample.name, 0.0) + float(sample.value)
-    except ValueError as exc:
-        raise EngineProtocolError(f"unparsable /metrics: {exc}", url=url) from exc
-    missing = [name for name in _REQUIRED_GAUGES if name not in totals]
-    if missing:
-        raise EngineProtocolError(f"/metrics lacks {', '.join(missing)}", url=url)
-
-    def count(key: str) -> int:
-        return int(totals.get(_METRIC_SAMPLES[key], 0.0))
-
-    return EngineMetrics(
-        kv_cache_usage=totals[_METRIC_SAMPLES["kv_cache_usage"]],
-        num_requests_running=count("num_requests_running"),
-        num_requests_waiting=count("num_requests_waiting"),
-        num_preemptions_total=count("num_preemptions_total"),
-        prefix_cache_queries_total=count("prefix_cache_queries_total"),
-        prefix_cache_hits_total=count("prefix_cache_hits_total"),
-        raw=totals,
-    )
 
 
 class VLLMClient:
@@ -214,16 +162,24 @@ class VLLMClient:
         _raise_for_status(response, self._url(path))
         return response
 
-    async def health(self) -> bool:
-        """True when GET /health answers 200 within the connect/request timeouts; never raises."""
+    async def health(self, *, refused_is_final: bool = False) -> bool:
+        """True when GET /health answers 200 within the connect/request timeouts; never raises,
+        unless `refused_is_final` and the connection is refused (nothing listens at the URL)."""
         try:
             response = await self._http.get("/health", timeout=self.timeouts.request)
+        except httpx.ConnectError as exc:
+            if refused_is_final and _refused(exc):
+                raise EngineConnectionError("connection refused (no server listens there)",
+                                            url=self._url("/health")) from exc
+            return False
         except httpx.HTTPError:
             return False
         return response.status_code == 200
 
-    async def wait_healthy(self, timeout_s: float, *, poll_s: float = 0.5) -> None:
-        """Poll /health until it answers 200; raise `EngineTimeoutError` after `timeout_s`."""
+    async def wait_healthy(self, timeout_s: float, *, poll_s: float = 0.5, refused_is_final: bool = False) -> None:
+        """Poll /health until it answers 200; raise `EngineTimeoutError` after `timeout_s`, or
+        `EngineConnectionError` at once on a refused connection when `refused_is_final` (a server
+        that should be up, not one still starting)."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
         while True:
@@ -233,7 +189,7 @@ class VLLMClient:
                     f"not healthy after {timeout_s:.0f} s", url=self._url("/health")
                 )
             try:
-                if await asyncio.wait_for(self.health(), timeout=remaining):
+                if await asyncio.wait_for(self.health(refused_is_final=refused_is_final), timeout=remaining):
                     return
             except TimeoutError:
                 continue
@@ -256,9 +212,21 @@ class VLLMClient:
         return max_len if isinstance(max_len, int) else 0
 
     async def metrics(self) -> EngineMetrics:
+        """One reading of /metrics (gauges lag the streams by the engine's stats interval)."""
         path = "/metrics"
         response = await self._request("GET", path)
-        return parse_metrics(response.text, url=self._url(path))
+        try:
+            return parse_metrics(response.text)
+        except MetricsFormatError as exc:
+            raise EngineProtocolError(str(exc), url=self._url(path)) from exc
+
+    async def kv_capacity(self) -> int:
+        """The server's KV cache size in tokens, from /metrics' cache-config labels."""
+        kv = (await self.metrics()).kv_capacity_tokens
+        if kv is None:
+            raise EngineProtocolError("/metrics has no vllm:cache_config_info with the KV size",
+                                      url=self._url("/metrics"))
+        return kv
 
     async def abort(self, request_id: str) -> None:
         """Ask the server to abort `request_id` (as passed to `generate`); the stream then ends
@@ -420,3 +388,13 @@ def _raise_for_status(response: httpx.Response, url: str) -> None:
         url=url,
         status_code=response.status_code,
     )
+
+
+def _refused(exc: BaseException) -> bool:
+    """Whether a connect error is a refusal (ECONNREFUSED), looking through its causes."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, ConnectionRefusedError) or "refused" in str(seen).lower():
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False

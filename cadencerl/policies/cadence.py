@@ -25,11 +25,11 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from cadencerl.config import PolicySpec, Scenario
+from cadencerl.config import PolicySpec
 from cadencerl.core.actions import Action, Admit, Advance, Evict, Place
-from cadencerl.core.trajectory import Trajectory
 from cadencerl.core.view import PoolView
 from cadencerl.core.worker import Worker
+from cadencerl.policies.base import fits
 
 
 class Cadence:
@@ -39,14 +39,18 @@ class Cadence:
         self.delta = params.delta
         self.floor_frac = params.headroom_floor
         self.kv_transfer = params.kv_preparation
+        self.kv_staging = params.kv_preparation   # late-bound: staged on relays at departure (section 4.4)
 
     def floor(self, w: Worker) -> int:
         return int(self.floor_frac * w.kv_capacity)
 
+    def _reserve(self, w: Worker, per_resident: int) -> int:
+        """The headroom a placement must leave on `w`: the floor, plus `per_resident` decode tokens
+        for every resident it would then hold."""
+        return self.floor(w) + per_resident * (w.load + 1)
 
-    def _feasible(self, w: Worker, tokens: int, reserve: int) -> bool:
-        """Post-placement headroom clears the floor plus `reserve` decode tokens for every resident."""
-        return w.load < w.max_num_seqs and w.headroom - tokens >= self.floor(w) + reserve * (w.load + 1)
+    def _feasible(self, w: Worker, tokens: int, per_resident: int) -> bool:
+        return fits(w, tokens, self._reserve(w, per_resident))
 
     # -- the decision ---------------------------------------------------------------------------
 
@@ -106,22 +110,20 @@ class Cadence:
             yield Place(nxt.id, w.id)
 
     def _tight_fit(self, workers: list[Worker], tokens: int) -> Worker | None:
-        """The feasible worker left with the least spare room after the placement."""
+        """The feasible worker (decode reserve delta) left with the least spare room after the placement."""
         best, best_room = None, None
-        delta = self.delta
         for w in workers:
-            load = len(w.residents)
-            if load >= w.max_num_seqs:
-                continue
-            room = w.kv_capacity - w.kv_used - tokens - delta * (load + 1) - self.floor(w)
-            if room >= 0 and (best_room is None or room < best_room):
-                best, best_room = w, room
+            reserve = self._reserve(w, self.delta)
+            if fits(w, tokens, reserve):
+                room = w.headroom - tokens - reserve
+                if best_room is None or room < best_room:
+                    best, best_room = w, room
         return best
 
     # -- concentration --------------------------------------------------------------------------
 
     def _concentrate(self, view: PoolView, v: int, workers: list[Worker]) -> Iterator[Action]:
-        yield from self._place_longest_first(view, v, workers, exclude=None)
+        yield from self._place_longest_first(view, v, workers)
         if view.pending.count(v):
             return  # the gate: a cascade resolves before another begins
         if not self._fresh_ahead(view, v):
@@ -136,16 +138,15 @@ class Cadence:
                 continue
             for traj in sorted(src.residents.values(), key=lambda t: -t.context):
                 yield Evict(traj.id)
-            yield from self._place_longest_first(view, v, targets, exclude=None)
+            yield from self._place_longest_first(view, v, targets)
             return
 
     @staticmethod
     def _fresh_ahead(view: PoolView, v: int) -> bool:
         return any(view.admissible(u) > 0 for u in range(v + 1, view.trainer_version + 1))
 
-    def _place_longest_first(self, view: PoolView, v: int, workers: list[Worker],
-                             exclude: Worker | None) -> Iterator[Action]:
-        targets = sorted((w for w in workers if w is not exclude), key=lambda w: (w.affinity, -w.headroom, w.id))
+    def _place_longest_first(self, view: PoolView, v: int, workers: list[Worker]) -> Iterator[Action]:
+        targets = sorted(workers, key=lambda w: (w.affinity, -w.headroom, w.id))
         largest = self._largest_room(targets)
         for traj in sorted(view.pending.at(v), key=lambda t: -t.context):
             ctx = traj.context

@@ -16,7 +16,6 @@ import itertools
 from collections import Counter, OrderedDict, deque
 from dataclasses import dataclass, field
 
-from cadencerl.config import PolicySpec
 from cadencerl.core.actions import Action, ActionError, Admit, Place
 from cadencerl.core.credits import CreditModel
 from cadencerl.core.fresh import FreshQueue
@@ -24,7 +23,9 @@ from cadencerl.core.pending import PendingSet
 from cadencerl.core.spec import HiddenLength, TrajectorySpec
 from cadencerl.core.trajectory import State, Trajectory
 from cadencerl.core.view import Policy, PoolView
+from cadencerl.core.residency import attach, detach, live_worker, retire
 from cadencerl.core.worker import Worker
+from cadencerl.engine.server_metrics import EngineMetrics
 
 UNBOUNDED = 1 << 62        # a live router has no staleness budget: the trainer paces its own requests
 _SEALED = object()         # nobody holds this key: a router never knows how long a reply will be
@@ -41,17 +42,6 @@ class HoldQueue(FreshQueue):
         self._by_class.setdefault(traj.workload_class, deque()).append((self._seq, traj))
         self._seq += 1
         self._count += 1
-
-
-@dataclass
-class EngineFigures:
-    """One scrape of a vLLM server's /metrics, in the controller's units (KV in tokens)."""
-
-    kv_usage: float = 0.0       # vllm:kv_cache_usage_perc (a fraction)
-    running: int = 0
-    waiting: int = 0
-    preemptions: int = 0
-    kv_capacity: int | None = None   # from vllm:cache_config_info when the server reports it
 
 
 @dataclass
@@ -115,7 +105,7 @@ class LiveState:
     def turn_ended(self, session: Session, generated: int, now: float) -> None:
         """A reply is complete and more turns may follow: park the session on its worker."""
         traj = session.traj
-        self._leave_worker(traj, now)
+        detach(traj, self.workers, now)
         traj.tokens += generated
         traj.state = State.TOOL
         self.tool_waiting[traj.version] = self.tool_waiting.get(traj.version, 0) + 1
@@ -126,7 +116,7 @@ class LiveState:
     def finished(self, session: Session, generated: int, now: float) -> None:
         """The session's last reply is complete."""
         traj = session.traj
-        self._leave_worker(traj, now)
+        detach(traj, self.workers, now)
         traj.tokens += generated
         self._done(session, now)
 
@@ -154,7 +144,7 @@ class LiveState:
     def bounce(self, session: Session, now: float) -> None:
         """A placed request failed before its first token: back to pending, to be placed again."""
         traj = session.traj
-        self._leave_worker(traj, now)
+        detach(traj, self.workers, now)
         traj.state = State.PENDING
         traj.departed_at = now
         self.pending.add(traj)
@@ -170,20 +160,22 @@ class LiveState:
             n += 1
         return n
 
-    def set_figures(self, worker: int, figures: EngineFigures) -> None:
+    def set_figures(self, worker: int, figures: EngineMetrics) -> None:
+        """One scrape of the server's /metrics, in the controller's units (KV in tokens)."""
         w = self.workers[worker]
-        if figures.kv_capacity:
-            w.kv_capacity = figures.kv_capacity
-        w.engine_kv = int(figures.kv_usage * w.kv_capacity)
-        w.num_running, w.num_waiting, w.preemptions = figures.running, figures.waiting, figures.preemptions
+        if figures.kv_capacity_tokens:
+            w.kv_capacity = figures.kv_capacity_tokens
+        w.engine_kv = int(figures.kv_cache_usage * w.kv_capacity)
+        w.num_waiting, w.preemptions = figures.num_requests_waiting, figures.num_preemptions_total
 
     # -- decisions --------------------------------------------------------------------------------
 
     def view(self, now: float) -> PoolView:
+        """What the policy sees, with its admission gate handed over as the controller hands it."""
         return PoolView(now=now, trainer_version=0, next_batch=0, workers=self.workers, pending=self.pending,
-                        fresh=self.hold, credits=self.credits, params=PolicySpec(), trainer_busy=False,
-                        in_flight=sum(self.active_by_class.values()), completed_unconsumed=0,
-                        tool_waiting=self.tool_waiting, active_by_class=self.active_by_class)
+                        fresh=self.hold, credits=self.credits, trainer_busy=False,
+                        in_flight=sum(self.active_by_class.values()), tool_waiting=self.tool_waiting,
+                        gate=getattr(self.policy, "gate", None), active_by_class=self.active_by_class)
 
     def decide(self, now: float, exclude: frozenset[int] = frozenset()) -> list[Action]:
         """One pass of the policy over the live state; its Admit and Place actions, applied.
@@ -213,14 +205,13 @@ class LiveState:
             traj.admitted_at = now
             cls = traj.workload_class
             self.active_by_class[cls] = self.active_by_class.get(cls, 0) + 1
-            self._attach(traj, self._worker(action.worker), now)
+            attach(traj, live_worker(self.workers, action.worker), self.workers, now)
         elif isinstance(action, Place):
             traj = next((t for t in self.pending if t.id == action.traj), None)
             if traj is None:
                 raise ActionError(f"trajectory {action.traj} is not pending")
             self.pending.remove(traj)
-            traj.pending_time += now - traj.departed_at
-            self._attach(traj, self._worker(action.worker), now)
+            attach(traj, live_worker(self.workers, action.worker), self.workers, now)
         else:
             raise ActionError(f"a live router cannot apply {action!r} (use a router policy)")
 
@@ -233,40 +224,9 @@ class LiveState:
                 return head
         raise ActionError(f"trajectory {tid} is not at the head of the hold queue")
 
-    def _worker(self, wid: int) -> Worker:
-        if not 0 <= wid < len(self.workers) or not self.workers[wid].alive:
-            raise ActionError(f"worker {wid} does not exist or is down")
-        return self.workers[wid]
-
-    def _attach(self, traj: Trajectory, w: Worker, now: float) -> None:
-        traj.state = State.RESIDENT
-        traj.worker = w.id
-        traj.placed_at = now
-        traj.placements += 1
-        if traj.home != w.id:
-            if traj.home is not None:
-                self.workers[traj.home].sessions -= 1
-            traj.home = w.id
-            w.sessions += 1
-        w.residents[traj.id] = traj
-        w.kv_used += traj.context
-
-    def _leave_worker(self, traj: Trajectory, now: float) -> None:
-        w = self.workers[traj.worker]
-        del w.residents[traj.id]
-        w.kv_used -= traj.context
-        traj.resident_time += now - traj.placed_at
-        traj.kv_home = w.id
-        traj.worker = None
-
     def _done(self, session: Session, when: float) -> None:
-        traj = session.traj
-        self.workers[traj.home].sessions -= 1
-        traj.home = None
-        cls = traj.workload_class
-        self.active_by_class[cls] -= 1
-        traj.state = State.DONE
-        traj.completed_at = when
+        retire(session.traj, self.workers, self.active_by_class, when)
+        cls = session.traj.workload_class
         self.completed[cls] += 1
         self.recent.append(cls)
         self._forget(session)

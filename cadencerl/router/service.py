@@ -140,7 +140,7 @@ class RouterService:
 
     async def _poll(self, up: Upstream) -> None:
         try:
-            figures, counters = await scrape(self.client, up.url, max(1.0, 2 * self.settings.metrics_interval_s))
+            figures = await scrape(self.client, up.url, max(1.0, 2 * self.settings.metrics_interval_s))
         except (httpx.HTTPError, ValueError):
             up.failures += 1
             if up.failures >= self.settings.failures_to_down:
@@ -148,8 +148,8 @@ class RouterService:
         else:
             up.failures = 0
             up.healthy = True
-            up.prefix_queries = counters.get("vllm:prefix_cache_queries", 0.0)
-            up.prefix_hits = counters.get("vllm:prefix_cache_hits", 0.0)
+            up.prefix_queries = figures.prefix_cache_queries_total
+            up.prefix_hits = figures.prefix_cache_hits_total
             self.state.set_figures(up.id, figures)
         self.state.workers[up.id].alive = up.routable
 

@@ -1,8 +1,8 @@
 """The vLLM servers behind the router: their health, and the KV pressure their /metrics report.
 
-vLLM's gauges `vllm:kv_cache_usage_perc` (a fraction), `vllm:num_requests_running` and
-`vllm:num_requests_waiting`, its counter `vllm:num_preemptions`, and `vllm:cache_config_info`
-(labels `num_gpu_blocks` and `block_size`: the KV capacity in tokens) are what MISA-T's gate reads.
+The page is read by the engine path's one parser (`engine/server_metrics.py`): KV usage, running,
+waiting and preempted requests, the prefix-cache counters and the KV size from
+`vllm:cache_config_info` are what MISA-T's gate and the router's own metrics read.
 A scrape that fails counts against the server's health: `failures_to_down` in a row take it out,
 one success brings it back (unless an admin drained or removed it).
 """
@@ -12,17 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import httpx
-from prometheus_client.parser import text_string_to_metric_families
 
-from cadencerl.router.live import EngineFigures
-
-_GAUGES = {
-    "vllm:kv_cache_usage_perc": "kv_usage",
-    "vllm:num_requests_running": "running",
-    "vllm:num_requests_waiting": "waiting",
-    "vllm:num_preemptions": "preemptions",
-}
-PREFIX_COUNTERS = ("vllm:prefix_cache_queries", "vllm:prefix_cache_hits")
+from cadencerl.engine.server_metrics import EngineMetrics, parse_metrics
 
 
 @dataclass
@@ -43,31 +34,8 @@ class Upstream:
         return self.healthy and not self.draining and not self.removed
 
 
-def parse_figures(text: str) -> tuple[EngineFigures, dict[str, float]]:
-    """The gauges MISA-T reads, summed over label sets (one engine per server), and the prefix counters."""
-    fig = EngineFigures()
-    sums: dict[str, float] = {}
-    counters: dict[str, float] = {}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            name = sample.name.removesuffix("_total")   # counters come as `name_total`, typed either way
-            if name in _GAUGES:
-                sums[name] = sums.get(name, 0.0) + sample.value
-            elif name in PREFIX_COUNTERS and sample.name.endswith("_total"):
-                counters[name] = counters.get(name, 0.0) + sample.value
-            elif name == "vllm:cache_config_info":
-                blocks, size = sample.labels.get("num_gpu_blocks"), sample.labels.get("block_size")
-                if blocks and size and blocks.isdigit() and size.isdigit():
-                    fig.kv_capacity = int(blocks) * int(size)
-    for name, attr in _GAUGES.items():
-        if name in sums:
-            value = sums[name]
-            setattr(fig, attr, value if attr == "kv_usage" else int(value))
-    return fig, counters
-
-
-async def scrape(client: httpx.AsyncClient, url: str, timeout_s: float) -> tuple[EngineFigures, dict[str, float]]:
-    """One GET of the server's /metrics; raises httpx.HTTPError (or ValueError) when it fails."""
+async def scrape(client: httpx.AsyncClient, url: str, timeout_s: float) -> EngineMetrics:
+    """One GET of the server's /metrics; raises httpx.HTTPError (or ValueError: not vLLM's page) when it fails."""
     resp = await client.get(f"{url}/metrics", timeout=timeout_s)
     resp.raise_for_status()
-    return parse_figures(resp.text)
+    return parse_metrics(resp.text)

@@ -9,21 +9,17 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 
-from cadencerl.runs.bounds import oracle_bounds
+from cadencerl.runs.bounds import add_bounds
 from cadencerl.config import ConfigError, Scenario
 from cadencerl.core.controller import Controller
 from cadencerl.core.view import Policy
 from cadencerl.core.trajectory import Trajectory
 from cadencerl.core.worker import Worker
-from cadencerl.engine.backend import (
-    EngineBackend,
-    EngineRunError,
-    TimerHook,
-    WeightUpdate,
-)
+from cadencerl.engine.backend import EngineBackend, WeightUpdate
+from cadencerl.engine.clock import EngineRunError
 from cadencerl.engine.client import EngineError, ModelMismatchError, Timeouts
 from cadencerl.hardware import catalog
 from cadencerl.hardware.perf import WorkerPerf
@@ -93,23 +89,27 @@ def _pool_of(scenario: Scenario, labels: list[str]) -> Scenario:
 def assemble(scenario: Scenario, policy: Policy, urls: Sequence[str], specs: list[TrajectorySpec], key: object,
              *, labels: Sequence[str] | None = None, kv_tokens: int | Sequence[int] | None = None,
              prompts: dict[int, list[int]] | None = None, weight_update: WeightUpdate | None = None,
-             timer_hook: TimerHook | None = None, timeouts: Timeouts = Timeouts(),
+             on_publish_due: Callable[[], None] | None = None, timeouts: Timeouts = Timeouts(),
              connect_timeout_s: float = 30.0, deadline_s: float | None = None) -> RealRun:
-    """Check the servers, size the workers from them and build the controller; ConfigError on bad input."""
+    """Check the servers, size the workers from them and build the controller; ConfigError on bad input.
+
+    With `on_publish_due`, a trainer outside the controller trains each batch the controller forms
+    and says when through `backend.publish_now()` (the trainer API does this)."""
     started = time.perf_counter()
     urls = parse_urls(urls)
     labels = resolve_labels(scenario, len(urls), labels)
     workers, perfs = build_pool(_pool_of(scenario, labels))
-    caps = _kv_list(kv_tokens, len(urls))
+    caps = kv_list(kv_tokens, len(urls))
     backend = EngineBackend(urls, scenario.model, key, seed=scenario.seed, prompts=prompts, timeouts=timeouts,
-                            weight_update=weight_update, timer_hook=timer_hook, deadline_s=deadline_s)
+                            weight_update=weight_update, on_publish_due=on_publish_due,
+                            deadline_s=deadline_s)
     try:
         servers = backend.connect(connect_timeout_s)
         for w, server, cap in zip(workers, servers, caps):
             if cap is not None and cap > server.kv_tokens:
                 raise ConfigError(f"kv_tokens: {cap} exceeds the KV of {server.url} ({server.kv_tokens} tokens)")
             w.kv_capacity = cap or server.kv_tokens
-        check_fits_somewhere(specs, workers, key)
+        check_fits_somewhere(specs, workers, key, scenario.policy)
         check_model_len(specs, key, min(s.max_model_len for s in servers))
     except ModelMismatchError as exc:
         backend.close()
@@ -128,11 +128,12 @@ def assemble(scenario: Scenario, policy: Policy, urls: Sequence[str], specs: lis
     return RealRun(scenario, ctl, backend, specs, workers, perfs, labels, key, time.perf_counter() - started)
 
 
-def _kv_list(kv_tokens: int | Sequence[int] | None, n: int) -> list[int | None]:
+def kv_list(kv_tokens: int | Sequence[int] | None, n: int) -> list[int | None]:
+    """One KV cap per worker (None: the server's own), or a ConfigError; True is not a count."""
     if kv_tokens is None:
         return [None] * n
-    caps = [kv_tokens] * n if isinstance(kv_tokens, int) else list(kv_tokens)
-    if len(caps) != n or any(not isinstance(c, int) or c <= 0 for c in caps):
+    caps = list(kv_tokens) if isinstance(kv_tokens, Sequence) and not isinstance(kv_tokens, str) else [kv_tokens] * n
+    if len(caps) != n or any(not isinstance(c, int) or isinstance(c, bool) or c <= 0 for c in caps):
         raise ConfigError(f"kv_tokens: expected one positive integer, or one per worker ({n})")
     return caps
 
@@ -142,18 +143,17 @@ def summarize_real(run: RealRun, wall_s: float) -> dict:
     ctl, backend, s = run.controller, run.backend, run.scenario
     result = summarize(s.name, ctl.policy.name, ctl, backend.records, wall_s, backend.events_processed,
                        s.workload.target_mix())
-    result.update(oracle_bounds(run.specs, run.workers, run.perfs, run.key))
-    result["throughput_fraction_of_bound"] = result["throughput_tok_s"] / result["bound_throughput_tok_s"]
-    result["p95_multiple_of_bound"] = result["latency_p95_s"] / max(result["bound_latency_p95_s"], 1e-12)
+    add_bounds(result, run.specs, run.workers, run.perfs, run.key, s)
     result.update(
         backend="vllm",
+        kv_transfer="none (every move re-prefills)",
         makespan_wall_s=result["sim_time_s"],
         setup_wall_s=run.setup_s,
         lost_workers=list(backend.lost),
-        resumes=backend.resumes,
-        resumes_accepted=backend.resumes_accepted,
-        aborts=backend.aborts,
-        stream_retries=backend.retries,
+        resumes=backend.counts.resumes,
+        resumes_accepted=backend.counts.resumes_accepted,
+        aborts=backend.counts.aborts,
+        stream_retries=backend.counts.retries,
         workers=[{**asdict(st), "label": label} for st, label in zip(backend.records, run.labels)],
     )
     return result

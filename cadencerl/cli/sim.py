@@ -1,0 +1,165 @@
+"""Simulator commands: `sim`, `compare`, `sensitivity`, `sweep`, `scenarios`, `report`.
+
+Each is a plain function with typer options; `main.py` registers them on the app.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from cadencerl.cli.common import BatchOpt, ConfigOpt, DeltaOpt, EtaOpt, JsonOpt, ScenarioOpt, SeedOpt
+from cadencerl.cli.common import TrajectoriesOpt, bug, fail, int_list, load_scenario, progress_bar, write_json
+from cadencerl.cli.tables import (
+    comparison_table,
+    console,
+    per_accelerator_table,
+    print_tables,
+    run_table,
+    scenarios_table,
+    sensitivity_table,
+    sweep_table,
+)
+from cadencerl.config import ConfigError, Scenario
+
+MAX_JOBS = 256   # simulations in parallel: processes, so a bound keeps `report` from exhausting the machine
+AdmissionOpt = typer.Option(None, "--admission", help="an admission layer in front of the policy: misa or none")
+
+
+def run_policies(scenario: Scenario, names: list[str], exact: bool, show_progress: bool) -> list[dict]:
+    """Simulate each named policy on `scenario`; an unknown name or a failing run is a one-line error."""
+    from cadencerl.core.actions import ActionError
+    from cadencerl.core.controller import StallError
+    from cadencerl.runs.registry import make_policy
+    from cadencerl.runs.simulate import simulate
+
+    for n in names:
+        try:
+            make_policy(n, scenario)
+        except ConfigError as exc:
+            fail(str(exc))
+    results = []
+    with progress_bar(show_progress) as progress:
+        for n in names:
+            task = progress.add_task(f"{scenario.name} / {n}", total=scenario.workload.trajectories)
+            try:
+                results.append(simulate(scenario, make_policy(n, scenario), exact=exact,
+                                        progress=lambda done, total, t=task: progress.update(t, completed=done)))
+            except ConfigError as exc:
+                fail(str(exc))
+            except StallError as exc:   # the knobs leave the policy no move: the message names them
+                fail(f"policy {n}: {exc}")
+            except ActionError as exc:  # a policy broke the rules: a bug, not bad input
+                bug(exc)
+    return results
+
+
+def sim(scenario: Optional[str] = ScenarioOpt, config: Optional[Path] = ConfigOpt,
+        policy: str = typer.Option("cadence", "--policy", "-p", help="a policy, or ADMISSION+POLICY"),
+        admission: Optional[str] = AdmissionOpt,
+        json_out: Optional[str] = JsonOpt,
+        exact: bool = typer.Option(False, "--exact", help="step every decode iteration (reference mode)"),
+        seed: Optional[int] = SeedOpt, trajectories: Optional[int] = TrajectoriesOpt,
+        batch_size: Optional[int] = BatchOpt, eta: Optional[int] = EtaOpt, delta: Optional[int] = DeltaOpt) -> None:
+    """Simulate one policy on a scenario and print its figures."""
+    s = load_scenario(scenario, config, dict(seed=seed, trajectories=trajectories, batch_size=batch_size, eta=eta,
+                                             delta=delta), json_out)
+    to_stderr = json_out == "-"
+    if admission not in (None, "none"):
+        if "+" in policy:
+            fail(f"policy: {policy!r} already names an admission layer; drop --admission")
+        policy = f"{admission}+{policy}"
+    result = run_policies(s, [policy], exact, show_progress=True)[0]
+    print_tables([run_table([result], f"{s.name}: {policy}"), per_accelerator_table(result)], to_stderr)
+    write_json(json_out, result)
+
+
+def compare(scenario: Optional[str] = ScenarioOpt, config: Optional[Path] = ConfigOpt,
+            policies: str = typer.Option("cadence,laminar,areal,least-loaded", "--policies"),
+            json_out: Optional[str] = JsonOpt,
+            seed: Optional[int] = SeedOpt, trajectories: Optional[int] = TrajectoriesOpt,
+            batch_size: Optional[int] = BatchOpt, eta: Optional[int] = EtaOpt, delta: Optional[int] = DeltaOpt) -> None:
+    """Run several policies on the same seeded workload, side by side."""
+    knobs = dict(seed=seed, trajectories=trajectories, batch_size=batch_size, eta=eta, delta=delta)
+    s = load_scenario(scenario, config, knobs, json_out)
+    names = [p.strip() for p in policies.split(",") if p.strip()]
+    if not names:
+        fail("policies: give at least one policy name")
+    results = run_policies(s, names, False, show_progress=True)
+    print_tables([comparison_table(results, "cadence")], json_out == "-")
+    write_json(json_out, results)
+
+
+def sensitivity(scenario: Optional[str] = ScenarioOpt, config: Optional[Path] = ConfigOpt,
+                policy: str = typer.Option("cadence", "--policy", "-p"),
+                etas: str = typer.Option("1,2,3,4,6", "--etas"), deltas: str = typer.Option("512,1024,2048,4096", "--deltas"),
+                json_out: Optional[str] = JsonOpt, trajectories: Optional[int] = TrajectoriesOpt,
+                batch_size: Optional[int] = BatchOpt) -> None:
+    """Throughput and P95 latency over a grid of eta (admission budget) and delta (decode reserve)."""
+    s = load_scenario(scenario, config, dict(trajectories=trajectories, batch_size=batch_size), json_out)
+    eta_values, delta_values = int_list("etas", etas), int_list("deltas", deltas)
+    runs = []
+    with progress_bar(True) as progress:
+        task = progress.add_task(f"{s.name} / {policy} sensitivity", total=len(eta_values) * len(delta_values))
+        for eta in eta_values:
+            for delta in delta_values:
+                r = run_policies(s.with_overrides(policy={"eta": eta, "delta": delta}), [policy], False, False)[0]
+                r.update(eta=eta, delta=delta)
+                runs.append(r)
+                progress.advance(task)
+    print_tables([sensitivity_table(f"{s.name}: {policy}", runs, eta_values, delta_values)], json_out == "-")
+    write_json(json_out, runs)
+
+
+def sweep(scenario: Optional[str] = ScenarioOpt, config: Optional[Path] = ConfigOpt,
+          grid: str = typer.Option("quick", "--grid", help="quick (16 points) or full (75 points)"),
+          json_out: Optional[str] = JsonOpt) -> None:
+    """Tune the cache-aware router's thresholds on a scenario; the best becomes `cache-aware-tuned`."""
+    from cadencerl.runs import sweep as sw
+
+    if grid not in ("quick", "full"):
+        fail(f"grid: expected quick or full, got {grid!r}")
+    s = load_scenario(scenario, config, {}, json_out)
+    points = sw.QUICK_GRID if grid == "quick" else sw.FULL_GRID
+    with progress_bar(True) as progress:
+        task = progress.add_task(f"{s.name} / cache-aware sweep", total=None)
+        results = sw.sweep(s, points, lambda done, total: progress.update(task, completed=done, total=total))
+    best, path = sw.save(s, points, results)
+    table = sweep_table(s.name, results)
+    table.caption = f"best: {best} (saved for cache-aware-tuned in {path})"
+    print_tables([table], json_out == "-")
+    write_json(json_out, {"best": best, "results": results})
+
+
+def scenarios() -> None:
+    """List the built-in scenarios."""
+    console().print(scenarios_table())
+
+
+def report(out: Optional[Path] = typer.Option(None, "--out", "-o", help="directory for report.md, figures/, results.json"),
+           quick: bool = typer.Option(False, "--quick", help="8192 trajectories per run (batch kept), fewer sweep points"),
+           trajectories: Optional[int] = typer.Option(None, help="trajectories per run (batch = a quarter); overrides --quick's size"),
+           seed: Optional[int] = typer.Option(None, help="workload seed for every run (default: the scenarios' own, 0)"),
+           jobs: Optional[int] = typer.Option(None, help="simulations run in parallel (default: the CPU count)")) -> None:
+    """Run the evaluation matrix (the paper's section 6) and write a markdown report with tables and plots."""
+    from cadencerl.report.build import OutputError, build_report, check_out_dir
+    from cadencerl.report.runner import ReportError
+
+    if out is None:
+        fail("out: give --out DIR")
+    if trajectories is not None and trajectories < 8:
+        fail(f"trajectories: must be at least 8, got {trajectories}")
+    if seed is not None and seed < 0:
+        fail(f"seed: must be non-negative, got {seed}")
+    if jobs is not None and not 1 <= jobs <= MAX_JOBS:
+        fail(f"jobs: must be from 1 to {MAX_JOBS}, got {jobs}")
+    try:
+        check_out_dir(out)
+        path = build_report(out, quick=quick, trajectories=trajectories, seed=seed, processes=jobs)
+    except (ConfigError, OutputError) as exc:
+        fail(str(exc))
+    except ReportError as exc:   # a run of the built-in matrix failed: not the user's input
+        bug(exc)
+    console().print(f"report written to {path}")

@@ -1,0 +1,111 @@
+"""Running the matrix: every (scenario, policy, trace) simulated once, on a process pool up front.
+
+Results do not depend on the number of processes: each run is seeded, and records keep job order.
+"""
+
+from __future__ import annotations
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from cadencerl.config import Scenario
+
+
+class ReportError(RuntimeError):
+    """A run of the matrix failed; the message names the scenario and policy."""
+
+
+def _setup(s: Scenario) -> dict:
+    return {"model": s.model, "seed": s.seed, "pool": [g.model_dump() for g in s.pool],
+            "trajectories": s.workload.trajectories, "batch_size": s.trainer.batch_size,
+            "eta": s.policy.eta, "delta": s.policy.delta}
+
+
+def simulate_one(scenario: Scenario, policy: str, trace: tuple[int, ...] = (), progress=None) -> dict:
+    """simulate(), with a failing run turned into a ReportError naming it (top level: worker processes call it)."""
+    from cadencerl.config import ConfigError
+    from cadencerl.core.actions import ActionError
+    from cadencerl.core.controller import StallError
+    from cadencerl.runs.registry import make_policy
+    from cadencerl.runs.simulate import simulate
+
+    try:
+        return simulate(scenario, make_policy(policy, scenario), trace=trace, progress=progress)
+    except (ConfigError, StallError, ActionError) as exc:
+        raise ReportError(f"{scenario.name} / {policy}: {exc}") from None
+
+
+class Runner:
+    """Runs simulate() once per (scenario, policy, trace), caching, with a rich progress bar on stderr.
+
+    `prefetch` runs a list of jobs on several processes up front; `run` serves from the cache or runs
+    in this process (with a per-run bar).
+    """
+
+    def __init__(self, progress: Progress | None = None, planned: int = 0) -> None:
+        self.progress = progress
+        self.cache: dict[tuple, dict] = {}
+        self.records: list[dict] = []
+        self.overall = progress.add_task("report: runs", total=planned) if progress else None
+
+    @staticmethod
+    def key(scenario: Scenario, policy: str, trace: tuple[int, ...] = ()) -> tuple:
+        return scenario.model_dump_json(), policy, trace
+
+    def prefetch(self, jobs: list[tuple[Scenario, str]], processes: int) -> None:
+        """Run the uncached (scenario, policy) jobs on `processes` worker processes; results land in the cache."""
+        from concurrent.futures import ProcessPoolExecutor, as_completed
+
+        todo = [(s, p) for s, p in jobs if self.key(s, p) not in self.cache]
+        if processes <= 1 or len(todo) <= 1:
+            for s, p in todo:
+                self.run(s, p)
+            return
+        done: dict[tuple, dict] = {}
+        with ProcessPoolExecutor(processes) as pool:
+            futures = {pool.submit(simulate_one, s, p): (s, p) for s, p in todo}
+            try:
+                for future in as_completed(futures):
+                    s, p = futures[future]
+                    done[self.key(s, p)] = future.result()
+                    self._advance()
+            except BaseException:
+                for f in futures:
+                    f.cancel()
+                raise
+        for s, p in todo:  # record in job order, whatever order they finished in
+            self._store(s, p, (), done[self.key(s, p)])
+
+    def run(self, scenario: Scenario, policy: str, trace: tuple[int, ...] = ()) -> dict:
+        key = self.key(scenario, policy, trace)
+        if key in self.cache:
+            return self.cache[key]
+        task = None
+        if self.progress:
+            task = self.progress.add_task(f"  {scenario.name} / {policy}", total=scenario.workload.trajectories)
+        try:
+            result = simulate_one(scenario, policy, trace, progress=(
+                (lambda done, _total: self.progress.update(task, completed=done)) if task is not None else None))
+        finally:
+            if task is not None:
+                self.progress.remove_task(task)
+        self._advance()
+        return self._store(scenario, policy, trace, result)
+
+    def _store(self, scenario: Scenario, policy: str, trace: tuple[int, ...], result: dict) -> dict:
+        self.cache[self.key(scenario, policy, trace)] = result
+        self.records.append({**result, "setup": _setup(scenario)})
+        return result
+
+    def _advance(self) -> None:
+        if not self.progress:
+            return
+        overall = self.progress.tasks[self.overall]
+        if overall.completed >= (overall.total or 0):  # an unplanned run: grow the bar rather than overflow it
+            self.progress.update(self.overall, total=(overall.total or 0) + 1)
+        self.progress.advance(self.overall)
+
+
+def progress_bar(enabled: bool) -> Progress:
+    return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                    console=Console(stderr=True), transient=True, disable=not enabled)
