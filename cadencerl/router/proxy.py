@@ -59,9 +59,11 @@ async def forward(svc: RouterService, session: Session, path: str, req: Routed, 
 
 async def _attempt(svc: RouterService, session: Session, url: str, req: Routed, fwd: dict,
                    worker: int) -> Response:
-    request = svc.client.build_request("POST", url, content=req.raw, headers=fwd)
+    # Straight to the transport: the client's layers (cookies, auth, redirects, default headers such
+    # as Accept-Encoding, which a raw relay must not ask for) do nothing a forwarded request needs.
+    request = httpx.Request("POST", url, content=req.raw, headers=fwd, extensions={"timeout": svc.forward_timeout})
     try:
-        resp = await svc.client.send(request, stream=True)
+        resp = await svc.transport.handle_async_request(request)
     except httpx.ConnectError:     # refused or unreachable: the server is gone
         raise _BeforeFirstToken("connect", down=True) from None
     except httpx.HTTPError as exc:

@@ -34,7 +34,8 @@ class ShardedTransport(httpx.AsyncBaseTransport):
 
     def __init__(self, shards: int = 16, connections: int = 512) -> None:
         limits = httpx.Limits(max_connections=connections, max_keepalive_connections=connections // 4)
-        self.shards = [httpx.AsyncHTTPTransport(limits=limits) for _ in range(shards)]
+        tls = httpx.create_ssl_context()    # one for all shards: loading the CA bundle takes ~0.1 s each
+        self.shards = [httpx.AsyncHTTPTransport(limits=limits, verify=tls) for _ in range(shards)]
         self._turn = 0
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
@@ -79,7 +80,9 @@ class RouterService:
         self.metrics = RouterMetrics()
         self.waiters: dict[int, asyncio.Future] = {}
         self.groups_seen: list[OrderedDict] = []
-        self.client: httpx.AsyncClient | None = None
+        self.client: httpx.AsyncClient | None = None     # health, metrics and /v1/models
+        self.transport: ShardedTransport | None = None   # forwarded requests go to it directly
+        self.forward_timeout: dict = {}
         self._poller: asyncio.Task | None = None
         for url in settings.workers:
             self.add_worker(url)
@@ -91,7 +94,9 @@ class RouterService:
 
     async def start(self) -> None:
         timeout = httpx.Timeout(self.settings.request_timeout_s, connect=10.0)
-        self.client = httpx.AsyncClient(transport=ShardedTransport(), timeout=timeout)
+        self.transport = ShardedTransport()
+        self.client = httpx.AsyncClient(transport=self.transport, timeout=timeout)
+        self.forward_timeout = timeout.as_dict()
         await self.poll_once()
         self._poller = asyncio.create_task(self._poll_forever())
 
