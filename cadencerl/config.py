@@ -100,15 +100,21 @@ class WorkloadSpec(_Shape):
         return {"rlvr": ClassSpec(share=1.0, **shape)}
 
     def target_mix(self) -> dict[str, float]:
+        """Each class's share of the trainer's batches (the shares, normalized)."""
         specs = self.class_specs()
         total = sum(c.share for c in specs.values())
         return {name: c.share / total for name, c in specs.items()}
 
 
 class TrainerSpec(_Strict):
+    """`mix`: "target" forms each batch toward the workload's target mix, waiting at most
+    `mix_wait_s` for a short class (core/trainer.py); "completion" takes completion order."""
+
     batch_size: int = Field(gt=0)
     train_time_s: float = Field(default=10.0, ge=0)
     train_time_per_token_s: float = Field(default=0.0, ge=0)
+    mix: Literal["target", "completion"] = "target"
+    mix_wait_s: float = Field(default=120.0, ge=0)
 
 
 class PolicySpec(_Strict):
@@ -132,6 +138,10 @@ class Scenario(_Strict):
     trainer: TrainerSpec
     policy: PolicySpec = PolicySpec()
     engine: Literal["vllm-v1"] = "vllm-v1"
+
+    def trainer_mix(self) -> dict[str, float] | None:
+        """The mixture the trainer asks each batch for, or None to take completion order."""
+        return self.workload.target_mix() if self.trainer.mix == "target" else None
 
     @model_validator(mode="after")
     def _check_catalog(self) -> "Scenario":

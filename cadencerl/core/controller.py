@@ -22,6 +22,7 @@ from cadencerl.core.view import AdmissionGate, Policy, PoolView, strands_work
 from cadencerl.core.worker import Worker
 
 PUBLISH = "publish"
+MIX_WAIT = "mix-wait"   # the trainer's wait bound for a short class ran out
 
 
 class StallError(RuntimeError):
@@ -45,7 +46,8 @@ class Controller:
     def __init__(self, policy: Policy, backend: Backend, workers: list[Worker], trajectories: list[Trajectory],
                  *, batch_size: int, params: PolicySpec, train_time_s: float, train_time_per_token_s: float = 0.0,
                  kv_transfer_time: Callable[[Worker, Worker, int], float] | None = None,
-                 kv_bytes_per_token: float = 0.0, sample_every_s: float = 5.0) -> None:
+                 kv_bytes_per_token: float = 0.0, sample_every_s: float = 5.0,
+                 target_mix: dict[str, float] | None = None, mix_wait_s: float = 0.0) -> None:
         self.policy = policy
         self.gate: AdmissionGate | None = getattr(policy, "gate", None)   # handed to every view
         self.backend = backend
@@ -55,7 +57,9 @@ class Controller:
         self.pending = PendingSet()
         self.params = params
         self.credits = CreditModel(batch_size, params.eta, len(trajectories))
-        self.trainer = Trainer(self.credits, train_time_s, train_time_per_token_s)
+        self.trainer = Trainer(self.credits, train_time_s, train_time_per_token_s, target_mix=target_mix,
+                               mix_wait_s=mix_wait_s)
+        self._wake_at: float | None = None
         self.kv_transfer_time = kv_transfer_time
         self.kv_bytes_per_token = kv_bytes_per_token
         self.counters = Counters()
@@ -122,6 +126,10 @@ class Controller:
             return False
         if isinstance(ev, Timer) and ev.tag == PUBLISH:
             self.trainer.publish(ev.time)
+            self._maybe_train(ev.time)
+            return True
+        if isinstance(ev, Timer) and ev.tag == MIX_WAIT:
+            self._wake_at = None
             self._maybe_train(ev.time)
             return True
         if isinstance(ev, WorkerLost):
@@ -350,6 +358,9 @@ class Controller:
         publish_at = self.trainer.try_start(now)
         if publish_at is not None:
             self.backend.schedule(publish_at, PUBLISH)
+        elif (wake := self.trainer.wake_at) is not None and self._wake_at is None and wake > now:
+            self._wake_at = wake   # a batch waits for a short class: form it at the bound anyway
+            self.backend.schedule(wake, MIX_WAIT)
 
     def _lose_worker(self, wid: int, now: float) -> None:
         w = self.workers[wid]

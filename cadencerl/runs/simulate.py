@@ -37,6 +37,7 @@ def simulate(scenario: Scenario, policy: Policy, *, exact: bool = False,
     ctl = Controller(policy, backend, workers, trajectories, batch_size=scenario.trainer.batch_size,
                      params=scenario.policy, train_time_s=scenario.trainer.train_time_s,
                      train_time_per_token_s=scenario.trainer.train_time_per_token_s,
+                     target_mix=scenario.trainer_mix(), mix_wait_s=scenario.trainer.mix_wait_s,
                      kv_transfer_time=lambda src, dst, tokens: perfs[dst.id].kv_transfer_time(tokens, link),
                      kv_bytes_per_token=catalog.model(scenario.model).kv_bytes_per_token)
     ctl.on_progress = progress

@@ -1,0 +1,180 @@
+"""The MISA-T gate on hand-built views, one rule at a time: the capacity ramp, the pressure signal
+(tool-held KV included), the class deficit with its completion-time lead, quota lending, and
+continuations (never held; back home unless the home is overloaded)."""
+
+from __future__ import annotations
+
+import pytest
+
+from cadencerl.core.actions import Admit, Place
+from cadencerl.core.trajectory import State
+from cadencerl.policies.least_loaded import LeastLoaded
+from cadencerl.routing.misa import DECREASE, HIGH, Admitted, MisaT
+from cadencerl.routing.misa_learn import WARMUP, ClassStats, PRIOR_REPLY
+from cadencerl.routing.routers import LeastLoadedRouter
+from tests.pools import pool, traj, worker
+
+MIX = {"agent": 0.5, "rlhf": 0.5}
+
+
+def fresh(n, cls="rlvr", start=100, prompt=10):
+    return [traj(i, prompt, prompt=prompt, cls=cls) for i in range(start, start + n)]
+
+
+def loaded(wid, n, start=None, ctx=10, **kw):
+    base = 1000 * (wid + 1) if start is None else start
+    return worker(wid, residents=[traj(i, ctx) for i in range(base, base + n)], **kw)
+
+
+def warm(misa, cls, footprint, duration):
+    misa.learner.stats[cls] = ClassStats(footprint, duration, WARMUP)
+
+
+# -- ramp: the first cap is the capacity estimate, then pressure corrects it -------------------------
+
+def test_the_first_cap_is_the_kv_budget_over_a_sessions_footprint_not_a_slow_start():
+    misa = MisaT({"rlvr": 1.0})
+    misa.observe(pool(LeastLoaded(), [worker(0, cap=100_000)], fresh=fresh(1)).view)
+    assert misa.caps[0] == pytest.approx(HIGH * 100_000 / (10 + PRIOR_REPLY))
+
+
+def test_the_capacity_estimate_weights_each_class_by_how_long_it_holds_its_kv():
+    misa = MisaT(MIX)
+    warm(misa, "agent", footprint=4000, duration=300)
+    warm(misa, "rlhf", footprint=1000, duration=30)
+    misa.observe(pool(LeastLoaded(), [worker(0, cap=1_000_000)]).view)
+    per_session = (0.5 * 300 * 4000 + 0.5 * 30 * 1000) / (0.5 * 300 + 0.5 * 30)
+    assert misa.caps[0] == pytest.approx(HIGH * 1_000_000 / per_session)
+
+
+@pytest.mark.parametrize("signal", ["preempted", "waiting"])
+def test_pressure_shrinks_the_cap_multiplicatively(signal):
+    misa = MisaT({"rlvr": 1.0})
+    w = worker(0, cap=100_000)
+    misa.observe(pool(LeastLoaded(), [w], fresh=fresh(1)).view)
+    first = misa.caps[0]
+    if signal == "preempted":
+        w.preemptions += 1
+    else:
+        w.num_waiting = 3
+    p = pool(LeastLoaded(), [w], fresh=fresh(1))
+    p.now = 1.0
+    misa.observe(p.view)
+    assert misa.caps[0] == pytest.approx(first * DECREASE)
+
+
+def test_a_cap_in_use_under_low_kv_use_grows_but_an_unused_one_does_not():
+    misa = MisaT({"rlvr": 1.0})
+    w = worker(0, cap=10_000)                      # first cap: 9000 / 1034 -> 8 sessions
+    misa.observe(pool(LeastLoaded(), [w], fresh=fresh(1)).view)
+    first = misa.caps[0]
+    p = pool(LeastLoaded(), [w], fresh=fresh(1))
+    p.now = 1.0
+    misa.observe(p.view)
+    assert misa.caps[0] == pytest.approx(first)    # unused: no growth
+    busy = loaded(0, 9, cap=10_000)
+    busy.engine_kv = 1000                          # 10% use with its cap in use
+    p = pool(LeastLoaded(), [busy], fresh=fresh(1))
+    p.now = 2.0
+    misa.observe(p.view)
+    assert misa.caps[0] == pytest.approx(first / DECREASE)   # one bounded step toward TARGET use
+
+
+def test_kv_held_across_a_tool_wait_counts_as_pressure():
+    misa = MisaT({"rlvr": 1.0})
+    w = worker(0, cap=10_000)
+    w.engine_kv = 1000                              # the engine alone reports 10%
+    misa.observe(pool(LeastLoaded(), [w], fresh=fresh(1)).view)
+    first = misa.caps[0]
+    away = traj(7, 9000)                            # a session between turns, its prefix cached on 0
+    away.state, away.home = State.TOOL, 0
+    misa.learner.track(away)
+    p = pool(LeastLoaded(), [w], fresh=fresh(1))
+    p.now = 1.0
+    misa.observe(p.view)
+    assert misa.caps[0] == pytest.approx(first * DECREASE)   # 10% + 90% held: over HIGH
+
+
+# -- class deficit and its completion-time lead ----------------------------------------------------
+
+def gate_pool(misa, workers, fresh_, **state):
+    return pool(Admitted(misa, LeastLoaded()), workers, fresh=fresh_, **state)
+
+
+def test_the_class_furthest_behind_its_share_is_admitted_next():
+    misa = MisaT(MIX)
+    misa.admitted = {"agent": 10, "rlhf": 2}
+    p = gate_pool(misa, [worker(0, cap=1_000_000)], fresh(3, "agent") + fresh(3, "rlhf", start=200))
+    misa.observe(p.view)
+    assert misa.open_classes(p.view) == {"rlhf"}
+
+
+def test_a_slow_class_is_admitted_ahead_of_its_share_by_its_completion_time():
+    misa = MisaT(MIX)
+    warm(misa, "agent", footprint=1000, duration=100)
+    warm(misa, "rlhf", footprint=1000, duration=10)
+    misa.learner.rate = 2.0                        # sessions complete at 2/s
+    misa.admitted = {"agent": 100, "rlhf": 60}     # agent already 40 ahead of an even split
+    d = misa.deficits(["agent", "rlhf"])
+    # the pool admits 2/s x (100 - 55) s = 90 sessions while an agent session runs past the mean
+    assert d["agent"] == pytest.approx(0.5 * (161 + 90) - 100)
+    assert d["rlhf"] == pytest.approx(0.5 * (161 - 90) - 60)
+    assert d["agent"] > d["rlhf"]
+
+
+def test_a_class_too_far_ahead_waits_but_some_class_always_may_go():
+    misa = MisaT(MIX)
+    misa.admitted = {"agent": 500, "rlhf": 0}
+    p = gate_pool(misa, [worker(0, cap=1_000_000)], fresh(3, "agent"), batch=100)
+    misa.observe(p.view)
+    assert misa.open_classes(p.view) == {"agent"}      # rlhf has nothing waiting: agent goes
+    p = gate_pool(misa, [worker(0, cap=1_000_000)], fresh(3, "agent") + fresh(3, "rlhf", start=200), batch=100)
+    misa.class_caps = {"agent": 1000, "rlhf": 0}
+    assert misa.open_classes(p.view) == set()          # rlhf capped, agent far ahead: both wait
+
+
+# -- quota lending ---------------------------------------------------------------------------------
+
+def test_a_class_with_nothing_waiting_lends_its_unused_quota():
+    misa = MisaT(MIX)
+    p = gate_pool(misa, [worker(0, cap=1_000_000)], fresh(3, "agent"))
+    misa.observe(p.view)
+    misa.class_caps = {"agent": 2, "rlhf": 5}
+    p.controller.active_by_class.update({"agent": 5, "rlhf": 1})
+    assert misa.open_classes(p.view) == {"agent"}      # 5 < 2 + (5 - 1) lent by rlhf
+    p.controller.active_by_class["agent"] = 6
+    assert misa.open_classes(p.view) == set()
+    p2 = gate_pool(misa, [worker(0, cap=1_000_000)], fresh(3, "agent") + fresh(1, "rlhf", start=300))
+    p2.controller.active_by_class.update({"agent": 6, "rlhf": 1})
+    assert misa.open_classes(p2.view) == {"rlhf"}      # rlhf waits now: it lends nothing
+
+
+# -- continuations ---------------------------------------------------------------------------------
+
+def test_continuations_always_pass_a_closed_gate():
+    misa = MisaT({"rlvr": 1.0})
+    back = traj(1, 100)
+    back.home = 0
+    ws = [loaded(0, 4), loaded(1, 4)]
+    for w in ws:
+        w.num_waiting = 1
+    p = pool(Admitted(misa, LeastLoaded()), ws, pending=[back], fresh=fresh(2), admitted=9)
+    misa.observe(p.view)
+    misa.caps = {0: 4.0, 1: 4.0}                       # every worker at its cap: the gate is closed
+    misa._next_adapt = 10.0
+    acts = p.decide()
+    assert [a for a in acts if isinstance(a, Admit)] == []
+    assert Place(1, 0) in acts or Place(1, 1) in acts
+
+
+@pytest.mark.parametrize("overloaded", [False, True])
+def test_a_routers_continuation_goes_home_unless_home_is_overloaded(overloaded):
+    back = traj(1, 100)
+    back.home = 0
+    home = loaded(0, 20, cap=10_000)                   # the least-loaded router would pick worker 1
+    if overloaded:
+        home.num_waiting = 2
+    p = pool(Admitted(MisaT({"rlvr": 1.0}), LeastLoadedRouter()), [home, worker(1, cap=10_000)],
+             pending=[back], admitted=21)
+    acts = p.decide()
+    assert acts[0] == (Place(1, 1) if overloaded else Place(1, 0))
