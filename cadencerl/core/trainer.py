@@ -25,6 +25,17 @@ from cadencerl.core.mix import compose
 from cadencerl.core.trajectory import Trajectory
 
 
+@dataclass(frozen=True)
+class TrainingBatch:
+    """One consumed batch as data: batch `index` trains version `index` into `index + 1`.
+
+    `trajectory_ids` are in the order the batch took them (oldest tag first, then completion order),
+    so a trainer outside the controller receives exactly the trajectories that were counted."""
+
+    index: int
+    trajectory_ids: tuple[int, ...]
+
+
 @dataclass
 class Trainer:
     credits: CreditModel
@@ -44,6 +55,7 @@ class Trainer:
     ready_since: float | None = None  # the next batch could have formed by count since then
     mix_shortfall: int = 0            # samples substituted because their class was short at the bound
     mix_short_batches: int = 0
+    batches: list[TrainingBatch] = field(default_factory=list)   # every batch formed, in order
 
     @property
     def next_batch(self) -> int:
@@ -129,6 +141,7 @@ class Trainer:
         self.consumed += len(batch)
         self.batch_tokens.append(tokens)
         self.batch_classes.append(Counter(t.workload_class for t in batch))
+        self.batches.append(TrainingBatch(k, tuple(t.id for t in batch)))
         self.busy_until = now + self.train_time_s + self.train_time_per_token_s * tokens
         return self.busy_until
 
