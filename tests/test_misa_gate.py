@@ -9,7 +9,7 @@ import pytest
 from cadencerl.core.actions import Admit, Place
 from cadencerl.core.trajectory import State
 from cadencerl.policies.least_loaded import LeastLoaded
-from cadencerl.routing.misa import DECREASE, HIGH, Admitted, MisaT
+from cadencerl.routing.misa import DECREASE, HIGH, INITIAL_SCALE, Admitted, MisaT
 from cadencerl.routing.misa_learn import WARMUP, ClassStats, PRIOR_REPLY
 from cadencerl.routing.routers import LeastLoadedRouter
 from tests.pools import pool, traj, worker
@@ -35,7 +35,7 @@ def warm(misa, cls, footprint, duration):
 def test_the_first_cap_is_the_kv_budget_over_a_sessions_footprint_not_a_slow_start():
     misa = MisaT({"rlvr": 1.0})
     misa.observe(pool(LeastLoaded(), [worker(0, cap=100_000)], fresh=fresh(1)).view)
-    assert misa.caps[0] == pytest.approx(HIGH * 100_000 / (10 + PRIOR_REPLY))
+    assert misa.caps[0] == pytest.approx(INITIAL_SCALE * HIGH * 100_000 / (10 + PRIOR_REPLY))
 
 
 def test_the_capacity_estimate_weights_each_class_by_how_long_it_holds_its_kv():
@@ -44,7 +44,7 @@ def test_the_capacity_estimate_weights_each_class_by_how_long_it_holds_its_kv():
     warm(misa, "rlhf", footprint=1000, duration=30)
     misa.observe(pool(LeastLoaded(), [worker(0, cap=1_000_000)]).view)
     per_session = (0.5 * 300 * 4000 + 0.5 * 30 * 1000) / (0.5 * 300 + 0.5 * 30)
-    assert misa.caps[0] == pytest.approx(HIGH * 1_000_000 / per_session)
+    assert misa.caps[0] == pytest.approx(INITIAL_SCALE * HIGH * 1_000_000 / per_session)
 
 
 @pytest.mark.parametrize("signal", ["preempted", "waiting"])
@@ -63,16 +63,17 @@ def test_pressure_shrinks_the_cap_multiplicatively(signal):
     assert misa.caps[0] == pytest.approx(first * DECREASE)
 
 
-def test_a_cap_in_use_under_low_kv_use_grows_but_an_unused_one_does_not():
+def test_a_measured_cap_in_use_under_low_kv_use_grows_but_an_unused_one_does_not():
     misa = MisaT({"rlvr": 1.0})
-    w = worker(0, cap=10_000)                      # first cap: 9000 / 1034 -> 8 sessions
+    warm(misa, "rlvr", footprint=500, duration=10)   # measured: first cap 0.5 x 9000 / 500 = 9
+    w = worker(0, cap=10_000)
     misa.observe(pool(LeastLoaded(), [w], fresh=fresh(1)).view)
     first = misa.caps[0]
     p = pool(LeastLoaded(), [w], fresh=fresh(1))
     p.now = 1.0
     misa.observe(p.view)
     assert misa.caps[0] == pytest.approx(first)    # unused: no growth
-    busy = loaded(0, 9, cap=10_000)
+    busy = loaded(0, 10, cap=10_000)
     busy.engine_kv = 1000                          # 10% use with its cap in use
     p = pool(LeastLoaded(), [busy], fresh=fresh(1))
     p.now = 2.0
@@ -80,19 +81,30 @@ def test_a_cap_in_use_under_low_kv_use_grows_but_an_unused_one_does_not():
     assert misa.caps[0] == pytest.approx(first / DECREASE)   # one bounded step toward TARGET use
 
 
+def test_before_every_class_is_measured_a_cap_in_use_does_not_grow():
+    misa = MisaT({"rlvr": 1.0})
+    misa.observe(pool(LeastLoaded(), [worker(0, cap=100_000)], fresh=fresh(1)).view)
+    first = misa.caps[0]
+    busy = loaded(0, int(first) + 1, cap=100_000)
+    busy.engine_kv = 1000
+    p = pool(LeastLoaded(), [busy], fresh=fresh(1))
+    p.now = 1.0
+    misa.observe(p.view)
+    assert misa.caps[0] <= first                   # KV use lags admissions: no growth on a guess
+
+
 def test_kv_held_across_a_tool_wait_counts_as_pressure():
     misa = MisaT({"rlvr": 1.0})
     w = worker(0, cap=10_000)
     w.engine_kv = 1000                              # the engine alone reports 10%
     misa.observe(pool(LeastLoaded(), [w], fresh=fresh(1)).view)
-    first = misa.caps[0]
     away = traj(7, 9000)                            # a session between turns, its prefix cached on 0
     away.state, away.home = State.TOOL, 0
     misa.learner.track(away)
     p = pool(LeastLoaded(), [w], fresh=fresh(1))
     p.now = 1.0
     misa.observe(p.view)
-    assert misa.caps[0] == pytest.approx(first * DECREASE)   # 10% + 90% held: over HIGH
+    assert misa.scale[0] == pytest.approx(INITIAL_SCALE * DECREASE)   # 10% + 90% held: over HIGH
 
 
 # -- class deficit and its completion-time lead ----------------------------------------------------
@@ -115,11 +127,13 @@ def test_a_slow_class_is_admitted_ahead_of_its_share_by_its_completion_time():
     warm(misa, "rlhf", footprint=1000, duration=10)
     misa.learner.rate = 2.0                        # sessions complete at 2/s
     misa.admitted = {"agent": 100, "rlhf": 60}     # agent already 40 ahead of an even split
-    d = misa.deficits(["agent", "rlhf"])
+    d = misa.deficits(["agent", "rlhf"], horizon=1000)
     # the pool admits 2/s x (100 - 55) s = 90 sessions while an agent session runs past the mean
     assert d["agent"] == pytest.approx(0.5 * (161 + 90) - 100)
     assert d["rlhf"] == pytest.approx(0.5 * (161 - 90) - 60)
     assert d["agent"] > d["rlhf"]
+    clipped = misa.deficits(["agent", "rlhf"], horizon=10)   # never more than a batch ahead
+    assert clipped["agent"] == pytest.approx(0.5 * (161 + 10) - 100)
 
 
 def test_a_class_too_far_ahead_waits_but_some_class_always_may_go():

@@ -138,9 +138,10 @@ class MisaT:
 
     # -- the gate ---------------------------------------------------------------------------------
 
-    def deficits(self, waiting: list[str]) -> dict[str, float]:
+    def deficits(self, waiting: list[str], horizon: float) -> dict[str, float]:
         """Sessions each waiting class is behind its share of admissions, its share moved ahead by
-        its expected completion time against the mix's mean (see the module docstring)."""
+        its expected completion time against the mix's mean (see the module docstring); the lead is
+        at most `horizon` sessions (a batch: the trainer consumes no further ahead)."""
         mix = {c: self.target_mix.get(c, 0.0) for c in waiting}
         norm = sum(mix.values()) or 1.0
         mix = {c: m / norm for c, m in mix.items()}
@@ -149,7 +150,9 @@ class MisaT:
         lead = {c: 0.0 for c in waiting}
         if all(d is not None for d in durations.values()):
             mean = sum(mix[c] * durations[c] for c in waiting)
-            lead = {c: self.learner.rate * (durations[c] - mean) for c in waiting}
+            lead = {c: max(-horizon, min(horizon, self.learner.rate * (durations[c] - mean))) for c in waiting}
+            shift = sum(mix[c] * lead[c] for c in waiting)    # re-centred after clipping: the deficits
+            lead = {c: x - shift for c, x in lead.items()}     # sum to 1, so some class is always behind
         return {c: mix[c] * (done + lead[c]) - self.admitted.get(c, 0) for c in waiting}
 
     def open_classes(self, view: PoolView) -> set[str]:
@@ -158,7 +161,7 @@ class MisaT:
         active = view.active_by_class
         waiting = view.fresh.classes()
         spare = sum(max(0, cap - active.get(c, 0)) for c, cap in self.class_caps.items() if c not in waiting)
-        deficit = self.deficits(waiting)
+        deficit = self.deficits(waiting, view.credits.batch_size)
         bound = MAX_AHEAD * view.credits.batch_size
         open_ = [c for c in waiting if active.get(c, 0) < self.class_caps.get(c, 1) + spare and deficit[c] > -bound]
         if not open_:
