@@ -192,3 +192,27 @@ def test_a_routers_continuation_goes_home_unless_home_is_overloaded(overloaded):
              pending=[back], admitted=21)
     acts = p.decide()
     assert acts[0] == (Place(1, 1) if overloaded else Place(1, 0))
+
+
+def test_in_front_of_a_policy_that_never_overcommits_full_kv_is_not_pressure():
+    """CadenceRL keeps KV full on purpose (it evicts to its pending set): there the caps shrink
+    only on preemptions and engine queues, and grow when they bind."""
+    from cadencerl.policies.cadence import Cadence
+    from tests.pools import PARAMS
+
+    misa = MisaT({"rlvr": 1.0})
+    warm(misa, "rlvr", footprint=500, duration=10)
+    gate = Admitted(misa, Cadence(PARAMS))
+    assert not misa.kv_is_pressure
+    full = loaded(0, 20, cap=10_000)
+    full.engine_kv = 9_900
+    misa.observe(pool(gate, [full], fresh=fresh(1)).view)   # first cap: 0.5 x 9000 / 500 = 9 < 20 sessions
+    p = pool(gate, [full], fresh=fresh(1))
+    p.now = 1.0
+    misa.observe(p.view)
+    assert misa.scale[0] == pytest.approx(INITIAL_SCALE / DECREASE)   # 99% KV, its cap in use: it grew
+    full.preemptions += 1
+    p.now = 2.0
+    before = misa.scale[0]
+    misa.observe(p.view)
+    assert misa.scale[0] == pytest.approx(before * DECREASE)

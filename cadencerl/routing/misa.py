@@ -27,6 +27,9 @@ Three mechanisms (MISA-T abstract; reference/hardware.md), every figure observab
   batch ahead of its share waits (some waiting class is always at or below its share, so this
   never stalls).
 
+In front of a placement policy that never over-commits KV (CadenceRL), full KV is that policy's
+packing, not pressure: only preemptions and engine queues shrink the caps there.
+
 Continuations of admitted sessions always pass. In front of a router, a continuation returns to
 the worker holding its prefix unless that worker is overloaded (then the router places it).
 Where the paper is silent (choices, documented and tested): the constants below and K = HIGH times
@@ -64,6 +67,7 @@ class MisaT:
     class_caps: dict[str, int] = field(default_factory=dict)
     admitted: dict[str, int] = field(default_factory=dict)     # sessions admitted so far, per class
     learner: Learner = field(default_factory=Learner)
+    kv_is_pressure: bool = True   # False in front of a policy that never over-commits KV (see Admitted)
     _next_adapt: float = 0.0
 
     # -- observation ------------------------------------------------------------------------------
@@ -96,7 +100,7 @@ class MisaT:
         """Correct the capacity estimate from the pressure the engine reports (tool-held KV included)."""
         preempted = w.preemptions > self.last_preemptions[w.id]
         self.last_preemptions[w.id] = w.preemptions
-        use = (w.engine_kv + held) / w.kv_capacity
+        use = (w.engine_kv + held) / w.kv_capacity if self.kv_is_pressure else 0.0
         s = self.scale[w.id]
         if preempted or w.num_waiting > 0 or use > HIGH:
             s *= DECREASE
@@ -193,6 +197,10 @@ class Admitted:
         self.name = f"misa+{inner.name}"
         self.kv_transfer = inner.kv_transfer
         self.queues_at_engine = getattr(inner, "queues_at_engine", False)
+        # A placement policy that never over-commits KV (CadenceRL packs it and evicts to its pending
+        # set) keeps it full on purpose: there only preemptions and engine queues are pressure, and
+        # the caps step aside when there is none.
+        misa.kv_is_pressure = self.queues_at_engine
 
     def decide(self, view: PoolView) -> Iterator[Action]:
         self.misa.observe(view)
