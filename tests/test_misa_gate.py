@@ -144,23 +144,23 @@ def test_a_class_too_far_ahead_waits_but_some_class_always_may_go():
     assert misa.open_classes(p.view) == {"agent"}      # rlhf has nothing waiting: agent goes
     p = gate_pool(misa, [worker(0, cap=1_000_000)], fresh(3, "agent") + fresh(3, "rlhf", start=200), batch=100)
     misa.class_caps = {"agent": 1000, "rlhf": 0}
+    p.controller.active_by_class["agent"] = 1000       # agent uses its whole quota: nothing to lend
     assert misa.open_classes(p.view) == set()          # rlhf capped, agent far ahead: both wait
 
 
 # -- quota lending ---------------------------------------------------------------------------------
 
-def test_a_class_with_nothing_waiting_lends_its_unused_quota():
+def test_a_class_borrows_the_quota_the_others_leave_unused_and_a_class_under_its_own_always_passes():
     misa = MisaT(MIX)
-    p = gate_pool(misa, [worker(0, cap=1_000_000)], fresh(3, "agent"))
+    p = gate_pool(misa, [worker(0, cap=1_000_000)], fresh(3, "agent") + fresh(1, "rlhf", start=300))
     misa.observe(p.view)
     misa.class_caps = {"agent": 2, "rlhf": 5}
+    misa.admitted = {"agent": 0, "rlhf": 10}          # rlhf ahead: agent is the one behind
     p.controller.active_by_class.update({"agent": 5, "rlhf": 1})
-    assert misa.open_classes(p.view) == {"agent"}      # 5 < 2 + (5 - 1) lent by rlhf
+    assert misa.open_classes(p.view) == {"agent"}      # 5 < 2 + (5 - 1) unused by rlhf, lent
     p.controller.active_by_class["agent"] = 6
-    assert misa.open_classes(p.view) == set()
-    p2 = gate_pool(misa, [worker(0, cap=1_000_000)], fresh(3, "agent") + fresh(1, "rlhf", start=300))
-    p2.controller.active_by_class.update({"agent": 6, "rlhf": 1})
-    assert misa.open_classes(p2.view) == {"rlhf"}      # rlhf waits now: it lends nothing
+    misa.admitted = {"agent": 0, "rlhf": 0}
+    assert misa.open_classes(p.view) == {"rlhf"}       # agent past 2 + 4; rlhf under its own quota
 
 
 # -- continuations ---------------------------------------------------------------------------------

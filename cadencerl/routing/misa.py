@@ -17,8 +17,10 @@ Three mechanisms (MISA-T abstract; reference/hardware.md), every figure observab
   the capacity estimate, whose footprints are at least what running sessions already hold.
 * Workload-aware KV-capacity allocation. Class c gets a protected KV quota
       Q_c = K * m_c BT_c / sum_j m_j BT_j,    BT_c = f_c d_c (block-time of one session)
-  and a session cap Q_c / f_c, also bounded by its quota share of the pool's session caps. Quota a
-  class leaves unused while it has nothing waiting is lent to the others (work conserving).
+  and a session cap Q_c / f_c, also bounded by its Little's-law share of the pool's session caps.
+  Quota a class leaves unused is lent to the others (work conserving: a short class's small cap
+  must not idle the pool when credits open after a publish); a class under its own quota always
+  passes, so what was lent comes back as the borrowers finish.
 * Mixture fidelity: the next session admitted is of the waiting, open class furthest below its
   share of admissions, where each class's share is moved ahead by the sessions the pool will
   admit while one of its sessions runs longer than the mix's mean (rate x (d_c - mean d)): slow
@@ -160,14 +162,16 @@ class MisaT:
         return {c: mix[c] * (done + lead[c]) - self.admitted.get(c, 0) for c in waiting}
 
     def open_classes(self, view: PoolView) -> set[str]:
-        """The class to admit next: among waiting classes under their cap (plus quota lent by
-        classes with nothing waiting) and not too far ahead, the one furthest behind."""
+        """The class to admit next: among waiting classes under their cap (plus the quota the other
+        classes leave unused, lent) and not too far ahead, the one furthest behind."""
         active = view.active_by_class
         waiting = view.fresh.classes()
-        spare = sum(max(0, cap - active.get(c, 0)) for c, cap in self.class_caps.items() if c not in waiting)
+        unused = {c: max(0, cap - active.get(c, 0)) for c, cap in self.class_caps.items()}
         deficit = self.deficits(waiting, view.credits.batch_size)
         bound = MAX_AHEAD * view.credits.batch_size
-        open_ = [c for c in waiting if active.get(c, 0) < self.class_caps.get(c, 1) + spare and deficit[c] > -bound]
+        spare = sum(unused.values())
+        open_ = [c for c in waiting if active.get(c, 0) < self.class_caps.get(c, 1) + spare - unused.get(c, 0)
+                 and deficit[c] > -bound]
         if not open_:
             return set()
         return {max(open_, key=lambda c: (deficit[c], c))}
