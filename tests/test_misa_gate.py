@@ -113,32 +113,43 @@ def gate_pool(misa, workers, fresh_, **state):
     return pool(Admitted(misa, LeastLoaded()), workers, fresh=fresh_, **state)
 
 
-def test_the_class_furthest_behind_its_share_is_admitted_next():
+def admit_n(misa, cls, n, version=0):
+    for _ in range(n):
+        misa.record(cls, version)
+
+
+def test_the_class_furthest_behind_its_share_of_the_cohort_is_admitted_next():
     misa = MisaT(MIX)
-    misa.admitted = {"agent": 10, "rlhf": 2}
+    admit_n(misa, "agent", 10)
+    admit_n(misa, "rlhf", 2)
+    admit_n(misa, "agent", 50, version=-1)             # an older cohort: it does not count
     p = gate_pool(misa, [worker(0, cap=1_000_000)], fresh(3, "agent") + fresh(3, "rlhf", start=200))
     misa.observe(p.view)
     assert misa.open_classes(p.view) == {"rlhf"}
+    admit_n(misa, "rlhf", 20, version=-1)
+    assert misa.open_classes(p.view) == {"rlhf"}       # still behind in the current cohort
 
 
-def test_a_slow_class_is_admitted_ahead_of_its_share_by_its_completion_time():
+def test_a_slow_class_starts_first_in_its_cohort_and_the_lead_fades_as_the_cohort_fills():
     misa = MisaT(MIX)
     warm(misa, "agent", footprint=1000, duration=100)
     warm(misa, "rlhf", footprint=1000, duration=10)
     misa.learner.rate = 2.0                        # sessions complete at 2/s
-    misa.admitted = {"agent": 100, "rlhf": 60}     # agent already 40 ahead of an even split
-    d = misa.deficits(["agent", "rlhf"], horizon=1000)
-    # the pool admits 2/s x (100 - 55) s = 90 sessions while an agent session runs past the mean
-    assert d["agent"] == pytest.approx(0.5 * (161 + 90) - 100)
-    assert d["rlhf"] == pytest.approx(0.5 * (161 - 90) - 60)
+    counts = {"agent": 100, "rlhf": 59}            # agent already ahead of an even split
+    d = misa.deficits(["agent", "rlhf"], horizon=1000, counts=counts)
+    # the pool admits 2/s x (100 - 55) s = 90 sessions while an agent session runs past the mean,
+    # faded by the cohort's fill (160 of 1000)
+    lead = 90 * (1 - 160 / 1000)
+    assert d["agent"] == pytest.approx(0.5 * (160 + lead) - 100)
+    assert d["rlhf"] == pytest.approx(0.5 * (160 - lead) - 59)
     assert d["agent"] > d["rlhf"]
-    clipped = misa.deficits(["agent", "rlhf"], horizon=10)   # never more than a batch ahead
-    assert clipped["agent"] == pytest.approx(0.5 * (161 + 10) - 100)
+    full = misa.deficits(["agent", "rlhf"], horizon=160, counts=counts)   # the cohort is full: no lead
+    assert full["rlhf"] == pytest.approx(0.5 * 160 - 59)
 
 
 def test_a_class_too_far_ahead_waits_but_some_class_always_may_go():
     misa = MisaT(MIX)
-    misa.admitted = {"agent": 500, "rlhf": 0}
+    admit_n(misa, "agent", 500)
     p = gate_pool(misa, [worker(0, cap=1_000_000)], fresh(3, "agent"), batch=100)
     misa.observe(p.view)
     assert misa.open_classes(p.view) == {"agent"}      # rlhf has nothing waiting: agent goes
@@ -155,11 +166,11 @@ def test_a_class_borrows_the_quota_the_others_leave_unused_and_a_class_under_its
     p = gate_pool(misa, [worker(0, cap=1_000_000)], fresh(3, "agent") + fresh(1, "rlhf", start=300))
     misa.observe(p.view)
     misa.class_caps = {"agent": 2, "rlhf": 5}
-    misa.admitted = {"agent": 0, "rlhf": 10}          # rlhf ahead: agent is the one behind
+    admit_n(misa, "rlhf", 10)                          # rlhf ahead: agent is the one behind
     p.controller.active_by_class.update({"agent": 5, "rlhf": 1})
     assert misa.open_classes(p.view) == {"agent"}      # 5 < 2 + (5 - 1) unused by rlhf, lent
     p.controller.active_by_class["agent"] = 6
-    misa.admitted = {"agent": 0, "rlhf": 0}
+    misa.cohorts = {}
     assert misa.open_classes(p.view) == {"rlhf"}       # agent past 2 + 4; rlhf under its own quota
 
 

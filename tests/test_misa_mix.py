@@ -114,9 +114,9 @@ def _short_flags(tr):
 @given(mix=mixes, durations=st.lists(st.floats(1.0, 600.0), min_size=4, max_size=4),
        rate=st.floats(0.0, 20.0))
 def test_the_gate_starves_no_class_and_keeps_admissions_near_the_target(mix, durations, rate):
-    """With every class waiting and uncapped, 300 admissions through `open_classes`: every class is
-    admitted, and each class's count stays within its completion-time lead (at most two batches'
-    worth of its share) plus the ahead bound of its share."""
+    """With every class waiting and uncapped, 300 admissions (three batches) into one cohort
+    through `open_classes`: every class is admitted, and each class's count stays within its
+    completion-time lead (at most two batches' worth of its share) plus the ahead bound."""
     batch = 100
     misa = MisaT(mix)
     for c, d in zip(mix, durations):
@@ -129,8 +129,7 @@ def test_the_gate_starves_no_class_and_keeps_admissions_near_the_target(mix, dur
     for _ in range(300):
         chosen = misa.open_classes(view)
         assert len(chosen) == 1, "with every class open the gate must always admit one"
-        c = chosen.pop()
-        misa.admitted[c] = misa.admitted.get(c, 0) + 1
+        misa.record(chosen.pop(), 0)
     n = sum(misa.admitted.values())
     for c, m in mix.items():
         assert misa.admitted.get(c, 0) > 0

@@ -22,10 +22,12 @@ Three mechanisms (MISA-T abstract; reference/hardware.md), every figure observab
   must not idle the pool when credits open after a publish); a class under its own quota always
   passes, so what was lent comes back as the borrowers finish.
 * Mixture fidelity: the next session admitted is of the waiting, open class furthest below its
-  share of admissions, where each class's share is moved ahead by the sessions the pool will
-  admit while one of its sessions runs longer than the mix's mean (rate x (d_c - mean d)): slow
-  agentic sessions start early enough to finish with the faster classes admitted after them, so
-  the *consumed* batches, not the admissions, follow the target. A class more than MAX_AHEAD of a
+  share of the current version's cohort (what the trainer version admits; under the staleness
+  bound a cohort is consumed by the next eta+1 batches, so each cohort must hold the target mix),
+  where each class's share is moved ahead by the sessions the pool admits while one of its
+  sessions runs longer than the mix's mean (rate x (d_c - mean d)), fading to zero as the cohort
+  fills: slow agentic sessions start first in their cohort, early enough to land in the batch
+  that wants them, and the cohort still ends on the target. A class more than MAX_AHEAD of a
   batch ahead of its share waits (some waiting class is always at or below its share, so this
   never stalls).
 
@@ -68,6 +70,7 @@ class MisaT:
     last_preemptions: dict[int, int] = field(default_factory=dict)
     class_caps: dict[str, int] = field(default_factory=dict)
     admitted: dict[str, int] = field(default_factory=dict)     # sessions admitted so far, per class
+    cohorts: dict[int, dict[str, int]] = field(default_factory=dict)   # per policy version, per class
     learner: Learner = field(default_factory=Learner)
     kv_is_pressure: bool = True   # False in front of a policy that never over-commits KV (see Admitted)
     _next_adapt: float = 0.0
@@ -95,8 +98,15 @@ class MisaT:
     def admitted_session(self, traj: Trajectory) -> None:
         """A new session passed the gate: count it, and learn its figures when it finishes."""
         self.learner.track(traj)
-        cls = traj.workload_class
+        self.record(traj.workload_class, traj.tag if traj.tag is not None else 0)
+
+    def record(self, cls: str, version: int) -> None:
+        """Count one admission of class `cls` under policy version `version`."""
         self.admitted[cls] = self.admitted.get(cls, 0) + 1
+        cohort = self.cohorts.setdefault(version, {})
+        cohort[cls] = cohort.get(cls, 0) + 1
+        for old in [v for v in self.cohorts if v < version - 4]:
+            del self.cohorts[old]
 
     def _adapt(self, w: Worker, held: int, measured: bool) -> None:
         """Correct the capacity estimate from the pressure the engine reports (tool-held KV included)."""
@@ -144,22 +154,24 @@ class MisaT:
 
     # -- the gate ---------------------------------------------------------------------------------
 
-    def deficits(self, waiting: list[str], horizon: float) -> dict[str, float]:
-        """Sessions each waiting class is behind its share of admissions, its share moved ahead by
-        its expected completion time against the mix's mean (see the module docstring); the lead is
-        at most `horizon` sessions (a batch: the trainer consumes no further ahead)."""
+    def deficits(self, waiting: list[str], horizon: float, counts: dict[str, int]) -> dict[str, float]:
+        """Sessions each waiting class is behind its share of the cohort admitted so far (`counts`),
+        its share moved ahead by its expected completion time against the mix's mean: the lead is
+        at most `horizon` sessions (the cohort a version admits: about a batch) and shrinks to zero
+        as the cohort fills, so a cohort ends on the target mix with its slow sessions started first."""
         mix = {c: self.target_mix.get(c, 0.0) for c in waiting}
         norm = sum(mix.values()) or 1.0
         mix = {c: m / norm for c, m in mix.items()}
-        done = sum(self.admitted.get(c, 0) for c in waiting) + 1
+        done = sum(counts.get(c, 0) for c in waiting) + 1
         durations = {c: self.learner.duration(c) for c in waiting}
         lead = {c: 0.0 for c in waiting}
         if all(d is not None for d in durations.values()):
             mean = sum(mix[c] * durations[c] for c in waiting)
-            lead = {c: max(-horizon, min(horizon, self.learner.rate * (durations[c] - mean))) for c in waiting}
+            fade = max(0.0, 1.0 - done / horizon) if horizon > 0 else 0.0
+            lead = {c: fade * max(-horizon, min(horizon, self.learner.rate * (durations[c] - mean))) for c in waiting}
             shift = sum(mix[c] * lead[c] for c in waiting)    # re-centred after clipping: the deficits
             lead = {c: x - shift for c, x in lead.items()}     # sum to 1, so some class is always behind
-        return {c: mix[c] * (done + lead[c]) - self.admitted.get(c, 0) for c in waiting}
+        return {c: mix[c] * (done + lead[c]) - counts.get(c, 0) for c in waiting}
 
     def open_classes(self, view: PoolView) -> set[str]:
         """The class to admit next: among waiting classes under their cap (plus the quota the other
@@ -167,7 +179,7 @@ class MisaT:
         active = view.active_by_class
         waiting = view.fresh.classes()
         unused = {c: max(0, cap - active.get(c, 0)) for c, cap in self.class_caps.items()}
-        deficit = self.deficits(waiting, view.credits.batch_size)
+        deficit = self.deficits(waiting, view.credits.batch_size, self.cohorts.get(view.trainer_version, {}))
         bound = MAX_AHEAD * view.credits.batch_size
         spare = sum(unused.values())
         open_ = [c for c in waiting if active.get(c, 0) < self.class_caps.get(c, 1) + spare - unused.get(c, 0)
