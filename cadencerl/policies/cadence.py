@@ -39,6 +39,7 @@ class Cadence:
         self.delta = params.delta
         self.floor_frac = params.headroom_floor
         self.kv_transfer = params.kv_preparation
+        self.kv_staging = params.kv_preparation   # late-bound: staged on relays at departure (section 4.4)
 
     def floor(self, w: Worker) -> int:
         return int(self.floor_frac * w.kv_capacity)

@@ -29,6 +29,7 @@ TARGET_MARGIN = 0.10
 class Laminar:
     name = "laminar"
     kv_transfer = True
+    weight_sync = "prefetch"   # relays hold each new version; a worker pulls it when ready
 
     def decide(self, view: PoolView) -> Iterator[Action]:
         yield from advance_idle(view)
