@@ -149,23 +149,6 @@ class WorkloadSpec(_Shape):
         return {"rlvr": ClassSpec(share=1.0, **shape)}
 
     def target_mix(self) -> dict[str, float]:
-<<<<<<< HEAD
-        """Each class's share of the trainer's batches (the shares, normalized)."""
-        specs = self.class_specs()
-        total = sum(c.share for c in specs.values())
-        return {name: c.share / total for name, c in specs.items()}
-
-
-class TrainerSpec(_Strict):
-    """`mix`: "target" forms each batch toward the workload's target mix, waiting at most
-    `mix_wait_s` for a short class (core/trainer.py); "completion" takes completion order."""
-
-    batch_size: int = Field(gt=0)
-    train_time_s: float = Field(default=10.0, ge=0)
-    train_time_per_token_s: float = Field(default=0.0, ge=0)
-    mix: Literal["target", "completion"] = "target"
-    mix_wait_s: float = Field(default=120.0, ge=0)
-=======
         """The trainer's target class mix; a workload without classes is all 'rlvr' (a trace too)."""
         if self.classes is None:
             return {"rlvr": 1.0}
@@ -174,10 +157,14 @@ class TrainerSpec(_Strict):
 
 
 class TrainerSpec(_Strict):
+    """`mix`: "target" forms each batch toward the workload's target mix, waiting at most
+    `mix_wait_s` for a short class (core/trainer.py); "completion" takes completion order."""
+
     batch_size: Count
     train_time_s: Seconds = 10.0
     train_time_per_token_s: float = Field(default=0.0, ge=0, le=1.0)
->>>>>>> main
+    mix: Literal["target", "completion"] = "target"
+    mix_wait_s: Seconds = 120.0
 
 
 class PolicySpec(_Strict):

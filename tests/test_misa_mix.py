@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from cadencerl.core.credits import CreditModel
-from cadencerl.core.mix import compose, target_counts
+from cadencerl.core.mix import MixRule, compose, target_counts
 from cadencerl.core.trainer import Trainer
 from cadencerl.routing.misa import MAX_AHEAD, MisaT
 from cadencerl.routing.misa_learn import WARMUP, ClassStats
@@ -47,7 +47,7 @@ def test_a_short_class_holds_the_batch_until_fill_then_the_substitutes_are_count
 
 
 def trainer(batch, total, wait):
-    return Trainer(CreditModel(batch, 1, total), train_time_s=1.0, target_mix=MIX, mix_wait_s=wait)
+    return Trainer(CreditModel(batch, 1, total), train_time_s=1.0, mix=MixRule(MIX, wait))
 
 
 def test_the_trainer_waits_for_a_short_class_at_most_the_bound():
@@ -86,7 +86,7 @@ def test_batches_of_a_random_completion_stream_keep_every_class_and_a_bounded_de
     counts = target_counts(mix, total)
     stream = [c for c, n in counts.items() for _ in range(n)]
     rng.shuffle(stream)
-    tr = Trainer(CreditModel(batch, nbatches, total), train_time_s=0.0, target_mix=mix, mix_wait_s=5.0)
+    tr = Trainer(CreditModel(batch, nbatches, total), train_time_s=0.0, mix=MixRule(mix, 5.0))
     tr.credits.record(0, total)
     now = 0.0
     for i, cls in enumerate(stream):
@@ -106,7 +106,7 @@ def test_batches_of_a_random_completion_stream_keep_every_class_and_a_bounded_de
 
 def _short_flags(tr):
     """Which batches took substitutes: their class counts miss the target counts by more than rounding."""
-    return [any(abs(b.get(c, 0) - n) > 0 for c, n in target_counts(tr.target_mix, sum(b.values())).items())
+    return [any(abs(b.get(c, 0) - n) > 0 for c, n in target_counts(tr.mix.target, sum(b.values())).items())
             for b in tr.batch_classes]
 
 

@@ -8,7 +8,6 @@ before the backend sees it, so a buggy policy fails loudly instead of corrupting
 from __future__ import annotations
 
 import math
-
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -19,13 +18,12 @@ from cadencerl.core.credits import CreditModel
 from cadencerl.core.fresh import FreshQueue
 from cadencerl.core.pending import PendingSet
 from cadencerl.core.recorder import Recorder
-from cadencerl.core.trainer import Trainer
+from cadencerl.core.trainer import MixRule, Trainer
 from cadencerl.core.trajectory import State, Trajectory
 from cadencerl.core.view import AdmissionGate, Policy, PoolView, strands_work
 from cadencerl.core.worker import Worker
 
-PUBLISH = "publish"
-MIX_WAIT = "mix-wait"   # the trainer's wait bound for a short class ran out
+PUBLISH, MIX_WAIT = "publish", "mix-wait"   # timer tags: a batch trained; a short class's wait bound ran out
 
 
 class StallError(RuntimeError):
@@ -49,8 +47,7 @@ class Controller:
     def __init__(self, policy: Policy, backend: Backend, workers: list[Worker], trajectories: list[Trajectory],
                  *, batch_size: int, params: PolicySpec, train_time_s: float, train_time_per_token_s: float = 0.0,
                  kv_transfer_time: Callable[[Worker, Worker, Trajectory], float | None] | None = None,
-                 kv_bytes_per_token: float = 0.0, sample_every_s: float = 5.0,
-                 target_mix: dict[str, float] | None = None, mix_wait_s: float = 0.0) -> None:
+                 kv_bytes_per_token: float = 0.0, sample_every_s: float = 5.0, mix: MixRule | None = None) -> None:
         self.policy = policy
         self.gate: AdmissionGate | None = getattr(policy, "gate", None)   # handed to every view
         self.backend = backend
@@ -60,9 +57,7 @@ class Controller:
         self.pending = PendingSet()
         self.params = params
         self.credits = CreditModel(batch_size, params.eta, len(trajectories))
-        self.trainer = Trainer(self.credits, train_time_s, train_time_per_token_s, target_mix=target_mix,
-                               mix_wait_s=mix_wait_s)
-        self._wake_at: float | None = None
+        self.trainer = Trainer(self.credits, train_time_s, train_time_per_token_s, mix=mix)
         self.kv_transfer_time = kv_transfer_time
         self.kv_bytes_per_token = kv_bytes_per_token
         self.counters = Counters()
@@ -124,8 +119,7 @@ class Controller:
         return self.done == len(self.trajectories) and self.trainer.all_consumed
 
     def _stalled(self) -> None:
-        raise StallError(
-            f"policy {self.policy.name!r} stalled at t={self.now:.1f}s: {len(self.fresh)} fresh, "
+        raise StallError(f"policy {self.policy.name!r} stalled at t={self.now:.1f}s: {len(self.fresh)} fresh, "
             f"{len(self.pending)} pending, {self.done}/{len(self.trajectories)} done, trainer at version "
             f"{self.trainer.version}, worker versions {sorted({w.version for w in self.workers})}; knobs eta "
             f"{self.params.eta}, delta {self.params.delta} tokens, largest worker KV "
@@ -151,12 +145,9 @@ class Controller:
             traj.departed_at = ev.time
             self.pending.add(traj)
             return False
-        if isinstance(ev, Timer) and ev.tag == PUBLISH:
-            self.trainer.publish(ev.time)
-            self._maybe_train(ev.time)
-            return True
-        if isinstance(ev, Timer) and ev.tag == MIX_WAIT:
-            self._wake_at = None
+        if isinstance(ev, Timer) and ev.tag in (PUBLISH, MIX_WAIT):
+            if ev.tag == PUBLISH:
+                self.trainer.publish(ev.time)
             self._maybe_train(ev.time)
             return True
         if isinstance(ev, WorkerLost):
@@ -373,8 +364,7 @@ class Controller:
         publish_at = self.trainer.try_start(now)
         if publish_at is not None:
             self.backend.schedule(publish_at, PUBLISH)
-        elif (wake := self.trainer.wake_at) is not None and self._wake_at is None and wake > now:
-            self._wake_at = wake   # a batch waits for a short class: form it at the bound anyway
+        elif (wake := self.trainer.wake_request(now)) is not None:   # a short class: form it at the bound
             self.backend.schedule(wake, MIX_WAIT)
 
     def _lose_worker(self, wid: int, now: float) -> None:

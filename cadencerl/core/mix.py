@@ -12,7 +12,22 @@ The rule (the trainer's side of mixture fidelity; documented in trainer.py):
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from cadencerl.core.trajectory import Trajectory
+
+
+@dataclass(frozen=True)
+class MixRule:
+    """What the trainer asks each batch for: the target class mix, and how long it waits for a
+    short class before it takes what is there."""
+
+    target: dict[str, float]
+    wait_s: float = 0.0
+
+    @staticmethod
+    def maybe(target: dict[str, float] | None, wait_s: float) -> "MixRule | None":
+        return MixRule(target, wait_s) if target is not None else None
 
 
 def target_counts(mix: dict[str, float], n: int) -> dict[str, int]:

@@ -7,9 +7,9 @@ trainer waits for stragglers: so no sample is ever consumed more than eta versio
 version it started under, whatever order trajectories finish in. Training takes a fixed time (plus an optional per-token
 time), then version k+1 is published.
 
-With a `target_mix` the batch asks for that mixture (`core/mix.py`): the trajectories due now
+With a mix rule (`MixRule`: a target mix and a wait bound) the batch asks for that mixture (`core/mix.py`): the trajectories due now
 (staleness first), then each class up to its target count, oldest tag first. When a class is short
-the trainer waits for it, at most `mix_wait_s` from the moment the batch could have formed by
+the trainer waits for it, at most the rule's `wait_s` from the moment the batch could have formed by
 count; then it takes what is there, fills the missing places from the other classes' oldest
 completions, and counts them (`mix_shortfall`, and `mix_short_batches`). If the mixed batch would
 strand a straggler, the batch falls back to oldest tag first.
@@ -21,7 +21,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from cadencerl.core.credits import CreditModel
-from cadencerl.core.mix import compose
+from cadencerl.core.mix import MixRule, compose
 from cadencerl.core.trajectory import Trajectory
 
 
@@ -50,11 +50,11 @@ class Trainer:
     publish_times: list[float] = field(default_factory=list)
     batch_tokens: list[int] = field(default_factory=list)
     batch_classes: list[Counter] = field(default_factory=list)   # workload classes of each batch
-    target_mix: dict[str, float] | None = None   # None: batches form in completion order
-    mix_wait_s: float = 0.0
+    mix: MixRule | None = None        # None: batches form in completion order
     ready_since: float | None = None  # the next batch could have formed by count since then
     mix_shortfall: int = 0            # samples substituted because their class was short at the bound
     mix_short_batches: int = 0
+    _wake_sent: float | None = None
     batches: list[TrainingBatch] = field(default_factory=list)   # every batch formed, in order
 
     @property
@@ -88,9 +88,9 @@ class Trainer:
             self.ready_since = now
         oldest = [t for tag in sorted(self.completed) for t in self.completed[tag]][:n]
         batch = oldest
-        if self.target_mix is not None:
-            waited = now - self.ready_since >= self.mix_wait_s
-            picked = compose(self.completed, n, self.target_mix, self.next_batch - self.eta, fill=waited)
+        if self.mix is not None:
+            waited = now - self.ready_since >= self.mix.wait_s
+            picked = compose(self.completed, n, self.mix.target, self.next_batch - self.eta, fill=waited)
             if picked is None:
                 return None
             batch, short = picked
@@ -109,9 +109,17 @@ class Trainer:
     @property
     def wake_at(self) -> float | None:
         """When a batch held back for a short class must be formed anyway (None: not waiting)."""
-        if self.target_mix is None or self.ready_since is None or self.busy_until is not None:
+        if self.mix is None or self.ready_since is None or self.busy_until is not None:
             return None
-        return self.ready_since + self.mix_wait_s
+        return self.ready_since + self.mix.wait_s
+
+    def wake_request(self, now: float) -> float | None:
+        """`wake_at` once per wait, if still ahead: the time to call `try_start` again."""
+        wake = self.wake_at
+        if wake is None or wake <= now or wake == self._wake_sent:
+            return None
+        self._wake_sent = wake
+        return wake
 
     def try_start(self, now: float) -> float | None:
         """Start training if a batch is ready; returns the publish time."""
