@@ -8,7 +8,6 @@ before the backend sees it, so a buggy policy fails loudly instead of corrupting
 from __future__ import annotations
 
 import math
-
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -19,13 +18,13 @@ from cadencerl.core.credits import CreditModel
 from cadencerl.core.fresh import FreshQueue
 from cadencerl.core.pending import PendingSet
 from cadencerl.core.recorder import Recorder
-from cadencerl.core.trainer import Trainer
+from cadencerl.core.trainer import MixRule, Trainer
 from cadencerl.core.trajectory import State, Trajectory
 from cadencerl.core.view import AdmissionGate, Policy, PoolView, strands_work
 from cadencerl.core.residency import attach, detach, live_worker, retire
 from cadencerl.core.worker import Worker
 
-PUBLISH = "publish"
+PUBLISH, MIX_WAIT = "publish", "mix-wait"   # timer tags: a batch trained; a short class's wait bound ran out
 
 
 class StallError(RuntimeError):
@@ -49,7 +48,7 @@ class Controller:
     def __init__(self, policy: Policy, backend: Backend, workers: list[Worker], trajectories: list[Trajectory],
                  *, batch_size: int, params: PolicySpec, train_time_s: float, train_time_per_token_s: float = 0.0,
                  kv_transfer_time: Callable[[Worker, Worker, Trajectory], float | None] | None = None,
-                 kv_bytes_per_token: float = 0.0, sample_every_s: float = 5.0) -> None:
+                 kv_bytes_per_token: float = 0.0, sample_every_s: float = 5.0, mix: MixRule | None = None) -> None:
         self.policy = policy
         self.gate: AdmissionGate | None = getattr(policy, "gate", None)   # handed to every view
         self.backend = backend
@@ -59,7 +58,7 @@ class Controller:
         self.pending = PendingSet()
         self.params = params
         self.credits = CreditModel(batch_size, params.eta, len(trajectories))
-        self.trainer = Trainer(self.credits, train_time_s, train_time_per_token_s)
+        self.trainer = Trainer(self.credits, train_time_s, train_time_per_token_s, mix=mix)
         self.kv_transfer_time = kv_transfer_time
         self.kv_bytes_per_token = kv_bytes_per_token
         self.counters = Counters()
@@ -121,8 +120,7 @@ class Controller:
         return self.done == len(self.trajectories) and self.trainer.all_consumed
 
     def _stalled(self) -> None:
-        raise StallError(
-            f"policy {self.policy.name!r} stalled at t={self.now:.1f}s: {len(self.fresh)} fresh, "
+        raise StallError(f"policy {self.policy.name!r} stalled at t={self.now:.1f}s: {len(self.fresh)} fresh, "
             f"{len(self.pending)} pending, {self.done}/{len(self.trajectories)} done, trainer at version "
             f"{self.trainer.version}, worker versions {sorted({w.version for w in self.workers})}; knobs eta "
             f"{self.params.eta}, delta {self.params.delta} tokens, largest worker KV "
@@ -148,8 +146,9 @@ class Controller:
             traj.departed_at = ev.time
             self.pending.add(traj)
             return False
-        if isinstance(ev, Timer) and ev.tag == PUBLISH:
-            self.trainer.publish(ev.time)
+        if isinstance(ev, Timer) and ev.tag in (PUBLISH, MIX_WAIT):
+            if ev.tag == PUBLISH:
+                self.trainer.publish(ev.time)
             self._maybe_train(ev.time)
             return True
         if isinstance(ev, WorkerLost):
@@ -345,6 +344,8 @@ class Controller:
         publish_at = self.trainer.try_start(now)
         if publish_at is not None:
             self.backend.schedule(publish_at, PUBLISH)
+        elif (wake := self.trainer.wake_request(now)) is not None:   # a short class: form it at the bound
+            self.backend.schedule(wake, MIX_WAIT)
 
     def _lose_worker(self, wid: int, now: float) -> None:
         w = self.workers[wid]
