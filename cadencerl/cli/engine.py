@@ -93,6 +93,28 @@ def local_pool(cfg) -> Iterator[list[str]]:
     shutil.rmtree(state, ignore_errors=True)   # kept (with the logs) only when something failed
 
 
+@contextlib.contextmanager
+def weight_pusher(model_dir: Path | None):
+    """A hook pushing version N of `model_dir`'s weights into each advancing server (None: no hook)."""
+    from cadencerl.engine.weights import WeightPusher, WeightVersions
+
+    if model_dir is None:
+        yield None
+        return
+    folder = Path(tempfile.mkdtemp(prefix="cadencerl-weights-"))
+    pusher = None
+    try:
+        try:
+            pusher = WeightPusher(WeightVersions(model_dir, folder))
+        except FileNotFoundError as exc:
+            fail(str(exc))
+        yield pusher
+    finally:
+        if pusher is not None:
+            pusher.close()
+        shutil.rmtree(folder, ignore_errors=True)
+
+
 def pool_up(workers: int = typer.Option(2, "--workers", help="servers to start (one core each)"),
             kv_tokens: int = typer.Option(8192, "--kv-tokens", help="KV cache per server, in tokens"),
             max_num_seqs: int = typer.Option(32, "--max-num-seqs"),
@@ -168,12 +190,17 @@ def run(scenario: str | None = ScenarioOpt, config: Path | None = ConfigOpt,
         trajectories: int | None = typer.Option(None), seed: int | None = typer.Option(None),
         eta: int | None = typer.Option(None), delta: int | None = typer.Option(None),
         deadline: float = typer.Option(3600.0, "--deadline", help="give up after this many seconds"),
+        weights: Path | None = typer.Option(None, "--weights", help="the servers' model folder: push a new "
+                                            "version of its weights into each server as it advances "
+                                            "(with --local: the tiny model, unless --no-push)"),
+        push: bool = typer.Option(True, "--push/--no-push", help="push real weight versions (see --weights)"),
         json_out: str | None = JsonOpt) -> None:
     """Run a scenario's workload with one policy on real vLLM servers; same figures as `sim`."""
     from cadencerl.api import run_real
     from cadencerl.core.actions import ActionError
     from cadencerl.core.controller import StallError
     from cadencerl.engine.backend import EngineRunError
+    from cadencerl.engine.weights import WeightPushError, pause_summary
 
     s, urls, label_list = _check_run_input(scenario, config, policy, workers, labels, local, dict(
         trajectories=trajectories, kv_tokens=kv_tokens, seed=seed, eta=eta, delta=delta))
@@ -182,17 +209,27 @@ def run(scenario: str | None = ScenarioOpt, config: Path | None = ConfigOpt,
             seqs = max(g.max_num_seqs for g in s.pool)
             urls = stack.enter_context(local_pool(pool_config(local, kv_tokens or 8192, min(seqs, 256), None,
                                                               "bfloat16")))
+            weights = weights or default_model_dir()
+        pusher = stack.enter_context(weight_pusher(weights if push else None))
         with progress_bar(True) as progress:
             task = progress.add_task(f"{s.name} / {policy} (real)", total=s.workload.trajectories)
             try:
                 result = run_real(s, policy, urls, label_list, kv_tokens=kv_tokens, deadline_s=deadline,
-                                  progress=lambda done, total: progress.update(task, completed=done))
+                                  progress=lambda done, total: progress.update(task, completed=done),
+                                  weight_update=pusher)
             except ConfigError as exc:
                 fail(str(exc))
             except (StallError, ActionError, EngineRunError) as exc:
                 fail(f"policy {policy}: {exc}")
             except AssertionError as exc:
                 fail(f"run: {exc}")
+            except WeightPushError as exc:
+                fail(str(exc))
+        if pusher is not None:
+            result["weights"] = pause_summary(pusher.pushes)
+            console(json_out == "-").print(f"weights: {result['weights']['pushes']} pushes, pause median "
+                                           f"{result['weights']['pause_median_ms']:.0f} ms, max "
+                                           f"{result['weights']['pause_max_ms']:.0f} ms")
     print_tables([run_table([result], f"{s.name}: {policy} on {len(urls)} real servers"),
                   per_accelerator_table(result), engine_table(result)], json_out == "-")
     write_json(json_out, result)

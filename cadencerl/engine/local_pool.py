@@ -83,6 +83,9 @@ class PoolConfig:
     model_dir: Path | None = None
     extra_args: tuple[str, ...] = ()
     arch: ModelArch = TINY_ARCH
+    weight_routes: bool = True
+    """Serve vLLM's dev-mode routes (`VLLM_SERVER_DEV_MODE=1`: /pause, /collective_rpc, /weight_info,
+    ...) that `engine.weights` pushes new policy versions through; they bind 127.0.0.1 only."""
 
     def kv_tokens_of(self, index: int) -> int:
         """KV tokens of worker `index`, rounded up to whole blocks."""
@@ -242,7 +245,7 @@ class LocalPool:
         cmd = [vllm_python(cfg.python), "-m", "vllm.entrypoints.openai.api_server"]
         cmd += [item for pair in options.items() for item in pair] + switches
         cmd += list(cfg.extra_args)
-        env = _server_env(core)
+        env = _server_env(core, cfg.weight_routes)
         with open(log_path, "wb") as log:
             proc = subprocess.Popen(
                 cmd,
@@ -354,9 +357,12 @@ def _pythonpath() -> str:
     return f"{_REPO_ROOT}{os.pathsep}{existing}" if existing else str(_REPO_ROOT)
 
 
-def _server_env(core: int) -> dict[str, str]:
+def _server_env(core: int, weight_routes: bool) -> dict[str, str]:
     env = dict(os.environ)
     env.pop("VLLM_CPU_KVCACHE_SPACE", None)  # would override --kv-cache-memory-bytes
+    env.pop("VLLM_SERVER_DEV_MODE", None)
+    if weight_routes:
+        env["VLLM_SERVER_DEV_MODE"] = "1"
     env.update(
         VLLM_CPU_OMP_THREADS_BIND=str(core),
         HF_HUB_OFFLINE="1",
