@@ -29,6 +29,7 @@ from cadencerl.engine.backend import EngineBackend, WeightUpdate
 from cadencerl.runs.real import RealRun, assemble, summarize_real
 from cadencerl.runs.registry import make_policy
 from cadencerl.engine.client import Timeouts
+from cadencerl.engine.exporter import MetricsExporter
 from cadencerl.core.spec import HiddenLength, TrajectorySpec
 from cadencerl.workload.generate import generate
 
@@ -70,14 +71,18 @@ class RolloutPool:
     """Submit, then iterate batches and publish; `result()` gives the run's figures at the end.
 
     Knobs default to the built-in `cpu-pair` scenario (policy, delta, tick, trainer batch, eta);
-    pass `scenario=` for other ones, `batch_size=`/`eta=` to override just those.
+    pass `scenario=` for other ones, `batch_size=`/`eta=` to override just those. `metrics_port`
+    (off by default; 0 picks a free port) serves the controller's state for Prometheus at
+    `metrics_url` while the run goes on; `weight_update=WeightPusher(...)` pushes each version's
+    weights into the servers (`cadencerl.engine.weights`).
     """
 
     def __init__(self, urls: Sequence[str], *, policy: str = "cadence", scenario: Scenario | None = None,
                  labels: Sequence[str] | None = None, kv_tokens: int | Sequence[int] | None = None,
                  batch_size: int | None = None, eta: int | None = None, weight_update: WeightUpdate | None = None,
                  progress: Callable[[int, int], None] | None = None, deadline_s: float | None = None,
-                 timeouts: Timeouts = Timeouts(), join_timeout_s: float = 30.0) -> None:
+                 timeouts: Timeouts = Timeouts(), join_timeout_s: float = 30.0,
+                 metrics_port: int | None = None) -> None:
         scenario = scenario or builtin_scenario("cpu-pair")
         changes: dict = {}
         if batch_size is not None:
@@ -88,6 +93,7 @@ class RolloutPool:
         self.urls, self.policy, self.labels, self.kv_tokens = list(urls), policy, labels, kv_tokens
         self.weight_update, self.progress, self.deadline_s, self.timeouts = weight_update, progress, deadline_s, timeouts
         self.join_timeout_s = join_timeout_s
+        self.exporter = None if metrics_port is None else MetricsExporter(lambda: self.controller, metrics_port)
         self._key = object()          # seals the target lengths: only the engine backend opens them
         self._specs: list[TrajectorySpec] = []
         self._prompts: dict[int, list[int]] = {}
@@ -164,7 +170,9 @@ class RolloutPool:
         return self._result
 
     def close(self) -> None:
-        """Stop the run if it is still going, and every connection; idempotent."""
+        """Stop the run if it is still going, every connection and the metrics endpoint; idempotent."""
+        if self.exporter is not None:
+            self.exporter.close()
         run = self._run
         if run is None:
             return
@@ -179,6 +187,11 @@ class RolloutPool:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+    @property
+    def metrics_url(self) -> str | None:
+        """Where Prometheus scrapes the controller's state (once `batches()` has started it)."""
+        return self.exporter.url if self.exporter is not None else None
 
     @property
     def controller(self) -> Controller | None:
@@ -201,6 +214,8 @@ class RolloutPool:
                              on_publish_due=self._hand_out_batch, timeouts=self.timeouts,
                              deadline_s=self.deadline_s)
         self._run.controller.on_progress = self.progress
+        if self.exporter is not None:
+            self.exporter.start()
         self._thread = threading.Thread(target=self._drive, name="cadencerl-controller", daemon=True)
         self._thread.start()
 
@@ -231,15 +246,19 @@ class RolloutPool:
 def run_real(scenario: Scenario, policy_name: str, urls: Sequence[str], labels: Sequence[str] | None = None, *,
              kv_tokens: int | Sequence[int] | None = None, progress: Callable[[int, int], None] | None = None,
              weight_update: WeightUpdate | None = None, deadline_s: float | None = None,
-             timeouts: Timeouts = Timeouts()) -> dict:
+             timeouts: Timeouts = Timeouts(), metrics_port: int | None = None,
+             on_pool: Callable[[RolloutPool], None] | None = None) -> dict:
     """Run `scenario`'s workload with `policy_name` on the servers at `urls`.
 
     A stand-in trainer consumes each batch through the trainer API, sleeping `train_time_s` (plus
-    the per-token time) before publishing the next version, while rollout goes on.
+    the per-token time) before publishing the next version, while rollout goes on. `on_pool` sees
+    the pool before it starts (e.g. to watch its controller).
     """
     with RolloutPool.from_scenario(scenario, urls, policy=policy_name, labels=labels, kv_tokens=kv_tokens,
                                    weight_update=weight_update, progress=progress, deadline_s=deadline_s,
-                                   timeouts=timeouts) as pool:
+                                   timeouts=timeouts, metrics_port=metrics_port) as pool:
+        if on_pool is not None:
+            on_pool(pool)
         for batch in pool.batches():
             time.sleep(scenario.trainer.train_time_s + scenario.trainer.train_time_per_token_s * batch.tokens)
             pool.publish()

@@ -18,8 +18,9 @@ from pathlib import Path
 import typer
 from rich.markup import escape
 
-from cadencerl.cli.common import ConfigOpt, JsonOpt, ScenarioOpt, int_list, load_scenario, progress_bar, write_json
+from cadencerl.cli.common import ConfigOpt, JsonOpt, ScenarioOpt, int_list, load_scenario, write_json
 from cadencerl.cli.common import fail as fail_markup
+from cadencerl.cli.live import live_status
 from cadencerl.cli.pinning import pin_servers
 from cadencerl.cli.tables import (
     calibration_table,
@@ -162,6 +163,8 @@ def _check_run_input(scenario: str | None, config: Path | None, policy: str, wor
     from cadencerl.runs.registry import make_policy
 
     workers_or_local(workers, local)
+    if numbers["metrics_port"] is not None and not 0 <= numbers["metrics_port"] <= 65535:
+        fail(f"metrics_port: expected 0..65535, got {numbers['metrics_port']}")
     for name in ("trajectories", "kv_tokens"):
         positive(name, numbers[name])
     for name in ("seed", "eta", "delta"):
@@ -194,6 +197,8 @@ def run(scenario: str | None = ScenarioOpt, config: Path | None = ConfigOpt,
                                             "version of its weights into each server as it advances "
                                             "(with --local: the tiny model, unless --no-push)"),
         push: bool = typer.Option(True, "--push/--no-push", help="push real weight versions (see --weights)"),
+        metrics_port: int | None = typer.Option(None, "--metrics-port", help="serve the controller's state for "
+                                                "Prometheus on 127.0.0.1:PORT/metrics while the run goes on"),
         json_out: str | None = JsonOpt) -> None:
     """Run a scenario's workload with one policy on real vLLM servers; same figures as `sim`."""
     from cadencerl.api import run_real
@@ -203,7 +208,7 @@ def run(scenario: str | None = ScenarioOpt, config: Path | None = ConfigOpt,
     from cadencerl.engine.weights import WeightPushError, pause_summary
 
     s, urls, label_list = _check_run_input(scenario, config, policy, workers, labels, local, dict(
-        trajectories=trajectories, kv_tokens=kv_tokens, seed=seed, eta=eta, delta=delta))
+        trajectories=trajectories, kv_tokens=kv_tokens, seed=seed, eta=eta, delta=delta, metrics_port=metrics_port))
     with contextlib.ExitStack() as stack:
         if urls is None:
             seqs = max(g.max_num_seqs for g in s.pool)
@@ -211,12 +216,12 @@ def run(scenario: str | None = ScenarioOpt, config: Path | None = ConfigOpt,
                                                               "bfloat16")))
             weights = weights or default_model_dir()
         pusher = stack.enter_context(weight_pusher(weights if push else None))
-        with progress_bar(True) as progress:
-            task = progress.add_task(f"{s.name} / {policy} (real)", total=s.workload.trajectories)
+        with live_status(f"{s.name} / {policy} (real)", json_out != "-") as status:
+            def watch(pool) -> None:
+                status.source, status.metrics_url = (lambda: pool.controller), (lambda: pool.metrics_url)
             try:
                 result = run_real(s, policy, urls, label_list, kv_tokens=kv_tokens, deadline_s=deadline,
-                                  progress=lambda done, total: progress.update(task, completed=done),
-                                  weight_update=pusher)
+                                  weight_update=pusher, metrics_port=metrics_port, on_pool=watch)
             except ConfigError as exc:
                 fail(str(exc))
             except (StallError, ActionError, EngineRunError) as exc:
@@ -225,6 +230,8 @@ def run(scenario: str | None = ScenarioOpt, config: Path | None = ConfigOpt,
                 fail(f"run: {exc}")
             except WeightPushError as exc:
                 fail(str(exc))
+            except OSError as exc:
+                fail(f"metrics_port: cannot serve on {metrics_port}: {exc}")
         if pusher is not None:
             result["weights"] = pause_summary(pusher.pushes)
             console(json_out == "-").print(f"weights: {result['weights']['pushes']} pushes, pause median "
