@@ -22,6 +22,7 @@ from cadencerl.cli.common import ConfigOpt, JsonOpt, ScenarioOpt, int_list, load
 from cadencerl.cli.common import fail as fail_markup
 from cadencerl.cli.live import live_status
 from cadencerl.cli.pinning import pin_servers
+from cadencerl.cli.ray_pool import ray_down, ray_up, ray_urls
 from cadencerl.cli.tables import (
     calibration_table,
     console,
@@ -74,6 +75,22 @@ def pool_config(workers: int, kv_tokens: int, max_num_seqs: int, max_model_len: 
     return cfg
 
 
+def scenario_pool_config(scenario, local: int, kv_tokens: int | None):
+    """Local servers as the scenario's pool describes them (KV per catalog type, CPU quota for the slow
+    stand-ins) when `local` is its worker count; else `local` alike servers as before."""
+    from dataclasses import replace
+
+    from cadencerl.engine.server_specs import server_specs
+
+    specs = server_specs(scenario)
+    seqs = min(max(sp.max_num_seqs for sp in specs), 256)
+    if local != len(specs):
+        return pool_config(local, kv_tokens or 8192, seqs, None, "bfloat16")
+    kv = [kv_tokens or sp.kv_tokens for sp in specs]
+    cfg = pool_config(local, max(kv), seqs, min(4096, *kv), "bfloat16")
+    return replace(cfg, kv_tokens=tuple(kv), cpu_shares=tuple(sp.cpu_share for sp in specs))
+
+
 @contextlib.contextmanager
 def local_pool(cfg) -> Iterator[list[str]]:
     """A pool for the length of one command, in a fresh state dir; always stopped."""
@@ -121,11 +138,28 @@ def pool_up(workers: int = typer.Option(2, "--workers", help="servers to start (
             max_num_seqs: int = typer.Option(32, "--max-num-seqs"),
             max_model_len: int | None = typer.Option(None, "--max-model-len"),
             dtype: str = typer.Option("bfloat16", "--dtype"),
-            state_dir: Path = typer.Option(DEFAULT_STATE_DIR, "--state-dir")) -> None:
-    """Build the tiny model and start local vLLM CPU servers; prints their URLs."""
+            state_dir: Path = typer.Option(DEFAULT_STATE_DIR, "--state-dir"),
+            ray: str | None = typer.Option(None, "--ray", help="Ray cluster address ('auto': the running one): "
+                                           "start one server per worker of the scenario as Ray actors"),
+            scenario: str | None = ScenarioOpt, config: Path | None = ConfigOpt) -> None:
+    """Build the tiny model and start vLLM CPU servers (local, or Ray actors); prints their URLs.
+
+    With a scenario, one server per worker of its pool, sized (KV, CPU quota) per accelerator type."""
     from cadencerl.engine.local_pool import LocalPool, PoolError
 
-    cfg = pool_config(workers, kv_tokens, max_num_seqs, max_model_len, dtype)
+    if ray is not None:
+        urls = ray_up(load_scenario(scenario, config, {}), ray, default_model_dir(), max_model_len)
+        state_dir.mkdir(parents=True, exist_ok=True)
+        (state_dir / "urls.txt").write_text(",".join(urls) + "\n")
+        console(True).print(f"{len(urls)} servers up as Ray actors; stop them with `cadencerl pool down --ray {ray}`")
+        typer.echo(",".join(urls))
+        return
+    if scenario is not None or config is not None:     # the scenario's pool, sized per worker type
+        s = load_scenario(scenario, config, {})
+        cfg = scenario_pool_config(s, sum(g.workers for g in s.pool), None)
+        workers = cfg.num_workers
+    else:
+        cfg = pool_config(workers, kv_tokens, max_num_seqs, max_model_len, dtype)
     pool = LocalPool(state_dir, cfg)
     try:
         pool.start()
@@ -138,10 +172,15 @@ def pool_up(workers: int = typer.Option(2, "--workers", help="servers to start (
     typer.echo(urls)
 
 
-def pool_down(state_dir: Path = typer.Option(DEFAULT_STATE_DIR, "--state-dir")) -> None:
-    """Stop exactly the servers `pool up` started in this state dir."""
+def pool_down(state_dir: Path = typer.Option(DEFAULT_STATE_DIR, "--state-dir"),
+              ray: str | None = typer.Option(None, "--ray", help="Ray cluster address: remove its server actors")) -> None:
+    """Stop exactly the servers `pool up` started in this state dir (or in that Ray cluster)."""
     from cadencerl.engine.local_pool import PoolError, down
 
+    if ray is not None:
+        console(True).print(f"removed {len(ray_down(ray))} Ray server actors")
+        (state_dir / "urls.txt").unlink(missing_ok=True)
+        return
     try:
         stopped = down(state_dir)
     except PoolError as exc:
@@ -150,19 +189,19 @@ def pool_down(state_dir: Path = typer.Option(DEFAULT_STATE_DIR, "--state-dir")) 
     console(True).print(f"stopped {len(stopped)} servers")
 
 
-def workers_or_local(workers: str | None, local: int | None) -> None:
-    if (workers is None) == (local is None):
-        fail("workers: give exactly one of --workers URL,URL,... or --local N")
+def workers_or_local(workers: str | None, local: int | None, ray: str | None = None) -> None:
+    if sum(x is not None for x in (workers, local, ray)) != 1:
+        fail("workers: give exactly one of --workers URL,URL,... or --local N" + (" or --ray ADDRESS" if ray else ""))
     positive("local", local)
 
 
 def _check_run_input(scenario: str | None, config: Path | None, policy: str, workers: str | None,
-                     labels: str | None, local: int | None, numbers: dict):
+                     labels: str | None, local: int | None, numbers: dict, ray: str | None = None):
     """The scenario, server URLs (None: start local ones) and labels of `run`, or a one-line error."""
     from cadencerl.runs.real import parse_urls, resolve_labels
     from cadencerl.runs.registry import make_policy
 
-    workers_or_local(workers, local)
+    workers_or_local(workers, local, ray)
     if numbers["metrics_port"] is not None and not 0 <= numbers["metrics_port"] <= 65535:
         fail(f"metrics_port: expected 0..65535, got {numbers['metrics_port']}")
     for name in ("trajectories", "kv_tokens"):
@@ -189,6 +228,9 @@ def run(scenario: str | None = ScenarioOpt, config: Path | None = ConfigOpt,
         workers: str | None = typer.Option(None, "--workers", help="server URLs, comma-separated"),
         labels: str | None = typer.Option(None, "--labels", help="catalog accelerator per URL (default cpu-tiny)"),
         local: int | None = typer.Option(None, "--local", help="start N local servers for this run"),
+        ray: str | None = typer.Option(None, "--ray", help="Ray cluster address: run on the servers of its actors"),
+        ray_actors: str | None = typer.Option(None, "--ray-actors", help="with --ray: these actors (names, "
+                                              "comma-separated) instead of those of `pool up --ray`"),
         kv_tokens: int | None = typer.Option(None, "--kv-tokens", help="KV tokens the controller may use per server"),
         trajectories: int | None = typer.Option(None), seed: int | None = typer.Option(None),
         eta: int | None = typer.Option(None), delta: int | None = typer.Option(None),
@@ -208,12 +250,14 @@ def run(scenario: str | None = ScenarioOpt, config: Path | None = ConfigOpt,
     from cadencerl.engine.weights import WeightPushError, pause_summary
 
     s, urls, label_list = _check_run_input(scenario, config, policy, workers, labels, local, dict(
-        trajectories=trajectories, kv_tokens=kv_tokens, seed=seed, eta=eta, delta=delta, metrics_port=metrics_port))
+        trajectories=trajectories, kv_tokens=kv_tokens, seed=seed, eta=eta, delta=delta, metrics_port=metrics_port),
+        ray)
     with contextlib.ExitStack() as stack:
-        if urls is None:
-            seqs = max(g.max_num_seqs for g in s.pool)
-            urls = stack.enter_context(local_pool(pool_config(local, kv_tokens or 8192, min(seqs, 256), None,
-                                                              "bfloat16")))
+        if ray is not None:
+            urls = ray_urls(ray, ray_actors)
+            weights = weights or (default_model_dir() if ray_actors is None else None)
+        elif urls is None:
+            urls = stack.enter_context(local_pool(scenario_pool_config(s, local, kv_tokens)))
             weights = weights or default_model_dir()
         pusher = stack.enter_context(weight_pusher(weights if push else None))
         with live_status(f"{s.name} / {policy} (real)", json_out != "-") as status:

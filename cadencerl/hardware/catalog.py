@@ -208,3 +208,33 @@ ACCELERATORS["cpu-tiny"] = _acc(
         "activation_reserve_gb": "0: activations are outside the KV budget on vLLM CPU"},
     bw_efficiency=1.0, compute_efficiency=1.0, step_overhead_s=0.006933, memory_utilization=1.0,
     activation_reserve_gb=0.0)
+
+# -- cpu-fast / cpu-slow: a heterogeneous pair of local vLLM CPU servers (issue 15) -----------------
+# Two servers of the tiny model made to differ like a fast small-memory and a slow large-memory
+# accelerator: cpu-fast has a whole core and 4,096 KV tokens; cpu-slow has 16,384 KV tokens and a
+# cgroup CPU quota of 40% of a core (see docs/vllm-cpu-notes.md, "A heterogeneous real pair").
+_PAIR_KV = {"cpu-fast": 4096, "cpu-slow": 16384}
+_PAIR_EST = ("est.: cpu-tiny's fit scaled by the CPU share (1.0 fast, 0.4 slow); replace with "
+             "`cadencerl calibrate` on the pair")
+
+
+def _cpu_pair(name: str, share: float, src: str) -> Accelerator:
+    return _acc(
+        name, (_PAIR_KV[name] * 2048 + 2 * _TINY_PARAMS) / GB + 1e-9, 5.297 * share, 0.005636 * share, 0.0, None, {
+            "hbm_gb": f"sized so KV = {_PAIR_KV[name]:,} tokens (--kv-cache-memory-bytes) + weights",
+            "mem_bw_gbs": src, "bf16_tflops": src, "step_overhead_s": src,
+            "scaleup_link_gbs": "no scale-up link (tp=1)", "price_per_hour": "local machine",
+            "bw_efficiency": "1.0: mem_bw_gbs is already an effective bandwidth",
+            "compute_efficiency": "1.0: bf16_tflops is already an effective rate",
+            "memory_utilization": "1.0: the KV size is set exactly by --kv-cache-memory-bytes",
+            "activation_reserve_gb": "0: activations are outside the KV budget on vLLM CPU"},
+        bw_efficiency=1.0, compute_efficiency=1.0, step_overhead_s=0.006933 / share, memory_utilization=1.0,
+        activation_reserve_gb=0.0)
+
+
+CPU_SHARES = {"cpu-slow": 0.4}
+"""The share of one core a local server of that type may use (a cgroup CPU quota; others: 1.0).
+Source: chosen for issue 15 so the slow server decodes ~2-3x slower, like an older accelerator."""
+
+ACCELERATORS["cpu-fast"] = _cpu_pair("cpu-fast", 1.0, _PAIR_EST)
+ACCELERATORS["cpu-slow"] = _cpu_pair("cpu-slow", 0.4, _PAIR_EST)
