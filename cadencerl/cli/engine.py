@@ -87,7 +87,7 @@ def scenario_pool_config(scenario, local: int, kv_tokens: int | None):
     if local != len(specs):
         return pool_config(local, kv_tokens or 8192, seqs, None, "bfloat16")
     kv = [kv_tokens or sp.kv_tokens for sp in specs]
-    cfg = pool_config(local, max(kv), seqs, min(4096, *kv), "bfloat16")
+    cfg = pool_config(local, max(kv), seqs, min(2048, *kv), "bfloat16")
     return replace(cfg, kv_tokens=tuple(kv), cpu_shares=tuple(sp.cpu_share for sp in specs))
 
 
