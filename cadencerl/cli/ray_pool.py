@@ -26,7 +26,7 @@ def ray_up(scenario: Scenario, address: str, model_dir: Path, max_model_len: int
 
     try:
         pool = RayPool(server_specs(scenario), model_dir=model_dir, address=address or None,
-                       max_model_len=max_model_len or 2048)
+                       max_model_len=max_model_len or 2048, cpu_quotas=True)
         return [s.url for s in pool.up()]
     except (PoolError, ConnectionError) as exc:
         fail(f"ray: {str(exc).splitlines()[0]}")

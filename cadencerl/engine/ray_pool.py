@@ -44,7 +44,7 @@ class VLLMServerActor:
     """Runs one vLLM server on the actor's node (wrapped by `ray.remote` when the pool starts)."""
 
     def __init__(self, index: int, spec: ServerSpec, model_dir: str, python: str, max_model_len: int,
-                 start_timeout_s: float, state_root: str | None = None) -> None:
+                 start_timeout_s: float, state_root: str | None = None, cpu_quota: bool = False) -> None:
         import ray
 
         self.index, self.spec = index, spec
@@ -53,7 +53,7 @@ class VLLMServerActor:
         config = PoolConfig(num_workers=1, kv_tokens=spec.kv_tokens, max_num_seqs=spec.max_num_seqs,
                             max_model_len=min(max_model_len, spec.kv_tokens), model_dir=Path(model_dir),
                             python=python, start_timeout_s=start_timeout_s, host=ray.util.get_node_ip_address(),
-                            die_with_parent=True, cpu_shares=(spec.cpu_share,))
+                            die_with_parent=True, cpu_shares=(spec.cpu_share,) if cpu_quota else None)
         self.pool = LocalPool(self.state_dir, config)
 
     def start(self) -> dict:
@@ -88,11 +88,12 @@ class RayPool:
     def __init__(self, specs: Sequence[ServerSpec], *, model_dir: Path, address: str | None = None,
                  python: str | None = None, max_model_len: int = 2048, cpus_per_server: float = 1.0,
                  start_timeout_s: float = 300.0, namespace: str = NAMESPACE, prefix: str = ACTOR_PREFIX,
-                 state_root: Path | None = None) -> None:
+                 state_root: Path | None = None, cpu_quotas: bool = False) -> None:
         self.specs, self.model_dir, self.address = list(specs), Path(model_dir).resolve(), address
         self.python, self.max_model_len, self.cpus = vllm_python(python), max_model_len, cpus_per_server
         self.start_timeout_s, self.namespace, self.prefix = start_timeout_s, namespace, prefix
         self.state_root = None if state_root is None else str(state_root)   # servers' logs (default: temp)
+        self.cpu_quotas = cpu_quotas   # cap CPU stand-ins of slower types (ServerSpec.cpu_share; needs root)
         self.servers: list[RayServer] = []
 
     def up(self) -> list[RayServer]:
@@ -115,7 +116,7 @@ class RayPool:
                     num_cpus=self.cpus, resources={resource: spec.tp},
                     scheduling_strategy=PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=0),
                 ).remote(i, spec, str(self.model_dir), self.python, self.max_model_len, self.start_timeout_s,
-                         self.state_root))
+                         self.state_root, self.cpu_quotas))
             for group, resource in groups:
                 if not group.wait(timeout_seconds=60):
                     raise PoolError(f"ray: no node offers {{CPU: {self.cpus}, {resource}}} for a placement group; "
