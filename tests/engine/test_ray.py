@@ -29,15 +29,18 @@ STORE = 80 * 2**20     # the smallest object store Ray accepts: these tests move
 
 
 @pytest.fixture
-def cluster(require_vllm: None) -> Iterator[tuple[object, object]]:
-    """Ray's session files go to a short temporary folder (its socket paths must stay short), removed after."""
+def cluster(require_vllm: None, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[object, object]]:
+    """Ray's files (sessions, and the current-cluster address it writes to $RAY_TMPDIR/ray whatever
+    temp_dir says) go to a short temporary folder (socket paths must stay short), removed after."""
     from ray.cluster_utils import Cluster
 
     temp = tempfile.mkdtemp(prefix="ray-")
-    c = Cluster(initialize_head=True, head_node_args={
-        "num_cpus": 1, "resources": {accelerator_resource("cpu-fast"): 1}, "include_dashboard": False,
-        "object_store_memory": STORE, "temp_dir": temp})
+    monkeypatch.setenv("RAY_TMPDIR", temp)
+    Path(temp, "ray").mkdir()
+    c = Cluster()
     try:
+        c.add_node(num_cpus=1, resources={accelerator_resource("cpu-fast"): 1}, include_dashboard=False,
+                   object_store_memory=STORE, temp_dir=str(Path(temp, "ray")))     # the head
         node = c.add_node(num_cpus=1, resources={accelerator_resource("cpu-slow"): 1}, object_store_memory=STORE)
         yield c, node
     finally:
