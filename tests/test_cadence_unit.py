@@ -70,10 +70,11 @@ def view(workers, pending=(), fresh=(), trainer_version=0, admitted=0, total=100
     return v
 
 
-def actions(v):
+def actions(v, policy=None, **options):
     """Run one decision, applying each action as the controller would."""
     out = []
-    for a in Cadence(PARAMS).decide(v):
+    policy = policy or Cadence(PARAMS.model_copy(update=options))
+    for a in policy.decide(v):
         v.controller.apply(a, 0.0)
         out.append(a)
     return out
@@ -86,21 +87,56 @@ def test_pacing_evicts_the_longest_resident_of_a_worker_below_the_floor():
     assert acts[0] == Evict(2)
 
 
-def test_pacing_places_shortest_first_by_tight_fit():
+def test_pacing_places_shortest_first_by_tight_fit_while_kv_binds():
     full = worker(0, cap=10_000, residents=[traj(1, 7000)])
     empty = worker(1, cap=10_000)
-    acts = actions(view([full, empty], fresh=[traj(10, 50, group=5)], admitted=100, batch=100, total=300))
+    waiting = traj(20, 9500)  # pending and fits nowhere: KV binds
+    acts = actions(view([full, empty], pending=[waiting], fresh=[traj(10, 50, group=5)], admitted=100, batch=100,
+                        total=300))
     # fresh work goes to the nearly full worker (smallest post-placement headroom that stays feasible)
     assert acts == [Admit(0, 10)]
 
 
-def test_pacing_respects_the_per_resident_decode_reserve():
-    # 20 residents x delta 100 = 2000 reserved + floor 1000: a 7000-token worker has no room left
-    residents = [traj(i, 350) for i in range(20)]
-    crowded = worker(0, cap=10_000, residents=residents)
+def test_pacing_spreads_to_the_least_loaded_worker_when_nothing_is_pending():
+    full = worker(0, cap=10_000, residents=[traj(1, 7000), traj(2, 100), traj(4, 100)])
+    light = worker(1, cap=10_000, residents=[traj(3, 100)])  # fewer residents: it takes both
+    fresh = [traj(10, 50, group=5), traj(11, 50, group=6)]
+    acts = actions(view([full, light], fresh=fresh, admitted=100, batch=100, total=300))
+    assert acts == [Admit(1, 10), Admit(1, 11)]
+    acts = actions(view([worker(0, cap=10_000, residents=[traj(1, 7000), traj(2, 100)]),
+                         worker(1, cap=10_000, residents=[traj(3, 100)])],
+                        fresh=[traj(10, 50, group=5)], admitted=100, batch=100, total=300),
+                   spread_when_underloaded=False)
+    assert acts == [Admit(0, 10)]  # the option off: tight fit always
+
+
+def test_the_decode_reserve_counts_once_per_placement_not_per_resident():
+    # 20 residents, 7000 used: headroom 3000 - 50 clears floor 1000 + delta 100 once (not 1000 + 20 x 100)
+    crowded = worker(0, cap=10_000, residents=[traj(i, 350) for i in range(20)])
     roomy = worker(1, cap=10_000, residents=[traj(99, 1000)])
-    acts = actions(view([crowded, roomy], fresh=[traj(100, 50)], admitted=100, batch=100, total=300))
+    acts = actions(view([crowded, roomy], pending=[traj(98, 9900)], fresh=[traj(100, 50)], admitted=100,
+                        batch=100, total=300))
+    assert acts == [Admit(0, 100)]
+    tight = worker(0, cap=10_000, residents=[traj(i, 445) for i in range(20)])  # 8900 used: 1100 - 50 < 1100
+    acts = actions(view([tight, worker(1, cap=10_000, residents=[traj(99, 1000)])], pending=[traj(98, 9900)],
+                        fresh=[traj(100, 50)], admitted=100, batch=100, total=300))
     assert acts == [Admit(1, 100)]
+
+
+def test_the_floor_covers_growth_until_the_next_decision():
+    # residents grow 24 tokens/s each; at a 0.5 s tick, 10 residents add 120 tokens before the next decision
+    policy = Cadence(PARAMS)
+    residents = [traj(i, 880) for i in range(10)]             # 8800 used, headroom 1200 >= floor 1000
+    w = worker(0, cap=10_000, residents=residents)
+    assert actions(view([w, worker(1)], fresh=[traj(50, 10)], admitted=100, batch=100, total=300), policy) \
+        == [Admit(1, 50)]
+    for t in residents:
+        t.tokens += 12                                         # 0.5 s later: 120 more tokens, headroom 1080
+    w.kv_used += 120
+    v = view([w, worker(1, residents=[traj(60, 10)])], admitted=101, batch=100, total=300)
+    v.now = 0.5
+    acts = actions(v, policy)
+    assert acts and acts[0] == Evict(max(residents, key=lambda t: t.context).id)  # 1080 < 1000 + 10 x 12 growth
 
 
 def test_pacing_prefers_a_worker_holding_a_sibling():
@@ -144,10 +180,26 @@ def test_concentration_drains_the_lowest_affinity_worker_once_pending_is_empty()
 
 
 def test_concentration_does_not_drain_when_nothing_newer_awaits():
-    src = worker(0, cap=10_000, affinity=1, residents=[traj(1, 500)])
-    dst = worker(1, cap=10_000, affinity=0, residents=[traj(3, 500)])
-    acts = actions(view([src, dst], fresh=[traj(50, 20)], admitted=200, batch=100, total=400))  # trainer at v0
+    def pool():
+        return [worker(0, cap=10_000, affinity=1, residents=[traj(1, 500)]),
+                worker(1, cap=10_000, affinity=0, residents=[traj(3, 500)])]
+    acts = actions(view(pool(), fresh=[traj(50, 20)], admitted=200, batch=100, total=400))  # trainer at v0
     assert not any(isinstance(a, Evict) for a in acts)
+    acts = actions(view(pool(), fresh=[traj(50, 20)], admitted=200, batch=100, total=400),
+                   drain_needs_fresh_ahead=False)  # the paper's gate alone: pending is empty, so it drains
+    assert acts == [Evict(1), Place(1, 1)]
+
+
+def test_whole_source_gate_keeps_a_source_that_the_targets_cannot_absorb():
+    def pool():
+        return [worker(0, cap=10_000, affinity=1, residents=[traj(1, 5500), traj(2, 500)]),
+                worker(1, cap=10_000, affinity=0, residents=[traj(3, 4000)]),
+                worker(2, cap=10_000, affinity=0, version=1)]
+    def state():
+        return view(pool(), fresh=[traj(50, 20)], trainer_version=1, admitted=150, batch=100, total=400, next_batch=1)
+    acts = actions(state())  # paper: drain, place what fits, leave the rest pending
+    assert acts[:2] == [Evict(1), Evict(2)] and Place(2, 1) in acts and Place(1, 1) not in acts
+    assert not any(isinstance(a, Evict) for a in actions(state(), drain_whole_source=True))
 
 
 def test_a_drained_worker_joins_an_intermediate_version_holding_weaker_tail_work():

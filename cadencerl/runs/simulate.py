@@ -40,11 +40,19 @@ def simulate(scenario: Scenario, policy: Policy, *, exact: bool = False,
                      train_time_per_token_s=scenario.trainer.train_time_per_token_s,
                      kv_transfer_time=lambda src, dst, tokens: perfs[dst.id].kv_transfer_time(tokens, link),
                      kv_bytes_per_token=catalog.model(scenario.model).kv_bytes_per_token)
-    ctl.on_progress = progress
+    generated: list[tuple[float, int]] = []
+
+    def on_finish(done: int, total: int) -> None:
+        # decoded tokens so far, for the steady window (engines not synced lag by under one tick)
+        generated.append((ctl.now, sum(e.tokens_generated + len(e.running) * e.lag for e in backend.engines)))
+        if progress is not None:
+            progress(done, total)
+
+    ctl.on_progress = on_finish
     ctl.traced = {tid: [] for tid in trace}
     ctl.run()
     result = summarize(scenario.name, policy.name, ctl, backend.engines, time.perf_counter() - started,
-                       backend.events_processed, scenario.workload.target_mix())
+                       backend.events_processed, scenario.workload.target_mix(), generated)
     result.update(oracle_bounds(specs, workers, perfs, key))
     if trace:
         result["traces"] = {str(tid): [list(p) for p in pts] for tid, pts in ctl.traced.items()}

@@ -8,6 +8,7 @@ import numpy as np
 
 from cadencerl.core.controller import Controller
 from cadencerl.core.trajectory import State
+from cadencerl.runs.steady import steady_figures
 
 
 def _pct(values, q: float) -> float:
@@ -47,7 +48,9 @@ def per_class(trajs, engines, makespan: float, batches: list) -> dict[str, dict]
 
 
 def summarize(scenario_name: str, policy_name: str, ctl: Controller, engines, wall_time_s: float,
-              events: int, target_mix: dict[str, float] | None = None) -> dict:
+              events: int, target_mix: dict[str, float] | None = None,
+              generated: list[tuple[float, int]] | None = None) -> dict:
+    """`generated`: cumulative decoded tokens over time, for the steady window's throughput."""
     trajs = [t for t in ctl.trajectories.values() if t.state is State.DONE]
     latency = np.array([t.completed_at - t.admitted_at for t in trajs])
     nonres = np.array([max(0.0, 1.0 - t.resident_time / max(t.completed_at - t.admitted_at, 1e-12)) for t in trajs])
@@ -96,6 +99,8 @@ def summarize(scenario_name: str, policy_name: str, ctl: Controller, engines, wa
         "migrated_token_bytes": c.migrated_token_bytes,
         "interrupts": c.interrupts,
         "prefill_tokens": int(sum(e.prefill_tokens for e in engines)),
+        **steady_figures(trajs, {tid: i for i, tid in enumerate(ctl.trajectories)}, ctl.credits.batch_size,
+                         ctl.credits.eta, publish, generated),
         "non_resident_p50": _pct(nonres, 50),
         "non_resident_p95": _pct(nonres, 95),
         "staleness_histogram": {str(k): v for k, v in sorted(ctl.trainer.staleness.items())},
