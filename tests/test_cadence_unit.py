@@ -210,3 +210,29 @@ def test_a_drained_worker_joins_an_intermediate_version_holding_weaker_tail_work
     v = view([strong, weak_tail, keeper], trainer_version=2, batch=100, total=1000, next_batch=2,
              tags={0: 100, 1: 200})
     assert Advance(0, 1) in actions(v)
+
+
+def test_the_room_index_answers_tight_fit_and_least_loaded():
+    from cadencerl.policies.cadence_state import RoomIndex
+
+    ws = [worker(0, residents=[traj(1, 6000)]), worker(1, residents=[traj(2, 100), traj(3, 100)]), worker(2)]
+    spare = {0: 4000, 1: 9800, 2: 10_000}
+    index = RoomIndex(ws, lambda w: spare[w.id])
+    assert index.tightest(3000) is ws[0] and index.tightest(9900) is ws[2] and index.tightest(20_000) is None
+    assert index.least_loaded(100) is ws[2] and index.least_loaded(9900) is ws[2]
+    spare[2] = 50
+    ws[2].residents[9] = traj(9, 50)
+    index.update(ws[2])
+    assert index.least_loaded(100) is ws[0] and index.tightest(60) is ws[0]
+
+
+def test_group_affinity_keeps_a_prompts_samples_together_while_it_can():
+    from cadencerl.policies.base import GroupAffinity
+
+    ws = [worker(0), worker(1), worker(2)]
+    pick = GroupAffinity().wrap(lambda cands, _t: min(cands, key=lambda w: (w.load, w.id)))
+    ws[0].residents[99] = traj(99, 10)
+    first = pick(ws, traj(1, 10, group=7))
+    assert first is ws[1]
+    assert pick(ws, traj(2, 10, group=7)) is ws[1]          # the sibling follows
+    assert pick([ws[0], ws[2]], traj(3, 10, group=7)) is ws[2]  # not a candidate any more: the chooser decides
