@@ -22,7 +22,6 @@ from cadencerl.config import PolicySpec, builtin_scenario
 from cadencerl.core.controller import Controller
 from cadencerl.core.spec import HiddenLength, TrajectorySpec
 from cadencerl.core.trajectory import State, Trajectory
-from cadencerl.core.view import PoolView
 from cadencerl.core.worker import Worker
 from cadencerl.runs.registry import make_policy
 
@@ -87,9 +86,7 @@ def tick(ctl: Controller, now: float, rng: random.Random) -> tuple[float, float,
             if len(w.residents) > 1:
                 ctl._finish(next(iter(w.residents.values())), now)
     ctl.now = now
-    view = PoolView(now, ctl.trainer.version, ctl.trainer.next_batch, ctl.workers, ctl.pending, ctl.fresh,
-                    ctl.credits, ctl.params, ctl.trainer.busy_until is not None,
-                    ctl.credits.admitted - ctl.done, ctl.trainer.completed_count, ctl.tool_waiting)
+    view = ctl.view(now)
     applying, n = 0.0, 0
     clock = time.process_time  # CPU time: the machine may be shared, wall time would count others' work
     start = clock()

@@ -23,9 +23,9 @@ from dataclasses import dataclass
 from typing import Self
 
 from cadencerl.config import Scenario, builtin_scenario
-from cadencerl.core.controller import PUBLISH
-from cadencerl.core.trajectory import State, Trajectory
-from cadencerl.engine.backend import WeightUpdate
+from cadencerl.core.trajectory import Trajectory
+from cadencerl.core.controller import Controller
+from cadencerl.engine.backend import EngineBackend, WeightUpdate
 from cadencerl.runs.real import RealRun, assemble, summarize_real
 from cadencerl.runs.registry import make_policy
 from cadencerl.engine.client import Timeouts
@@ -95,7 +95,6 @@ class RolloutPool:
         self._thread: threading.Thread | None = None
         self._queue: queue.Queue = queue.Queue()
         self._error: BaseException | None = None
-        self._delivered: set[int] = set()
         self._training: int | None = None   # index of the batch handed out and not yet published
         self._result: dict | None = None
         self._started_at = self._ended_at = 0.0
@@ -151,7 +150,7 @@ class RolloutPool:
             raise RuntimeError("publish: no batch is being trained")
         version, self._training = self._training + 1, None
         if self._thread is not None and self._thread.is_alive():
-            self._run.backend.post(PUBLISH)
+            self._run.backend.publish_now()
         return version
 
     def result(self) -> dict:
@@ -182,11 +181,11 @@ class RolloutPool:
         self.close()
 
     @property
-    def controller(self):
+    def controller(self) -> Controller | None:
         return self._run.controller if self._run else None
 
     @property
-    def backend(self):
+    def backend(self) -> EngineBackend | None:
         return self._run.backend if self._run else None
 
     # -- the controller's side (background thread) ------------------------------------------------
@@ -199,7 +198,8 @@ class RolloutPool:
         self._started_at = time.perf_counter()
         self._run = assemble(self.scenario, make_policy(self.policy, self.scenario), self.urls, self._specs, self._key, labels=self.labels,
                              kv_tokens=self.kv_tokens, prompts=self._prompts, weight_update=self.weight_update,
-                             timer_hook=self._on_timer, timeouts=self.timeouts, deadline_s=self.deadline_s)
+                             on_publish_due=self._hand_out_batch, timeouts=self.timeouts,
+                             deadline_s=self.deadline_s)
         self._run.controller.on_progress = self.progress
         self._thread = threading.Thread(target=self._drive, name="cadencerl-controller", daemon=True)
         self._thread.start()
@@ -214,20 +214,13 @@ class RolloutPool:
             self._ended_at = time.perf_counter()
             self._queue.put(_END)
 
-    def _on_timer(self, _time: float, tag: str) -> bool:
-        """The controller formed a batch and scheduled its publish: hand it to the trainer instead."""
-        if tag != PUBLISH:
-            return False
+    def _hand_out_batch(self) -> None:
+        """The controller formed a batch and would publish after training it: the trainer trains it
+        instead, and `publish()` tells the controller when. The batch is the trainer's own record."""
         ctl = self._run.controller
-        held = {t.id for bucket in ctl.trainer.completed.values() for t in bucket}
-        taken = sorted((t for t in ctl.trajectories.values()
-                        if t.state is State.DONE and t.id not in held and t.id not in self._delivered),
-                       key=lambda t: t.completed_at)
-        self._delivered.update(t.id for t in taken)
-        index = ctl.trainer.version
-        self._training = index
-        self._queue.put(Batch(index, [self._sample(t) for t in taken]))
-        return True
+        formed = ctl.trainer.batches[-1]
+        self._training = formed.index
+        self._queue.put(Batch(formed.index, [self._sample(ctl.trajectories[tid]) for tid in formed.trajectory_ids]))
 
     def _sample(self, t: Trajectory) -> Sample:
         ids = self._run.backend.token_ids(t.id)

@@ -2,82 +2,23 @@
 
 from __future__ import annotations
 
-from collections import deque
-
-from cadencerl.config import PolicySpec
 from cadencerl.core.actions import Admit, Advance, Evict, Place
-from cadencerl.core.controller import Controller
-from cadencerl.core.trajectory import State, Trajectory
-from cadencerl.core.view import PoolView
-from cadencerl.core.worker import Worker
 from cadencerl.policies.cadence import Cadence
-from cadencerl.core.spec import HiddenLength, TrajectorySpec
-
-KEY = object()
-PARAMS = PolicySpec(eta=1, delta=100, headroom_floor=0.1)
+from tests.pools import PARAMS, pool, traj, worker
 
 
-def traj(tid, ctx, group=None, version=0, prompt=10):
-    t = Trajectory(TrajectorySpec(tid, tid if group is None else group, prompt, HiddenLength(99999, KEY)))
-    t.tokens = ctx - prompt
-    t.tag = version
-    t.versions = [version]
-    return t
+def view(workers, policy=None, now=0.0, **state):
+    """A pool holding exactly this state, decided by `policy` (default: CadenceRL with PARAMS)."""
+    p = pool(policy or Cadence(PARAMS), workers, **state)
+    p.now = now
+    return p
 
 
-def worker(wid, cap=10_000, affinity=0, version=0, residents=(), seqs=64):
-    w = Worker(wid, f"acc{affinity}", f"c{affinity}", 1, cap, seqs, affinity, version=version)
-    for t in residents:
-        t.state, t.worker = State.RESIDENT, wid
-        w.residents[t.id] = t
-    w.kv_used = sum(t.context for t in residents)
-    return w
-
-
-class StubBackend:
-    """Accepts every action; the controller's own bookkeeping is what the policy sees."""
-
-    def place(self, traj, worker, restore, delay):
-        pass
-
-    def evict(self, traj):
-        pass
-
-    def set_version(self, worker, version):
-        pass
-
-
-def view(workers, pending=(), fresh=(), trainer_version=0, admitted=0, total=1000, batch=100, next_batch=0,
-         tags=None):
-    """A controller holding exactly this state, and the view its policy would get."""
-    ctl = Controller(Cadence(PARAMS), StubBackend(), workers, list(fresh), batch_size=batch, params=PARAMS,
-                     train_time_s=1.0)
-    ctl.credits.total = total
-    for tag, n in (tags or {0: admitted}).items():
-        if n:
-            ctl.credits.record(tag, n)
-    ctl.trainer.version = trainer_version
-    for t in pending:
-        t.state = State.PENDING
-        ctl.trajectories[t.id] = t
-        ctl.pending.add(t)
-    for w in workers:
-        for t in w.residents.values():
-            ctl.trajectories[t.id] = t
-    v = PoolView(0.0, trainer_version, next_batch, workers, ctl.pending, ctl.fresh, ctl.credits, PARAMS, False,
-                 0, 0, {})
-    v.controller = ctl
-    return v
-
-
-def actions(v, policy=None, **options):
-    """Run one decision, applying each action as the controller would."""
-    out = []
-    policy = policy or Cadence(PARAMS.model_copy(update=options))
-    for a in policy.decide(v):
-        v.controller.apply(a, 0.0)
-        out.append(a)
-    return out
+def actions(p, **options):
+    """Run one decision (with CadenceRL's `options` changed, if any), applying each action as the controller would."""
+    if options:
+        p.policy = p.controller.policy = Cadence(PARAMS.model_copy(update=options))
+    return p.decide()
 
 
 def test_pacing_evicts_the_longest_resident_of_a_worker_below_the_floor():
@@ -128,14 +69,13 @@ def test_the_floor_covers_growth_until_the_next_decision():
     policy = Cadence(PARAMS)
     residents = [traj(i, 880) for i in range(10)]             # 8800 used, headroom 1200 >= floor 1000
     w = worker(0, cap=10_000, residents=residents)
-    assert actions(view([w, worker(1)], fresh=[traj(50, 10)], admitted=100, batch=100, total=300), policy) \
+    assert actions(view([w, worker(1)], policy, fresh=[traj(50, 10)], admitted=100, batch=100, total=300)) \
         == [Admit(1, 50)]
     for t in residents:
         t.tokens += 12                                         # 0.5 s later: 120 more tokens, headroom 1080
     w.kv_used += 120
-    v = view([w, worker(1, residents=[traj(60, 10)])], admitted=101, batch=100, total=300)
-    v.now = 0.5
-    acts = actions(v, policy)
+    acts = actions(view([w, worker(1, residents=[traj(60, 10)])], policy, now=0.5, admitted=101, batch=100,
+                        total=300))
     assert acts and acts[0] == Evict(max(residents, key=lambda t: t.context).id)  # 1080 < 1000 + 10 x 12 growth
 
 
@@ -164,7 +104,7 @@ def test_concentration_gate_blocks_draining_while_pending_is_not_empty():
     dst = worker(1, cap=10_000, affinity=0, residents=[traj(2, 500)])
     newer = worker(2, cap=10_000, affinity=0, version=1)
     v = view([src, dst, newer], pending=[stuck], fresh=[traj(50, 20)], trainer_version=1, admitted=150, batch=100,
-             total=400, next_batch=1)
+             total=400)
     assert not any(isinstance(a, Evict) for a in actions(v))
 
 
@@ -172,8 +112,7 @@ def test_concentration_drains_the_lowest_affinity_worker_once_pending_is_empty()
     src = worker(0, cap=10_000, affinity=1, residents=[traj(1, 500), traj(2, 700)])
     dst = worker(1, cap=10_000, affinity=0, residents=[traj(3, 500)])
     newer = worker(2, cap=10_000, affinity=0, version=1)
-    v = view([src, dst, newer], fresh=[traj(50, 20)], trainer_version=1, admitted=150, batch=100, total=400,
-             next_batch=1)
+    v = view([src, dst, newer], fresh=[traj(50, 20)], trainer_version=1, admitted=150, batch=100, total=400)
     acts = actions(v)
     assert acts[:2] == [Evict(2), Evict(1)]          # the source departs, longest first
     assert Place(2, 1) in acts and Place(1, 1) in acts  # onto the higher-affinity worker
@@ -196,7 +135,7 @@ def test_whole_source_gate_keeps_a_source_that_the_targets_cannot_absorb():
                 worker(1, cap=10_000, affinity=0, residents=[traj(3, 4000)]),
                 worker(2, cap=10_000, affinity=0, version=1)]
     def state():
-        return view(pool(), fresh=[traj(50, 20)], trainer_version=1, admitted=150, batch=100, total=400, next_batch=1)
+        return view(pool(), fresh=[traj(50, 20)], trainer_version=1, admitted=150, batch=100, total=400)
     acts = actions(state())  # paper: drain, place what fits, leave the rest pending
     assert acts[:2] == [Evict(1), Evict(2)] and Place(2, 1) in acts and Place(1, 1) not in acts
     assert not any(isinstance(a, Evict) for a in actions(state(), drain_whole_source=True))
@@ -207,7 +146,7 @@ def test_a_drained_worker_joins_an_intermediate_version_holding_weaker_tail_work
     weak_tail = worker(1, cap=10_000, affinity=2, version=1, residents=[traj(1, 8000, version=1)])
     keeper = worker(2, cap=10_000, affinity=1, version=0, residents=[traj(2, 100)])
     # budget: versions 0 and 1 are spent, version 2 has fresh room
-    v = view([strong, weak_tail, keeper], trainer_version=2, batch=100, total=1000, next_batch=2,
+    v = view([strong, weak_tail, keeper], trainer_version=2, batch=100, total=1000,
              tags={0: 100, 1: 200})
     assert Advance(0, 1) in actions(v)
 

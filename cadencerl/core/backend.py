@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import Enum
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from cadencerl.core.trajectory import Trajectory
 from cadencerl.core.worker import Worker
@@ -62,6 +62,26 @@ class EngineStats:
     running: int
     waiting: int
     preemptions: int
+
+
+@runtime_checkable
+class PrefixCounts(Protocol):
+    """An engine's prefix cache over a run, counted as vLLM counts it: tokens hit of tokens queried."""
+
+    hits: int
+    queried: int
+
+
+@runtime_checkable
+class EngineFigures(Protocol):
+    """One engine's totals over a run, the per-engine input of a run's summary. The simulator's
+    engines and the real backend's worker records both provide it."""
+
+    tokens_generated: int
+    preemptions: int
+    prefill_tokens: int
+    preemptions_by_class: dict[str, int]   # empty where the engine cannot tell (a real server)
+    cache: PrefixCounts
 
 
 class Backend(Protocol):

@@ -18,7 +18,7 @@ from cadencerl.core.fresh import FreshQueue
 from cadencerl.core.pending import PendingSet
 from cadencerl.core.trainer import Trainer
 from cadencerl.core.trajectory import State, Trajectory
-from cadencerl.core.view import Policy, PoolView
+from cadencerl.core.view import AdmissionGate, Policy, PoolView, strands_work
 from cadencerl.core.worker import Worker
 
 PUBLISH = "publish"
@@ -47,6 +47,7 @@ class Controller:
                  kv_transfer_time: Callable[[Worker, Worker, int], float] | None = None,
                  kv_bytes_per_token: float = 0.0, sample_every_s: float = 5.0) -> None:
         self.policy = policy
+        self.gate: AdmissionGate | None = getattr(policy, "gate", None)   # handed to every view
         self.backend = backend
         self.workers = workers
         self.trajectories = {t.id: t for t in trajectories}
@@ -134,8 +135,7 @@ class Controller:
             if w.alive:
                 w.kv_used = self.backend.kv_committed(w.id)
                 st = self.backend.stats(w.id)
-                w.engine_kv, w.num_running, w.num_waiting, w.preemptions = (st.kv_tokens, st.running, st.waiting,
-                                                                            st.preemptions)
+                w.engine_kv, w.num_waiting, w.preemptions = st.kv_tokens, st.waiting, st.preemptions
         if now >= self._next_sample:
             self._sample(now)
         for tid, points in self.traced.items():
@@ -145,17 +145,19 @@ class Controller:
                 points.append((now, w.accelerator, t.context, t.context / max(w.kv_used, 1)))
             elif t.state is not State.DONE and t.state is not State.FRESH:
                 points.append((now, None, t.context, 0.0))
-        view = PoolView(now, self.trainer.version, self.trainer.next_batch, self.workers, self.pending, self.fresh,
-                        self.credits, self.params, self.trainer.busy_until is not None,
-                        self.credits.admitted - self.done, self.trainer.completed_count, self.tool_waiting,
-                        active_by_class=self.active_by_class)
         acted = False
-        for action in self.policy.decide(view):
+        for action in self.policy.decide(self.view(now)):
             self.apply(action, now)
             acted = True
         self.backend.commit(now)
         self.counters.decisions += 1
         return acted
+
+    def view(self, now: float) -> PoolView:
+        """What the policy sees at `now`, with the policy's own admission gate, if it has one."""
+        return PoolView(now, self.trainer.version, self.trainer.next_batch, self.workers, self.pending, self.fresh,
+                        self.credits, self.trainer.busy_until is not None, self.credits.admitted - self.done,
+                        self.tool_waiting, gate=self.gate, active_by_class=self.active_by_class)
 
     def _sample(self, now: float) -> None:
         """Mean resident context per worker, for the specialization-over-time plot."""
@@ -223,7 +225,6 @@ class Controller:
                               f"version {w.version}")
         self._check_fits(w, traj)
         self.pending.remove(traj)
-        traj.pending_time += now - traj.departed_at
         restore, delay = Restore.PREFILL, 0.0   # back home, the engine's prefix cache may still hold it
         home = self.workers[traj.kv_home] if traj.kv_home is not None else None
         if home is not None and home is not w:
@@ -261,7 +262,6 @@ class Controller:
         self._leave_worker(traj, now, freed=traj.context)
         traj.state = State.PENDING
         traj.departed_at = now
-        traj.departures += 1
         self.counters.evictions += 1
         self.pending.add(traj)
 
@@ -280,17 +280,11 @@ class Controller:
         if not w.version < a.version <= self.trainer.version:
             raise ActionError(f"worker {w.id} cannot move from version {w.version} to {a.version} "
                               f"(trainer at {self.trainer.version})")
-        if self._last_home(w):
+        if strands_work(w, self.workers, self.pending, self.tool_waiting):
             raise ActionError(f"worker {w.id} is the last worker of version {w.version}, which still has work")
         w.version = a.version
         self.backend.set_version(w.id, a.version)
         self._retag_stranded(w)   # only after a lost worker can a skipped version still hold work
-
-    def _last_home(self, w: Worker) -> bool:
-        """Would advancing `w` strand trajectories of its version with no worker to run on?"""
-        if any(o.version == w.version and o.alive for o in self.workers if o is not w):
-            return False
-        return bool(self.pending.count(w.version) or self.tool_waiting.get(w.version, 0))
 
     def _retag_stranded(self, w: Worker) -> None:
         """AReaL resumes off-worker trajectories with the new weights: move them to the new version

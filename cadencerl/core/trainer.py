@@ -17,6 +17,17 @@ from cadencerl.core.credits import CreditModel
 from cadencerl.core.trajectory import Trajectory
 
 
+@dataclass(frozen=True)
+class TrainingBatch:
+    """One consumed batch as data: batch `index` trains version `index` into `index + 1`.
+
+    `trajectory_ids` are in the order the batch took them (oldest tag first, then completion order),
+    so a trainer outside the controller receives exactly the trajectories that were counted."""
+
+    index: int
+    trajectory_ids: tuple[int, ...]
+
+
 @dataclass
 class Trainer:
     credits: CreditModel
@@ -31,6 +42,7 @@ class Trainer:
     publish_times: list[float] = field(default_factory=list)
     batch_tokens: list[int] = field(default_factory=list)
     batch_classes: list[Counter] = field(default_factory=list)   # workload classes of each batch
+    batches: list[TrainingBatch] = field(default_factory=list)   # every batch formed, in order
 
     @property
     def next_batch(self) -> int:
@@ -98,6 +110,7 @@ class Trainer:
         self.consumed += len(batch)
         self.batch_tokens.append(tokens)
         self.batch_classes.append(Counter(t.workload_class for t in batch))
+        self.batches.append(TrainingBatch(k, tuple(t.id for t in batch)))
         self.busy_until = now + self.train_time_s + self.train_time_per_token_s * tokens
         return self.busy_until
 

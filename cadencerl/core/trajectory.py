@@ -41,8 +41,6 @@ class Trajectory:
     placed_at: float = -1.0
     departed_at: float = -1.0
     resident_time: float = 0.0
-    pending_time: float = 0.0
-    departures: int = 0
     migrations: int = 0
     placements: int = 0
 

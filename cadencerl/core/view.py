@@ -5,7 +5,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Iterable, Protocol
 
-from cadencerl.config import PolicySpec
 from cadencerl.core.actions import Action
 from cadencerl.core.fresh import FreshQueue
 from cadencerl.core.pending import PendingSet
@@ -14,6 +13,20 @@ from cadencerl.core.worker import Worker
 
 if TYPE_CHECKING:
     from cadencerl.core.credits import CreditModel
+
+
+def off_worker(pending: PendingSet, tool_waiting: dict[int, int], version: int) -> int:
+    """Unfinished trajectories of `version` on no worker (pending or on a tool call)."""
+    return pending.count(version) + tool_waiting.get(version, 0)
+
+
+def strands_work(worker: Worker, workers: list[Worker], pending: PendingSet, tool_waiting: dict[int, int]) -> bool:
+    """Would advancing `worker` leave off-worker trajectories of its version with no live worker of
+    that version to run on? The one statement of this rule: the view asks it for policies, the
+    controller to validate an Advance."""
+    if any(o.version == worker.version and o.alive for o in workers if o is not worker):
+        return False
+    return off_worker(pending, tool_waiting, worker.version) > 0
 
 
 @dataclass
@@ -25,37 +38,33 @@ class PoolView:
     pending: PendingSet
     fresh: FreshQueue
     credits: "CreditModel"
-    params: PolicySpec
     trainer_busy: bool
     in_flight: int          # admitted, not yet completed
-    completed_unconsumed: int
     tool_waiting: dict[int, int]
-    gate: "AdmissionGate | None" = field(default=None)
+    gate: "AdmissionGate | None" = field(default=None)   # set by the controller, never by a policy
     active_by_class: dict[str, int] = field(default_factory=dict)
 
     def offworker(self, version: int) -> int:
         """Unfinished trajectories of `version` on no worker (pending or on a tool call)."""
-        return self.pending.count(version) + self.tool_waiting.get(version, 0)
+        return off_worker(self.pending, self.tool_waiting, version)
 
     def may_advance(self, worker: Worker) -> bool:
         """An empty worker may advance unless it is the last home of its version's remaining work."""
         if worker.residents or worker.version >= self.trainer_version:
             return False
-        if any(o.version == worker.version and o.alive for o in self.workers if o is not worker):
-            return True
-        return self.offworker(worker.version) == 0
+        return not strands_work(worker, self.workers, self.pending, self.tool_waiting)
 
     def admissible(self, version: int) -> int:
         """Fresh trajectories that may still start under `version` (the eta budget, and the
         admission layer's allowance when there is one)."""
         n = min(len(self.fresh), self.credits.admissible(version, self.next_batch))
-        return min(n, self.gate.remaining()) if self.gate is not None and n else n
+        return min(n, self.gate.remaining(self)) if self.gate is not None and n else n
 
     def next_fresh(self) -> Trajectory | None:
         """The next new session to admit: the earliest one the admission layer lets through."""
         if self.gate is None:
             return self.fresh.peek()
-        return self.fresh.peek(self.gate.open_classes())
+        return self.fresh.peek(self.gate.open_classes(self))
 
     def accepts_new(self, worker: Worker) -> bool:
         """May `worker` take a new session now? (Continuations are never held.)"""
@@ -66,13 +75,16 @@ class PoolView:
 
 
 class AdmissionGate(Protocol):
-    """An admission layer in front of placement: it holds new sessions, never continuations."""
+    """An admission layer in front of placement: it holds new sessions, never continuations.
 
-    def open_classes(self) -> set[str]: ...
+    A policy that has one exposes it as its `gate` attribute; the controller hands it to every
+    view it builds (a policy never writes to the view)."""
+
+    def open_classes(self, view: PoolView) -> set[str]: ...
 
     def accepts(self, worker: Worker) -> bool: ...
 
-    def remaining(self) -> int: ...
+    def remaining(self, view: PoolView) -> int: ...
 
 
 class Policy(Protocol):

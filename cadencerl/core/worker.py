@@ -23,7 +23,6 @@ class Worker:
     sessions: int = 0            # unfinished trajectories whose home (KV or prefix cache) is here
     # what the engine itself reports (vLLM's /metrics), refreshed at every decision
     engine_kv: int = 0           # KV tokens held by running requests
-    num_running: int = 0
     num_waiting: int = 0
     preemptions: int = 0
 

@@ -17,8 +17,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from cadencerl.engine.backend import kv_tokens_from_metrics
-from cadencerl.engine.client import EngineError, VLLMClient
+from cadencerl.engine.client import VLLMClient
 from cadencerl.hardware import catalog
 from cadencerl.hardware.catalog import Accelerator, Model
 from cadencerl.hardware.perf import make_perf
@@ -111,10 +110,7 @@ async def measure(urls: list[str], model: str, *, batches: list[int], prompts: l
 
 async def _kv_tokens(client: VLLMClient) -> int:
     await client.check_model()
-    kv = kv_tokens_from_metrics((await client._request("GET", "/metrics")).text)
-    if kv is None:
-        raise EngineError("/metrics has no vllm:cache_config_info with the KV size", url=client.base_url)
-    return kv
+    return await client.kv_capacity()
 
 
 def fit(samples: list[StepSample], model: Model, base: Accelerator) -> Fit:

@@ -21,11 +21,12 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Awaitable, Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Literal, Self, TypeVar
 
 import httpx
-from prometheus_client.parser import text_string_to_metric_families
+
+from cadencerl.engine.server_metrics import EngineMetrics, MetricsFormatError, parse_metrics
 
 FinishReason = Literal["length", "stop", "aborted", "error"]
 """`stop` only appears if a stop condition was set server-side; requests here use ignore_eos."""
@@ -88,59 +89,6 @@ class GenerationOutcome:
     def raise_for_error(self) -> None:
         if self.error is not None:
             raise self.error
-
-
-@dataclass(frozen=True)
-class EngineMetrics:
-    """The scheduler-relevant gauges and counters of /metrics, summed over engines."""
-
-    kv_cache_usage: float
-    num_requests_running: int
-    num_requests_waiting: int
-    num_preemptions_total: int
-    prefix_cache_queries_total: int
-    prefix_cache_hits_total: int
-    raw: dict[str, float] = field(default_factory=dict, repr=False)
-
-
-_METRIC_SAMPLES = {
-    "kv_cache_usage": "vllm:kv_cache_usage_perc",
-    "num_requests_running": "vllm:num_requests_running",
-    "num_requests_waiting": "vllm:num_requests_waiting",
-    "num_preemptions_total": "vllm:num_preemptions_total",
-    "prefix_cache_queries_total": "vllm:prefix_cache_queries_total",
-    "prefix_cache_hits_total": "vllm:prefix_cache_hits_total",
-}
-_REQUIRED_GAUGES = ("vllm:kv_cache_usage_perc", "vllm:num_requests_running")
-
-
-def parse_metrics(text: str, *, url: str = "<metrics>") -> EngineMetrics:
-    """Parse Prometheus text from vLLM's /metrics; label sets (engines) are summed."""
-    wanted = set(_METRIC_SAMPLES.values())
-    totals: dict[str, float] = {}
-    try:
-        for family in text_string_to_metric_families(text):
-            for sample in family.samples:
-                if sample.name in wanted:
-                    totals[sample.name] = totals.get(sample.name, 0.0) + float(sample.value)
-    except ValueError as exc:
-        raise EngineProtocolError(f"unparsable /metrics: {exc}", url=url) from exc
-    missing = [name for name in _REQUIRED_GAUGES if name not in totals]
-    if missing:
-        raise EngineProtocolError(f"/metrics lacks {', '.join(missing)}", url=url)
-
-    def count(key: str) -> int:
-        return int(totals.get(_METRIC_SAMPLES[key], 0.0))
-
-    return EngineMetrics(
-        kv_cache_usage=totals[_METRIC_SAMPLES["kv_cache_usage"]],
-        num_requests_running=count("num_requests_running"),
-        num_requests_waiting=count("num_requests_waiting"),
-        num_preemptions_total=count("num_preemptions_total"),
-        prefix_cache_queries_total=count("prefix_cache_queries_total"),
-        prefix_cache_hits_total=count("prefix_cache_hits_total"),
-        raw=totals,
-    )
 
 
 class VLLMClient:
@@ -256,9 +204,21 @@ class VLLMClient:
         return max_len if isinstance(max_len, int) else 0
 
     async def metrics(self) -> EngineMetrics:
+        """One reading of /metrics (gauges lag the streams by the engine's stats interval)."""
         path = "/metrics"
         response = await self._request("GET", path)
-        return parse_metrics(response.text, url=self._url(path))
+        try:
+            return parse_metrics(response.text)
+        except MetricsFormatError as exc:
+            raise EngineProtocolError(str(exc), url=self._url(path)) from exc
+
+    async def kv_capacity(self) -> int:
+        """The server's KV cache size in tokens, from /metrics' cache-config labels."""
+        kv = (await self.metrics()).kv_capacity_tokens
+        if kv is None:
+            raise EngineProtocolError("/metrics has no vllm:cache_config_info with the KV size",
+                                      url=self._url("/metrics"))
+        return kv
 
     async def abort(self, request_id: str) -> None:
         """Ask the server to abort `request_id` (as passed to `generate`); the stream then ends

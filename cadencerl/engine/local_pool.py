@@ -34,6 +34,7 @@ from typing import Literal, Self
 
 import httpx
 
+from cadencerl.engine.processes import group_members, same_process, start_ticks, wait_groups_gone
 from cadencerl.engine.tiny_model import TINY_ARCH, ModelArch, is_built
 
 SERVED_MODEL_NAME = "tiny"
@@ -110,8 +111,8 @@ class PoolConfig:
 
 
 @dataclass(frozen=True)
-class ServerInfo:
-    """One started server, as recorded in the state file."""
+class SpawnedServer:
+    """One server process this pool spawned, as recorded in the state file (to stop it later)."""
 
     index: int
     url: str
@@ -126,7 +127,7 @@ class ServerInfo:
 @dataclass
 class PoolState:
     model_dir: str
-    servers: list[ServerInfo] = field(default_factory=list)
+    servers: list[SpawnedServer] = field(default_factory=list)
 
     def write(self, state_dir: Path) -> None:
         tmp = state_dir / f".{STATE_FILE}.tmp"
@@ -139,7 +140,7 @@ class PoolState:
             data = json.loads((Path(state_dir) / STATE_FILE).read_text())
         except FileNotFoundError:
             return None
-        return cls(model_dir=data["model_dir"], servers=[ServerInfo(**s) for s in data["servers"]])
+        return cls(model_dir=data["model_dir"], servers=[SpawnedServer(**s) for s in data["servers"]])
 
 
 class LocalPool:
@@ -152,7 +153,7 @@ class LocalPool:
         # Absolute: servers run with the state dir as cwd, and vLLM takes an unknown relative
         # path for a hub repo id.
         self.model_dir = Path(config.model_dir or self.state_dir / "model").resolve()
-        self.servers: list[ServerInfo] = []
+        self.servers: list[SpawnedServer] = []
         self._procs: list[subprocess.Popen[bytes]] = []
 
     @property
@@ -171,7 +172,7 @@ class LocalPool:
     ) -> None:
         self.stop()
 
-    def start(self) -> list[ServerInfo]:
+    def start(self) -> list[SpawnedServer]:
         """Build the model, spawn every server, wait until all are healthy; stop all on failure."""
         if PoolState.read(self.state_dir) is not None:
             down(self.state_dir, timeout_s=self.config.stop_timeout_s)  # leftovers of a crashed run
@@ -217,7 +218,7 @@ class LocalPool:
             tail = "\n".join(result.stderr.strip().splitlines()[-5:])
             raise PoolError(f"building the tiny model failed:\n{tail}")
 
-    def _spawn(self, index: int) -> ServerInfo:
+    def _spawn(self, index: int) -> SpawnedServer:
         cfg = self.config
         port = _free_port(exclude={s.port for s in self.servers})
         kv_tokens = cfg.kv_tokens_of(index)
@@ -253,12 +254,12 @@ class LocalPool:
                 cwd=self.state_dir,
             )
         self._procs.append(proc)
-        return ServerInfo(
+        return SpawnedServer(
             index=index,
             url=f"http://{HOST}:{port}",
             port=port,
             pid=proc.pid,
-            start_ticks=_start_ticks(proc.pid) or 0,
+            start_ticks=start_ticks(proc.pid) or 0,
             core=core,
             kv_tokens=kv_tokens,
             log_path=str(log_path),
@@ -307,7 +308,7 @@ def down(
     state = PoolState.read(state_dir)
     if state is None:
         return []
-    ours = [s.pid for s in state.servers if _is_ours(s)]
+    ours = [s.pid for s in state.servers if same_process(s.pid, s.start_ticks)]
     for sig, wait_s in ((signal.SIGTERM, timeout_s), (signal.SIGKILL, 5.0)):
         alive = [pgid for pgid in ours if group_members(pgid)]
         if not alive:
@@ -315,64 +316,13 @@ def down(
         for pgid in alive:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(pgid, sig)
-        _wait_groups_gone(alive, wait_s, procs)
+        wait_groups_gone(alive, wait_s, procs)
     left = {pgid: group_members(pgid) for pgid in ours}
     left = {k: v for k, v in left.items() if v}
     if left:
         raise PoolError(f"processes still alive after SIGKILL: {left}")
     (state_dir / STATE_FILE).unlink(missing_ok=True)
     return ours
-
-
-def group_members(pgid: int) -> list[int]:
-    """Live (non-zombie) pids whose process group is `pgid`, read from /proc."""
-    members: list[int] = []
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        stat = _read_stat(int(entry.name))
-        if stat is not None and stat[2] != "Z" and int(stat[4]) == pgid:
-            members.append(int(entry.name))
-    return members
-
-
-def pid_alive(pid: int) -> bool:
-    """Whether `pid` is a live process (a zombie counts as gone)."""
-    stat = _read_stat(pid)
-    return stat is not None and stat[2] != "Z"
-
-
-def _is_ours(server: ServerInfo) -> bool:
-    """False only when the leader pid is alive but is a different process (pid recycled)."""
-    ticks = _start_ticks(server.pid)
-    return ticks is None or server.start_ticks in (0, ticks)
-
-
-def _wait_groups_gone(
-    pgids: list[int], wait_s: float, procs: Sequence[subprocess.Popen[bytes]]
-) -> None:
-    deadline = time.monotonic() + wait_s
-    while time.monotonic() < deadline:
-        for proc in procs:
-            proc.poll()
-        if not any(group_members(pgid) for pgid in pgids):
-            return
-        time.sleep(0.1)
-
-
-def _read_stat(pid: int) -> list[str] | None:
-    """Fields of /proc/PID/stat with the command name collapsed, so index 2 is the state."""
-    try:
-        raw = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    head, _, rest = raw.rpartition(")")
-    return [head.split(" (", 1)[0], "comm", *rest.split()]
-
-
-def _start_ticks(pid: int) -> int | None:
-    stat = _read_stat(pid)
-    return int(stat[21]) if stat is not None else None
 
 
 def _free_port(exclude: set[int]) -> int:

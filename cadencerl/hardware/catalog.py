@@ -10,8 +10,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 
 GB = 1e9
-GIB = 2**30
-KIB = 2**10
 
 
 @dataclass(frozen=True)

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 
 from cadencerl.core.actions import Action, Admit
 from cadencerl.core.trajectory import State, Trajectory
-from cadencerl.core.view import Policy, PoolView
+from cadencerl.core.view import AdmissionGate, Policy, PoolView
 from cadencerl.core.worker import Worker
 
 HIGH, LOW = 0.90, 0.70          # KV use bands for decrease / increase
@@ -165,28 +165,14 @@ class MisaT:
         return sum(max(0, int(self.caps[w.id]) - w.sessions) for w in view.alive() if w.id in self.caps)
 
 
-@dataclass
-class _Gate:
-    """Binds MISA-T's state to one decision's view (the AdmissionGate protocol)."""
-
-    misa: MisaT
-    view: PoolView
-
-    def open_classes(self) -> set[str]:
-        return self.misa.open_classes(self.view)
-
-    def accepts(self, worker: Worker) -> bool:
-        return self.misa.accepts(worker)
-
-    def remaining(self) -> int:
-        return self.misa.remaining(self.view)
-
-
 class Admitted:
-    """ADMISSION+PLACEMENT: MISA-T decides which new sessions may start; `inner` places them."""
+    """ADMISSION+PLACEMENT: MISA-T decides which new sessions may start; `inner` places them.
+
+    MISA-T is the policy's `gate` (an AdmissionGate): the controller hands it to every view."""
 
     def __init__(self, misa: MisaT, inner: Policy) -> None:
         self.misa = misa
+        self.gate: AdmissionGate = misa
         self.inner = inner
         self.name = f"misa+{inner.name}"
         self.kv_transfer = inner.kv_transfer
@@ -194,7 +180,6 @@ class Admitted:
 
     def decide(self, view: PoolView) -> Iterator[Action]:
         self.misa.observe(view)
-        view.gate = _Gate(self.misa, view)
         for action in self.inner.decide(view):
             yield action
             if isinstance(action, Admit):  # applied by now

@@ -62,3 +62,12 @@ def oracle_bounds(specs: list[TrajectorySpec], workers: list[Worker], perfs: lis
         "bound_latency_p95_s": float(np.percentile(latency, 95)),
         "bound_latency_p99_s": float(np.percentile(latency, 99)),
     }
+
+
+def add_bounds(result: dict, specs: list[TrajectorySpec], workers: list[Worker], perfs: list[WorkerPerf],
+               key: object) -> dict:
+    """Add the oracle bounds to a run's figures, and how far the run is from them (both backends)."""
+    result.update(oracle_bounds(specs, workers, perfs, key))
+    result["throughput_fraction_of_bound"] = result["throughput_tok_s"] / result["bound_throughput_tok_s"]
+    result["p95_multiple_of_bound"] = result["latency_p95_s"] / max(result["bound_latency_p95_s"], 1e-12)
+    return result

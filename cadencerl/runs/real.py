@@ -9,21 +9,17 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 
-from cadencerl.runs.bounds import oracle_bounds
+from cadencerl.runs.bounds import add_bounds
 from cadencerl.config import ConfigError, Scenario
 from cadencerl.core.controller import Controller
 from cadencerl.core.view import Policy
 from cadencerl.core.trajectory import Trajectory
 from cadencerl.core.worker import Worker
-from cadencerl.engine.backend import (
-    EngineBackend,
-    EngineRunError,
-    TimerHook,
-    WeightUpdate,
-)
+from cadencerl.engine.backend import EngineBackend, WeightUpdate
+from cadencerl.engine.clock import EngineRunError
 from cadencerl.engine.client import EngineError, ModelMismatchError, Timeouts
 from cadencerl.hardware import catalog
 from cadencerl.hardware.perf import WorkerPerf
@@ -93,16 +89,20 @@ def _pool_of(scenario: Scenario, labels: list[str]) -> Scenario:
 def assemble(scenario: Scenario, policy: Policy, urls: Sequence[str], specs: list[TrajectorySpec], key: object,
              *, labels: Sequence[str] | None = None, kv_tokens: int | Sequence[int] | None = None,
              prompts: dict[int, list[int]] | None = None, weight_update: WeightUpdate | None = None,
-             timer_hook: TimerHook | None = None, timeouts: Timeouts = Timeouts(),
+             on_publish_due: Callable[[], None] | None = None, timeouts: Timeouts = Timeouts(),
              connect_timeout_s: float = 30.0, deadline_s: float | None = None) -> RealRun:
-    """Check the servers, size the workers from them and build the controller; ConfigError on bad input."""
+    """Check the servers, size the workers from them and build the controller; ConfigError on bad input.
+
+    With `on_publish_due`, a trainer outside the controller trains each batch the controller forms
+    and says when through `backend.publish_now()` (the trainer API does this)."""
     started = time.perf_counter()
     urls = parse_urls(urls)
     labels = resolve_labels(scenario, len(urls), labels)
     workers, perfs = build_pool(_pool_of(scenario, labels))
     caps = _kv_list(kv_tokens, len(urls))
     backend = EngineBackend(urls, scenario.model, key, seed=scenario.seed, prompts=prompts, timeouts=timeouts,
-                            weight_update=weight_update, timer_hook=timer_hook, deadline_s=deadline_s)
+                            weight_update=weight_update, on_publish_due=on_publish_due,
+                            deadline_s=deadline_s)
     try:
         servers = backend.connect(connect_timeout_s)
         for w, server, cap in zip(workers, servers, caps):
@@ -142,18 +142,16 @@ def summarize_real(run: RealRun, wall_s: float) -> dict:
     ctl, backend, s = run.controller, run.backend, run.scenario
     result = summarize(s.name, ctl.policy.name, ctl, backend.records, wall_s, backend.events_processed,
                        s.workload.target_mix())
-    result.update(oracle_bounds(run.specs, run.workers, run.perfs, run.key))
-    result["throughput_fraction_of_bound"] = result["throughput_tok_s"] / result["bound_throughput_tok_s"]
-    result["p95_multiple_of_bound"] = result["latency_p95_s"] / max(result["bound_latency_p95_s"], 1e-12)
+    add_bounds(result, run.specs, run.workers, run.perfs, run.key)
     result.update(
         backend="vllm",
         makespan_wall_s=result["sim_time_s"],
         setup_wall_s=run.setup_s,
         lost_workers=list(backend.lost),
-        resumes=backend.resumes,
-        resumes_accepted=backend.resumes_accepted,
-        aborts=backend.aborts,
-        stream_retries=backend.retries,
+        resumes=backend.counts.resumes,
+        resumes_accepted=backend.counts.resumes_accepted,
+        aborts=backend.counts.aborts,
+        stream_retries=backend.counts.retries,
         workers=[{**asdict(st), "label": label} for st, label in zip(backend.records, run.labels)],
     )
     return result

@@ -8,13 +8,12 @@ from collections.abc import Callable
 from cadencerl.config import Scenario
 from cadencerl.core.controller import Controller
 from cadencerl.core.trajectory import Trajectory
-from cadencerl.runs.bounds import oracle_bounds
-from cadencerl.hardware import catalog
-from cadencerl.runs.summary import summarize
 from cadencerl.core.view import Policy
-from cadencerl.sim.backend import SimBackend
+from cadencerl.hardware import catalog
 from cadencerl.runs.assemble import build_pool, check_fits_somewhere
-from cadencerl.core.spec import total_tokens
+from cadencerl.runs.bounds import add_bounds
+from cadencerl.runs.summary import summarize
+from cadencerl.sim.backend import SimBackend
 from cadencerl.workload.generate import generate
 
 
@@ -53,11 +52,9 @@ def simulate(scenario: Scenario, policy: Policy, *, exact: bool = False,
     ctl.run()
     result = summarize(scenario.name, policy.name, ctl, backend.engines, time.perf_counter() - started,
                        backend.events_processed, scenario.workload.target_mix(), generated)
-    result.update(oracle_bounds(specs, workers, perfs, key))
+    add_bounds(result, specs, workers, perfs, key)
     if trace:
         result["traces"] = {str(tid): [list(p) for p in pts] for tid, pts in ctl.traced.items()}
-    result["throughput_fraction_of_bound"] = result["throughput_tok_s"] / result["bound_throughput_tok_s"]
-    result["p95_multiple_of_bound"] = result["latency_p95_s"] / max(result["bound_latency_p95_s"], 1e-12)
     if keep is not None:
         keep.update(controller=ctl, backend=backend)
     return result

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Sequence
 
 import numpy as np
 
+from cadencerl.core.backend import EngineFigures
 from cadencerl.core.controller import Controller
 from cadencerl.core.trajectory import State
 from cadencerl.runs.steady import steady_figures
@@ -28,7 +30,7 @@ def mixture_dtv_pp(batches: list, target: dict[str, float]) -> float:
     return float(np.mean(dists))
 
 
-def per_class(trajs, engines, makespan: float, batches: list) -> dict[str, dict]:
+def per_class(trajs, engines: Sequence[EngineFigures], makespan: float, batches: list) -> dict[str, dict]:
     by_class = defaultdict(list)
     for t in trajs:
         by_class[t.workload_class].append(t)
@@ -47,10 +49,12 @@ def per_class(trajs, engines, makespan: float, batches: list) -> dict[str, dict]
     return out
 
 
-def summarize(scenario_name: str, policy_name: str, ctl: Controller, engines, wall_time_s: float,
-              events: int, target_mix: dict[str, float] | None = None,
+def summarize(scenario_name: str, policy_name: str, ctl: Controller, engines: Sequence[EngineFigures],
+              wall_time_s: float, events: int, target_mix: dict[str, float] | None = None,
               generated: list[tuple[float, int]] | None = None) -> dict:
-    """`generated`: cumulative decoded tokens over time, for the steady window's throughput."""
+    """The run's figures from the controller's record and each engine's totals (`engines[i]` is
+    worker i's), the same for a simulated and a real run. `generated`: cumulative decoded tokens
+    over time, for the steady window's throughput (without it: tokens of trajectories completed in it)."""
     trajs = [t for t in ctl.trajectories.values() if t.state is State.DONE]
     latency = np.array([t.completed_at - t.admitted_at for t in trajs])
     nonres = np.array([max(0.0, 1.0 - t.resident_time / max(t.completed_at - t.admitted_at, 1e-12)) for t in trajs])

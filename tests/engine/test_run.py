@@ -24,9 +24,11 @@ from cadencerl.api import RolloutPool
 from cadencerl.cli.main import app
 from cadencerl.config import ConfigError, builtin_scenario
 from cadencerl.core.actions import Evict
-from cadencerl.engine.backend import kv_tokens_from_metrics, synthetic_prompt
+from cadencerl.engine.prompts import synthetic_prompt
+from cadencerl.engine.server_metrics import kv_tokens_from_metrics
 from cadencerl.engine.calibrate import StepSample, fit
-from cadencerl.engine.local_pool import LocalPool, PoolConfig, group_members
+from cadencerl.engine.local_pool import LocalPool, PoolConfig
+from cadencerl.engine.processes import group_members
 from cadencerl.runs.real import parse_urls, resolve_labels
 from cadencerl.runs.registry import make_policy
 from cadencerl.hardware import catalog

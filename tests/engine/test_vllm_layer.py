@@ -25,19 +25,17 @@ from cadencerl.engine.local_pool import (
     PoolConfig,
     PoolError,
     down,
-    group_members,
-    pid_alive,
 )
+from cadencerl.engine.processes import group_members, pid_alive
 from cadencerl.engine.tiny_model import FORMAT_VERSION, MARKER, TINY_ARCH, build_tiny_model
 from cadencerl.engine.client import (
     EngineConnectionError,
     EngineHTTPError,
     EngineTimeoutError,
     ModelMismatchError,
-    EngineMetrics,
     VLLMClient,
-    parse_metrics,
 )
+from cadencerl.engine.server_metrics import EngineMetrics, parse_metrics
 
 T = TypeVar("T")
 MODEL = "tiny"
@@ -120,7 +118,8 @@ def test_unreachable_server_gives_clear_errors() -> None:
             start = time.monotonic()
             with pytest.raises(EngineTimeoutError, match="not healthy"):
                 await client.wait_healthy(1.0, poll_s=0.1)
-            assert time.monotonic() - start < 3.0
+            # It waited its second, and gave up well before the 20 s bound (loose: a busy machine).
+            assert 0.95 <= time.monotonic() - start < 10.0
 
     run(scenario(), 20)
 
@@ -151,9 +150,10 @@ def test_tiny_model_built_and_served(engine_pool: LocalPool, tiny_model_dir: Pat
     assert safetensors_param_count(tiny_model_dir / "model.safetensors") == TINY_ARCH.num_params
     config = json.loads((tiny_model_dir / "config.json").read_text())
     assert (config["num_hidden_layers"], config["num_key_value_heads"]) == (4, 2)
-    start = time.monotonic()
-    assert build_tiny_model(tiny_model_dir) == tiny_model_dir  # idempotent: no rebuild
-    assert time.monotonic() - start < 1.0
+    # Idempotent: no rebuild (checked on the files, not on a wall-clock bound a busy machine can break).
+    stamps = {p.name: p.stat().st_mtime_ns for p in tiny_model_dir.iterdir()}
+    assert build_tiny_model(tiny_model_dir) == tiny_model_dir
+    assert {p.name: p.stat().st_mtime_ns for p in tiny_model_dir.iterdir()} == stamps
 
     async def scenario() -> None:
         for url in engine_pool.urls:
@@ -185,27 +185,25 @@ def test_generate_returns_exactly_max_tokens(engine_pool: LocalPool) -> None:
 @pytest.mark.engine
 @pytest.mark.timeout(240)
 def test_abort_then_resume_on_other_server(engine_pool: LocalPool) -> None:
-    target = 400
+    """However many tokens the abort lets through (a busy machine decides), the resumed ids continue
+    exactly where the aborted stream stopped: the reference is taken afterwards, at that length."""
+    limit, more = 1500, 64
 
     async def scenario() -> None:
         url_a, url_b = engine_pool.urls
         async with VLLMClient(url_a, model=MODEL) as a, VLLMClient(url_b, model=MODEL) as b:
-            reference = await b.generate("ref-1", PROMPT, target)
-            assert len(reference.token_ids) == target
-
             streamed: list[int] = []
-            task = asyncio.create_task(a.generate("job-42", PROMPT, target, streamed.extend))
+            task = asyncio.create_task(a.generate("job-42", PROMPT, limit, streamed.extend))
             await wait_for_tokens(streamed, 16)
             await a.abort("job-42")
             first = await task
             assert first.finish_reason == "aborted"
-            assert 16 <= len(first.token_ids) < target
+            assert 16 <= len(first.token_ids) < limit
             assert first.token_ids == streamed
 
-            rest = target - len(first.token_ids)
-            second = await b.generate("job-42-resume", PROMPT + first.token_ids, rest)
-            assert second.finish_reason == "length"
-            assert len(first.token_ids) + len(second.token_ids) == target
+            second = await b.generate("job-42-resume", PROMPT + first.token_ids, more)
+            assert second.finish_reason == "length" and len(second.token_ids) == more
+            reference = await b.generate("ref-1", PROMPT, len(first.token_ids) + more)
             assert first.token_ids + second.token_ids == reference.token_ids  # greedy: exact
 
     run(scenario(), 90)

@@ -1,0 +1,212 @@
+"""Per-request streaming on real servers: one placement of a turn, its retries, resume and abort.
+
+Why this shape:
+- Every trajectory's token ids (prompt, generated, tool observations) are kept here, so an evicted
+  or lost trajectory resumes on any worker from its last received token (token transfer +
+  re-prefill; the prefix cache makes a return to the same worker cheap).
+- A broken stream is not a broken run: the worker is probed once; a dead server is lost (its
+  residents go back to pending), a live one gets the request re-issued from its last token, a
+  bounded number of times.
+- Each placement is the trajectory's meter while it runs: policies read its live context.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from cadencerl.core.backend import WorkerLost
+from cadencerl.core.trajectory import Trajectory
+from cadencerl.engine.client import EngineError, VLLMClient
+from cadencerl.engine.clock import EngineRunError, WallClock
+from cadencerl.engine.records import WorkerRecord
+
+
+@dataclass(eq=False)
+class Placement:
+    """One placement of a trajectory's current turn on a worker; also the trajectory's meter."""
+
+    traj: Trajectory
+    worker: int
+    start: int                   # generated tokens when placed
+    target: int                  # generated-token count at which the turn ends
+    received: list[int] = field(default_factory=list)
+    live: bool = True            # False once evicted or completed: later tokens are dropped
+    failed: bool = False         # the stream broke; awaiting the worker's probe
+    attempts: int = 0
+    request_id: str = ""
+    task: asyncio.Task | None = None
+
+    def generated(self) -> int:
+        return self.start + len(self.received)
+
+
+@dataclass
+class StreamCounts:
+    resumes: int = 0             # placements that continued from generated tokens
+    resumes_accepted: int = 0    # ... whose continued ids the server took and extended
+    aborts: int = 0
+    retries: int = 0             # streams re-issued on a worker that answered its probe
+
+
+class Streams:
+    """The placements in flight, one client per worker; `on_turn_end` hears each completed turn."""
+
+    MAX_ATTEMPTS = 3            # stream failures on a healthy worker before it counts as lost
+    PROBE_TIMEOUT_S = 5.0
+    ABORT_TIMEOUT_S = 5.0
+
+    def __init__(self, clock: WallClock, clients: list[VLLMClient], tag: str,
+                 on_turn_end: Callable[[Placement], None]) -> None:
+        self._clock = clock
+        self._clients = clients
+        self._tag = tag                      # request ids stay unique across runs on one server
+        self._on_turn_end = on_turn_end
+        self.records: list[WorkerRecord] = []   # set when the run starts
+        self.by_traj: dict[int, Placement] = {}
+        self.by_worker: list[dict[int, Placement]] = [{} for _ in clients]
+        self.ids: dict[int, list[int]] = {}  # traj id -> prompt + every token so far (not in flight)
+        self.probing: set[int] = set()
+        self.dead: set[int] = set()
+        self.lost: list[int] = []
+        self.problems: list[str] = []
+        self.counts = StreamCounts()
+
+    def kv_committed(self, worker: int) -> int:
+        return sum(p.traj.context for p in self.by_worker[worker].values())
+
+    def token_ids(self, traj_id: int) -> list[int]:
+        """Prompt + generated (+ observation) ids of a trajectory so far, in flight included."""
+        ids = list(self.ids.get(traj_id, ()))
+        p = self.by_traj.get(traj_id)
+        return ids + p.received if p is not None else ids
+
+    def open(self, traj: Trajectory, worker: int, target: int, delay_s: float) -> None:
+        """Place the trajectory's current turn: stream the tokens left up to `target`."""
+        if worker in self.dead:
+            raise EngineRunError(f"placement on lost worker {worker}")
+        p = Placement(traj, worker, traj.tokens, target)
+        traj.meter = p
+        self.by_traj[traj.id] = p
+        self.by_worker[worker][traj.id] = p
+        if p.start:
+            self.counts.resumes += 1
+        if p.generated() >= p.target:        # nothing left of this turn (it ended as it departed)
+            self._complete(p)
+            return
+        self._launch(p, delay_s)
+
+    def evict(self, traj: Trajectory) -> None:
+        """Abort the trajectory's stream; its tokens so far stay in `ids` and `traj.tokens`."""
+        p = self.by_traj.get(traj.id)
+        if p is None:
+            raise EngineRunError(f"evict of trajectory {traj.id}, which is not placed")
+        self._release(p)
+        self.counts.aborts += 1
+        if p.task is not None and not p.task.done():
+            p.task.cancel()                  # closing the stream aborts it server-side too
+            if p.worker not in self.dead:
+                self._clock.spawn(self._abort(p.worker, p.request_id))
+
+    # -- one stream --------------------------------------------------------------------------------
+
+    def _launch(self, p: Placement, delay_s: float = 0.0) -> None:
+        p.attempts += 1
+        p.failed = False
+        p.request_id = f"crl-{self._tag}-t{p.traj.id}-{self._clock.next_id()}"
+        p.task = self._clock.spawn(self._run(p, delay_s))
+
+    async def _run(self, p: Placement, delay_s: float) -> None:
+        try:
+            if delay_s > 0:
+                await asyncio.sleep(delay_s)
+            prompt = self.ids[p.traj.id] + p.received
+            self.records[p.worker].prompt_tokens_sent += len(prompt)
+
+            def on_tokens(new: list[int]) -> None:
+                if p.live:
+                    self._receive(p, new)
+
+            outcome = await self._clients[p.worker].generate(p.request_id, prompt, p.target - p.generated(),
+                                                             on_tokens)
+            if not p.live:
+                return
+            if outcome.finish_reason in ("error", "aborted"):   # nobody here asked for an abort
+                self._failed(p)
+            else:
+                self.problems.append(f"trajectory {p.traj.id}: stream ended ({outcome.finish_reason}) at "
+                                     f"{p.generated()} of {p.target} tokens")
+                self._complete(p)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - a bug or bad input must end the run, not hang it
+            url = self._clients[p.worker].base_url
+            self._clock.fail(EngineRunError(f"worker {p.worker} ({url}), trajectory {p.traj.id}: {exc}"))
+
+    def _receive(self, p: Placement, new: list[int]) -> None:
+        if p.start and not p.received and p.attempts == 1:
+            self.counts.resumes_accepted += 1   # the server took the continued ids and extended them
+        p.received.extend(new)
+        self.records[p.worker].tokens_generated += len(new)
+        if p.generated() >= p.target:
+            if p.generated() > p.target:
+                self.problems.append(f"trajectory {p.traj.id}: {p.generated()} tokens, target {p.target}")
+                del p.received[p.target - p.start:]
+            self._complete(p)
+
+    def _release(self, p: Placement) -> None:
+        """The placement ends: its tokens join the trajectory's record and its meter stops."""
+        p.live = False
+        traj = p.traj
+        self.by_traj.pop(traj.id, None)
+        self.by_worker[p.worker].pop(traj.id, None)
+        self.ids[traj.id] += p.received
+        traj.tokens = p.generated()
+        traj.meter = None
+
+    def _complete(self, p: Placement) -> None:
+        self._release(p)
+        self._on_turn_end(p)
+
+    # -- failures ----------------------------------------------------------------------------------
+
+    def _failed(self, p: Placement) -> None:
+        p.failed = True
+        if p.worker not in self.probing and p.worker not in self.dead:
+            self.probing.add(p.worker)
+            self._clock.spawn(self._probe(p.worker))
+
+    async def _probe(self, worker: int) -> None:
+        """A stream broke: is the server alive? Re-issue its broken streams, or report it lost."""
+        try:
+            try:
+                ok = await asyncio.wait_for(self._clients[worker].health(), self.PROBE_TIMEOUT_S)
+            except TimeoutError:
+                ok = False
+            broken = [p for p in self.by_worker[worker].values() if p.failed]
+            if ok and all(p.attempts < self.MAX_ATTEMPTS for p in broken):
+                for p in broken:
+                    self.counts.retries += 1
+                    self._launch(p)
+            else:
+                self.lose(worker)
+        finally:
+            self.probing.discard(worker)
+            self._clock.poke()
+
+    def lose(self, worker: int) -> None:
+        """The worker is gone: one WorkerLost event (the controller evicts its residents)."""
+        if worker in self.dead:
+            return
+        self.dead.add(worker)
+        self.lost.append(worker)
+        if self.records:
+            self.records[worker].alive = False
+        self._clock.emit(WorkerLost(worker, self._clock.now()))
+
+    async def _abort(self, worker: int, request_id: str) -> None:
+        try:
+            await asyncio.wait_for(self._clients[worker].abort(request_id), self.ABORT_TIMEOUT_S)
+        except (EngineError, TimeoutError):
+            pass  # the disconnect aborts it anyway

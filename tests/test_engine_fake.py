@@ -1,0 +1,240 @@
+"""EngineBackend and the trainer API on in-process fake vLLM servers: no vLLM needed, seconds.
+
+The fakes (tests/fake_vllm.py) speak vLLM's token-in/token-out HTTP API over real sockets and
+generate deterministic tokens (a function of the whole context), so every check here is exact:
+a trajectory evicted, broken or lost mid-stream must end with the very ids it would have had in
+one uninterrupted stream, and the server must have been asked to continue from its last token.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import inspect
+import time
+from collections.abc import Callable, Iterator
+
+import pytest
+
+from cadencerl.api import RolloutPool
+from cadencerl.config import builtin_scenario
+from cadencerl.core.backend import Backend, Finished, Restore, ToolReturned, TurnEnded, WorkerLost
+from cadencerl.core.spec import HiddenLength, TrajectorySpec, Turn
+from cadencerl.core.trajectory import Trajectory
+from cadencerl.core.worker import Worker
+from cadencerl.engine.backend import EngineBackend
+from cadencerl.engine.client import EngineHTTPError, VLLMClient
+from cadencerl.engine.prompts import synthetic_observation, synthetic_prompt
+from tests.fake_vllm import PREFIX, FakeVLLM, reference
+
+pytestmark = pytest.mark.timeout(60)
+PROMPT_LEN, TARGET = 40, 300
+
+
+@pytest.fixture
+def pair() -> Iterator[tuple[FakeVLLM, FakeVLLM]]:
+    with FakeVLLM() as a, FakeVLLM() as b:
+        yield a, b
+
+
+def wait_until(cond: Callable[[], bool], what: str, timeout_s: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not cond():
+        assert time.monotonic() < deadline, f"not seen within {timeout_s} s: {what}"
+        time.sleep(0.01)
+
+
+def test_engine_backend_has_every_protocol_method_with_its_parameters() -> None:
+    methods = [n for n, f in vars(Backend).items() if callable(f) and not n.startswith("_")]
+    assert "advance" in methods and "place" in methods
+    for name in methods:
+        want = list(inspect.signature(getattr(Backend, name)).parameters)
+        assert list(inspect.signature(getattr(EngineBackend, name)).parameters) == want, name
+
+
+# --- the client against the fake -----------------------------------------------------------------
+
+def test_client_streams_aborts_and_reads_metrics(pair: tuple[FakeVLLM, FakeVLLM]) -> None:
+    a, b = pair
+    prompt = list(range(1, 81))
+
+    async def scenario() -> None:
+        async with VLLMClient(a.url, model="tiny") as ca, VLLMClient(b.url, model="tiny") as cb:
+            assert await ca.check_model() == 2048 and await ca.kv_capacity() == 8192
+            chunks: list[list[int]] = []
+            whole = await ca.generate("one", prompt, 48, chunks.append)
+            assert whole.finish_reason == "length" and whole.token_ids == reference(prompt, 48)
+            assert [t for c in chunks for t in c] == whole.token_ids
+
+            streamed: list[int] = []
+            task = asyncio.create_task(ca.generate("two", prompt, 1500, streamed.extend))
+            while len(streamed) < 8:
+                await asyncio.sleep(0.005)
+            await ca.abort("two")
+            first = await task
+            assert first.finish_reason == "aborted" and 8 <= len(first.token_ids) < 1500
+            rest = await cb.generate("two-resumed", prompt + first.token_ids, 30)
+            assert first.token_ids + rest.token_ids == reference(prompt, len(first.token_ids) + 30)
+
+            m = await ca.metrics()
+            assert m.prefix_cache_queries_total == 160 and m.prefix_cache_hits_total == 64  # 2 blocks again
+            wrong = await VLLMClient(a.url, model="other").generate("x", prompt, 4)
+            assert isinstance(wrong.error, EngineHTTPError) and wrong.error.status_code == 404
+
+    asyncio.run(asyncio.wait_for(scenario(), 30))
+    assert a.state.aborted == [PREFIX + "two"]
+
+
+# --- EngineBackend, driven by hand as the controller would ---------------------------------------
+
+@contextlib.contextmanager
+def streaming(urls: list[str], worker: int, tokens: int,
+              later: Callable[[object], tuple[Turn, ...]] = lambda key: ()) -> Iterator[tuple[EngineBackend, Trajectory]]:
+    """A backend over `urls` with one trajectory placed on `worker` that has `tokens` or more;
+    `later(key)` gives its later turns (sealed with the run's key)."""
+    key = object()
+    traj = Trajectory(TrajectorySpec(0, 0, PROMPT_LEN, HiddenLength(TARGET, key), later_turns=later(key)))
+    traj.versions.append(0)
+    backend = EngineBackend(urls, "tiny", key, metrics_every_s=0.05)
+    try:
+        backend.start([Worker(i, "cpu-tiny", "local", 1, 8192, 32, i) for i in range(len(urls))])
+        backend.place(traj, worker, Restore.PREFILL, 0.0)
+        advance_until(backend, lambda _: traj.generated >= tokens)
+        yield backend, traj
+    finally:
+        backend.close()
+
+
+def advance_until(backend: EngineBackend, cond: Callable[[list], bool], timeout_s: float = 10.0) -> list:
+    """Advance in 20 ms steps until `cond(events so far)` holds; returns the events."""
+    seen: list = []
+    deadline = time.monotonic() + timeout_s
+    while not cond(seen):
+        assert time.monotonic() < deadline, f"condition not met; events {seen}"
+        seen += backend.advance(backend.now() + 0.02)
+    return seen
+
+
+def finished(events: list) -> bool:
+    return any(isinstance(e, Finished) for e in events)
+
+
+def expected_ids() -> list[int]:
+    prompt = synthetic_prompt(0, 0, PROMPT_LEN)
+    return prompt + reference(prompt, TARGET)
+
+
+def test_evicted_trajectory_resumes_elsewhere_from_its_last_token() -> None:
+    with FakeVLLM(hold_after_tokens=30) as a, FakeVLLM() as b, streaming([a.url, b.url], 0, 30) as (backend, traj):
+        backend.evict(traj)
+        kept = traj.tokens
+        assert kept == 30 and traj.meter is None and backend.kv_committed(0) == 0
+        advance_until(backend, lambda _: a.running == 0)   # the abort reached the server
+        ((rid, _, _),) = a.state.requests            # ended by the abort call, the disconnect, or both
+        assert set(a.state.aborted + a.state.disconnected) == {PREFIX + rid}
+
+        backend.place(traj, 1, Restore.PREFILL, 0.0)
+        events = advance_until(backend, finished)
+        ((_, sent, max_tokens),) = b.state.requests
+        assert sent == expected_ids()[: PROMPT_LEN + kept] and max_tokens == TARGET - kept
+        assert traj.tokens == TARGET and backend.token_ids(0) == expected_ids()
+        assert [type(e) for e in events] == [Finished]
+        assert (backend.counts.resumes, backend.counts.resumes_accepted, backend.counts.aborts) == (1, 1, 1)
+        assert backend.verify() == [] and backend.completions == {0: 1}
+
+
+def test_broken_stream_on_a_live_server_is_reissued_from_its_last_token() -> None:
+    with FakeVLLM(break_after_tokens=20) as a, streaming([a.url], 0, 0) as (backend, traj):
+        advance_until(backend, finished)
+        assert backend.counts.retries == 1 and backend.lost == []
+        (_, first, _), (_, second, rest) = a.state.requests
+        assert len(second) > len(first) and second == expected_ids()[: len(second)]
+        assert rest == TARGET - (len(second) - PROMPT_LEN)
+        assert backend.token_ids(0) == expected_ids() and backend.verify() == []
+
+
+def test_dead_server_is_one_lost_worker_and_its_trajectory_finishes_elsewhere() -> None:
+    with FakeVLLM() as a, FakeVLLM(die_after_tokens=40) as b, streaming([a.url, b.url], 1, 0) as (backend, traj):
+        events = advance_until(backend, lambda evs: any(isinstance(e, WorkerLost) for e in evs))
+        assert [e.worker for e in events if isinstance(e, WorkerLost)] == [1]
+        assert backend.lost == [1] and not backend.records[1].alive and backend.counts.retries == 0
+        backend.evict(traj)                       # what the controller does with a lost worker's residents
+        kept = traj.tokens
+        assert kept <= 40                         # what reached the client before the server died
+        backend.place(traj, 0, Restore.PREFILL, 0.0)
+        advance_until(backend, finished)
+        ((_, sent, max_tokens),) = a.state.requests   # the survivor continues from the last token
+        assert sent == expected_ids()[: PROMPT_LEN + kept] and max_tokens == TARGET - kept
+        assert backend.token_ids(0) == expected_ids() and backend.verify() == []
+
+
+def one_tool_turn(key: object) -> tuple[Turn, ...]:
+    return (Turn(observation_len=8, tool_latency_s=0.05, response=HiddenLength(20, key)),)
+
+
+def test_a_tool_turn_appends_its_observation_and_the_next_reply_follows_it(
+        pair: tuple[FakeVLLM, FakeVLLM]) -> None:
+    a, _ = pair
+    with streaming([a.url], 0, 0, later=one_tool_turn) as (backend, traj):
+        ended = advance_until(backend, lambda evs: any(isinstance(e, TurnEnded) for e in evs))
+        assert [type(e) for e in ended] == [TurnEnded] and traj.tokens == TARGET
+        returned = advance_until(backend, lambda evs: any(isinstance(e, ToolReturned) for e in evs))
+        assert returned[0].observation_tokens == 8 and returned[0].time >= ended[0].time + 0.05
+        traj.turn, traj.observation_tokens = 1, 8          # what the controller does on ToolReturned
+        backend.place(traj, 0, Restore.PREFILL, 0.0)
+        advance_until(backend, finished)
+        context = expected_ids() + synthetic_observation(0, 0, 1, 8)
+        (_, _, _), (_, sent, max_tokens) = a.state.requests
+        assert sent == context and max_tokens == 20
+        assert backend.token_ids(0) == context + reference(context, 20) and traj.tokens == TARGET + 20
+        assert backend.verify() == [] and backend.completions == {0: 1}
+
+
+# --- a whole run through the trainer API -----------------------------------------------------------
+
+TRAJECTORIES = 32
+
+
+def run_pool(urls: list[str], kv_tokens: int) -> tuple[dict, RolloutPool, list]:
+    """The `cpu-pair` scenario, shrunk, through the trainer API with a zero-time trainer."""
+    s = builtin_scenario("cpu-pair").with_overrides(
+        workload={"trajectories": TRAJECTORIES, "response": {"median": 60, "sigma": 1.0, "cap": 400}},
+        trainer={"batch_size": 8}, policy={"delta": 32, "headroom_floor": 0.15})
+    with RolloutPool.from_scenario(s, urls, policy="cadence", kv_tokens=kv_tokens, deadline_s=45) as pool:
+        batches = []
+        for batch in pool.batches():
+            batches.append(batch)
+            assert pool.publish() == batch.index + 1
+        return pool.result(), pool, batches
+
+
+def check_every_trajectory_once_and_exact(result: dict, pool: RolloutPool, batches: list) -> None:
+    ctl, key = pool.controller, pool._key
+    assert [b.index for b in batches] == list(range(TRAJECTORIES // 8))
+    handed = [x.id for b in batches for x in b.samples]
+    assert sorted(handed) == list(range(TRAJECTORIES))             # none lost, none twice
+    assert [tuple(x.id for x in b.samples) for b in batches] == [b.trajectory_ids for b in ctl.trainer.batches]
+    for b in batches:
+        assert all(0 <= b.index - x.tag <= pool.scenario.policy.eta for x in b.samples)
+        for x in b.samples:
+            target = ctl.trajectories[x.id].spec.response.reveal(key)
+            assert x.prompt_ids == synthetic_prompt(pool.scenario.seed, x.group, len(x.prompt_ids))
+            assert x.completion_ids == reference(x.prompt_ids, target), x.id
+    assert result["trajectories_completed"] == TRAJECTORIES and pool.backend.verify() == []
+    assert set(pool.backend.completions.values()) == {1}
+
+
+def test_rollout_pool_on_a_fake_pair_hands_out_every_trajectory_once(pair: tuple[FakeVLLM, FakeVLLM]) -> None:
+    result, pool, batches = run_pool([f.url for f in pair], kv_tokens=1024)
+    check_every_trajectory_once_and_exact(result, pool, batches)
+    assert result["lost_workers"] == [] and result["stream_retries"] == 0
+    assert all(w["samples"] > 0 and w["tokens_generated"] > 0 for w in result["workers"])
+
+
+def test_rollout_pool_survives_a_server_dying_mid_run() -> None:
+    with FakeVLLM() as a, FakeVLLM(die_after_tokens=300) as b:
+        result, pool, batches = run_pool([a.url, b.url], kv_tokens=1024)
+        assert b.dead
+    check_every_trajectory_once_and_exact(result, pool, batches)
+    assert result["lost_workers"] == [1] and [w["alive"] for w in result["workers"]] == [True, False]
+    assert result["resumes"] >= 1   # the dead worker's residents continued on the survivor

@@ -1,0 +1,163 @@
+"""The routers and the MISA-T gate on hand-built pools: each one's stated rule, one at a time."""
+
+from __future__ import annotations
+
+import pytest
+
+from cadencerl.core.actions import Admit, Place
+from cadencerl.routing.misa import Admitted, MisaT
+from cadencerl.routing.routers import CacheAware, ConsistentHash, LeastLoadedRouter, RoundRobin, StickyLeastLoaded
+from cadencerl.policies.least_loaded import LeastLoaded
+from tests.pools import pool, traj, worker
+
+
+def fresh(n, start=100, ctx=10, group=None, prompt=5):
+    return [traj(i, ctx, group=group, prompt=prompt) for i in range(start, start + n)]
+
+
+def admits(actions):
+    return [a.worker for a in actions if isinstance(a, Admit)]
+
+
+def loaded(wid, n, start=None, **kw):
+    """A worker with `n` small residents."""
+    base = 1000 * (wid + 1) if start is None else start
+    return worker(wid, residents=[traj(i, 10) for i in range(base, base + n)], **kw)
+
+
+# -- the routing loop every router shares ----------------------------------------------------------
+
+def test_a_router_queues_at_the_engine_but_never_sends_what_its_kv_cannot_hold():
+    full = worker(0, cap=10_000, residents=[traj(1, 9000)])
+    acts = pool(LeastLoadedRouter(), [full], fresh=[traj(2, 5000)]).decide()
+    assert acts == [Admit(0, 2)]                  # past its headroom: the engine's queue holds it
+    acts = pool(LeastLoadedRouter(), [worker(0, cap=10_000)], fresh=[traj(3, 10_000)]).decide()
+    assert acts == []                             # larger than the whole KV: it could never run
+
+
+def test_a_router_places_continuations_first_in_departure_order():
+    early, late = traj(2, 100), traj(1, 100)
+    early.departed_at, late.departed_at = 3.0, 5.0
+    acts = pool(RoundRobin(), [worker(0), worker(1)], pending=[late, early], fresh=fresh(1), admitted=2).decide()
+    assert acts == [Place(2, 0), Place(1, 1), Admit(0, 100)]
+
+
+# -- round-robin, least-loaded, sticky ------------------------------------------------------------
+
+def test_round_robin_cycles_whatever_the_load():
+    acts = pool(RoundRobin(), [worker(0), loaded(1, 8), worker(2)], fresh=fresh(4)).decide()
+    assert admits(acts) == [0, 1, 2, 0]
+
+
+def test_least_loaded_router_sends_each_request_to_the_fewest_in_flight():
+    acts = pool(LeastLoadedRouter(), [loaded(0, 2), worker(1), loaded(2, 1)], fresh=fresh(3)).decide()
+    assert admits(acts) == [1, 1, 2]
+
+
+def test_sticky_least_loaded_returns_a_session_home_and_starts_new_ones_least_loaded():
+    back = traj(1, 100)
+    back.home = 2
+    ws = [worker(0), loaded(1, 1), loaded(2, 5)]
+    acts = pool(StickyLeastLoaded(), ws, pending=[back], fresh=fresh(1), admitted=1).decide()
+    assert acts == [Place(1, 2), Admit(0, 100)]   # home though busiest; the new session to the idlest
+
+
+# -- consistent hashing ---------------------------------------------------------------------------
+
+def test_consistent_hash_moves_only_the_sessions_of_a_lost_worker():
+    def route(dead=None, busy=False):
+        ws = [loaded(0, 20) if busy else worker(0), worker(1), worker(2), worker(3)]
+        if dead is not None:
+            ws[dead].alive = False
+        return admits(pool(ConsistentHash(), ws, fresh=fresh(40)).decide())
+
+    before = route()
+    assert len(set(before)) >= 3                  # sessions spread over the ring
+    assert route(busy=True) == before             # load plays no part
+    after = route(dead=2)
+    for old, new in zip(before, after):
+        assert new == old if old != 2 else new != 2
+
+
+# -- cache-aware ------------------------------------------------------------------------------------
+
+def test_cache_aware_follows_the_cached_prompt_when_the_match_clears_the_threshold():
+    # prompts of 80 tokens in 100: a sibling matches 80% of its request where the group went
+    reqs = [traj(100, 100, group=7, prompt=80), traj(101, 100, group=8, prompt=80),
+            traj(102, 100, group=9, prompt=80), traj(103, 100, group=7, prompt=80)]
+    acts = pool(CacheAware(), [worker(0), worker(1)], fresh=reqs).decide()
+    assert admits(acts) == [0, 1, 0, 0]           # the last sibling follows its group, not the idler worker
+
+
+def test_cache_aware_goes_least_loaded_below_the_match_threshold():
+    # prompts of 20 tokens in 100: a 20% match is under the 30% threshold
+    reqs = [traj(100, 100, group=7, prompt=20), traj(101, 100, group=8, prompt=20),
+            traj(102, 100, group=9, prompt=20), traj(103, 100, group=7, prompt=20)]
+    acts = pool(CacheAware(), [worker(0), worker(1)], fresh=reqs).decide()
+    assert admits(acts) == [0, 1, 0, 1]
+
+
+def test_cache_aware_goes_least_loaded_once_the_absolute_imbalance_passes_its_threshold():
+    router = CacheAware(balance_abs_threshold=2, balance_rel_threshold=1.5)
+    acts = pool(router, [worker(0), worker(1)], fresh=fresh(4, group=7, ctx=100, prompt=80)).decide()
+    # siblings stay with their cached prompt while the load gap is <= 2; at 3 - 0 they go least-loaded
+    assert admits(acts) == [0, 0, 0, 1]
+
+
+def test_cache_aware_also_needs_the_relative_imbalance():
+    router = CacheAware(balance_abs_threshold=2, balance_rel_threshold=1.5)
+    acts = pool(router, [worker(0), loaded(1, 10)], fresh=fresh(17, group=7, ctx=100, prompt=80),
+                admitted=10).decide()
+    # 13 vs 10 is 3 apart but not 1.5x: the cached worker keeps the siblings until 16 > 1.5 x 10
+    assert admits(acts) == [0] * 16 + [1]
+
+
+# -- MISA-T: the gate in front of placement -----------------------------------------------------------
+
+def misa_pool(workers, **state):
+    return pool(Admitted(MisaT({"rlvr": 1.0}), LeastLoaded()), workers, **state)
+
+
+def test_the_controller_hands_the_policys_gate_to_every_view():
+    p = misa_pool([worker(0)])
+    assert p.view.gate is p.policy.misa
+    assert pool(LeastLoaded(), [worker(0)]).view.gate is None
+
+
+def test_a_closed_gate_holds_new_sessions_but_never_continuations():
+    # every worker holds INITIAL_CAP (4) sessions and reports a waiting queue, so its cap shrinks
+    # below that: MISA-T admits no new session, the continuation passes
+    back = traj(1, 100)
+    back.home = 0
+    ws = [loaded(0, 4), loaded(1, 4)]
+    for w in ws:
+        w.num_waiting = 1
+    acts = misa_pool(ws, pending=[back], fresh=fresh(2), admitted=9).decide()
+    assert acts == [Place(1, 0)]
+
+
+def test_the_gate_admits_up_to_each_workers_session_cap():
+    acts = misa_pool([loaded(0, 3), loaded(1, 2)], fresh=fresh(5), admitted=5).decide()
+    assert sorted(admits(acts)) == [0, 1, 1]      # caps of 4: one more session on 0, two on 1
+
+
+def test_a_worker_at_its_session_cap_takes_no_new_session_even_when_idle():
+    # worker 0 runs nothing, but 4 sessions homed there wait on tools and it reports pressure
+    idle = worker(0)
+    idle.sessions, idle.num_waiting = 4, 1
+    acts = misa_pool([idle, loaded(1, 2)], fresh=fresh(2), admitted=6, tool_waiting={0: 4}).decide()
+    assert admits(acts) == [1, 1]
+
+
+@pytest.mark.parametrize("preempted", [False, True])
+def test_misa_session_caps_grow_in_slow_start_and_shrink_on_preemption(preempted):
+    misa = MisaT({"rlvr": 1.0})
+    w = loaded(0, 4)                              # its cap of 4 is in use, KV use low
+    misa.observe(pool(LeastLoaded(), [w], admitted=4).view)
+    assert misa.caps[0] == 8                      # slow start doubles
+    if preempted:
+        w.preemptions += 1
+    p = pool(LeastLoaded(), [w], admitted=4)
+    p.now = 1.0
+    misa.observe(p.view)
+    assert misa.caps[0] == (8 * 0.8 if preempted else 8)   # multiplicative decrease; unused cap does not grow
