@@ -53,11 +53,13 @@ class Cadence:
         return int(self.floor_frac * w.kv_capacity) + self.growth.tokens(w, n)
 
     def _room(self, w: Worker, tokens: int, reserve: int) -> int:
-        """Post-placement headroom above the floor and `reserve`; negative (or no slot): infeasible."""
+        """Post-placement headroom above the floor (with growth) and `reserve`; negative (or no slot):
+        infeasible. `floor` inlined: this is the hot path of every placement."""
         load = len(w.residents)
         if load >= w.max_num_seqs:
             return -1
-        return w.kv_capacity - w.kv_used - tokens - reserve - self.floor(w, load + 1)
+        growth = int((load + 1) * self.growth.per_resident(w))
+        return w.kv_capacity - w.kv_used - tokens - reserve - int(self.floor_frac * w.kv_capacity) - growth
 
     # -- the decision ---------------------------------------------------------------------------
 

@@ -49,6 +49,10 @@ class GrowthMeter:
         """Growth of `residents` decoding sequences on `w` over the horizon."""
         return int(residents * self._rate.get(w.id, 0.0) * self.horizon_s)
 
+    def per_resident(self, w: Worker) -> float:
+        """Growth of one decoding sequence on `w` over the horizon."""
+        return self._rate.get(w.id, 0.0) * self.horizon_s
+
 
 class PromptHomes:
     """The worker the latest sample of each prompt group went to: its prefix is cached there.
