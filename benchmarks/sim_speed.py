@@ -1,19 +1,57 @@
 """How fast is the simulator? A paper-scale single-policy run, closed form against exact stepping.
 
 Usage: python benchmarks/sim_speed.py [--scenario 16a16b8h] [--policy cadence] [--trajectories N]
+       python benchmarks/sim_speed.py --every-scenario [--policy cadence]
 Prints simulated decode tokens per wall second for both modes, and as its last line one JSON
-object with `trajectories`, `wall_time_s`, `exact_wall_time_s` and `speedup`.
+object with `trajectories`, `wall_time_s`, `exact_wall_time_s`, `speedup` and `max_rel_diff`.
+`--every-scenario` runs each built-in scenario at a small size (96 trajectories, 48 for the
+multi-turn ones; cpu-pair as it is) in both modes and prints the largest relative difference of
+each, then one JSON object with the worst.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
+from pathlib import Path
 
-from cadencerl.config import builtin_scenario
-from cadencerl.runs.registry import make_policy
-from cadencerl.runs.simulate import simulate
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))   # this checkout's cadencerl
+
+from cadencerl.config import builtin_scenario  # noqa: E402
+from cadencerl.runs.registry import make_policy  # noqa: E402
+from cadencerl.runs.simulate import simulate  # noqa: E402
+
+COMPARED = ("throughput_tok_s", "latency_p50_s", "latency_p95_s", "latency_p99_s", "sim_time_s",
+            "tokens_generated", "preemptions")
+
+
+def max_rel_diff(closed: dict, exact: dict) -> float:
+    return max(abs(closed[k] - exact[k]) / max(abs(exact[k]), 1e-9) for k in COMPARED)
+
+
+def every_scenario(policy: str) -> None:
+    import cadencerl
+
+    names = sorted(p.stem for p in (Path(cadencerl.__file__).parent / "scenarios").glob("*.yaml"))
+    worst = {}
+    for name in names:
+        s = builtin_scenario(name)
+        if name != "cpu-pair":
+            n = 48 if name.startswith("mixed") else 96
+            s = s.with_overrides(workload={"trajectories": n, "group_size": 4,
+                                           "response": {"median": 768, "sigma": 1.0, "cap": 1024 if n == 48 else 2048}},
+                                 trainer={"batch_size": n // 3, "train_time_s": 5.0})
+        t0 = time.perf_counter()
+        closed = simulate(s, make_policy(policy, s))
+        t1 = time.perf_counter()
+        exact = simulate(s, make_policy(policy, s), exact=True)
+        t2 = time.perf_counter()
+        worst[name] = max_rel_diff(closed, exact)
+        print(f"  {name:12s}: closed form {t1 - t0:6.2f} s ({closed['events']:>7,} events), exact {t2 - t1:6.2f} s "
+              f"({exact['events']:>9,} events), max rel diff {worst[name]:.2e}")
+    print(json.dumps({"policy": policy, "max_rel_diff": max(worst.values()), "by_scenario": worst}))
 
 
 def main() -> None:
@@ -22,7 +60,11 @@ def main() -> None:
     ap.add_argument("--policy", default="cadence")
     ap.add_argument("--trajectories", type=int, default=None)
     ap.add_argument("--skip-exact", action="store_true", help="closed form only (the exact run is slow)")
+    ap.add_argument("--every-scenario", action="store_true", help="closed form vs exact on every built-in scenario")
     args = ap.parse_args()
+    if args.every_scenario:
+        every_scenario(args.policy)
+        return
     scenario = builtin_scenario(args.scenario)
     if args.trajectories:
         scenario = scenario.with_overrides(workload={"trajectories": args.trajectories})
@@ -48,9 +90,7 @@ def main() -> None:
         exact, exact_wall = runs["exact"]
         out["exact_wall_time_s"] = round(exact_wall, 3)
         out["speedup"] = round(exact_wall / wall, 1)
-        out["max_rel_diff"] = max(abs(closed[k] - exact[k]) / max(abs(exact[k]), 1e-9)
-                                  for k in ("throughput_tok_s", "latency_p50_s", "latency_p95_s", "latency_p99_s",
-                                            "sim_time_s", "tokens_generated", "preemptions"))
+        out["max_rel_diff"] = max_rel_diff(closed, exact)
     print(json.dumps(out))
 
 

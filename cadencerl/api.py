@@ -15,6 +15,8 @@ the controller runs in a background thread, and the staleness bound eta holds ac
 
 from __future__ import annotations
 
+import math
+import numbers
 import queue
 import threading
 import time
@@ -22,11 +24,11 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Self
 
-from cadencerl.config import Scenario, builtin_scenario
+from cadencerl.config import MAX_TOKENS, ConfigError, Scenario, builtin_scenario
 from cadencerl.core.trajectory import Trajectory
 from cadencerl.core.controller import Controller
 from cadencerl.engine.backend import EngineBackend, WeightUpdate
-from cadencerl.runs.real import RealRun, assemble, summarize_real
+from cadencerl.runs.real import RealRun, assemble, kv_list, parse_urls, resolve_labels, summarize_real
 from cadencerl.runs.registry import make_policy
 from cadencerl.engine.client import Timeouts
 from cadencerl.core.spec import HiddenLength, TrajectorySpec
@@ -77,7 +79,13 @@ class RolloutPool:
                  labels: Sequence[str] | None = None, kv_tokens: int | Sequence[int] | None = None,
                  batch_size: int | None = None, eta: int | None = None, weight_update: WeightUpdate | None = None,
                  progress: Callable[[int, int], None] | None = None, deadline_s: float | None = None,
-                 timeouts: Timeouts = Timeouts(), join_timeout_s: float = 30.0) -> None:
+                 timeouts: Timeouts = Timeouts(), join_timeout_s: float = 30.0,
+                 connect_timeout_s: float = 30.0) -> None:
+        """Everything is checked here (a ConfigError names the argument), not when the run starts.
+        A server that refuses the connection fails at once; one that does not answer within
+        `connect_timeout_s` fails then."""
+        if scenario is not None and not isinstance(scenario, Scenario):
+            raise ConfigError(f"scenario: expected a Scenario, got {type(scenario).__name__}")
         scenario = scenario or builtin_scenario("cpu-pair")
         changes: dict = {}
         if batch_size is not None:
@@ -85,9 +93,29 @@ class RolloutPool:
         if eta is not None:
             changes["policy"] = {"eta": eta}
         self.scenario = scenario.with_overrides(**changes) if changes else scenario
-        self.urls, self.policy, self.labels, self.kv_tokens = list(urls), policy, labels, kv_tokens
+        if isinstance(urls, (str, bytes)) or not isinstance(urls, Sequence):
+            raise ConfigError(f"urls: expected a list of http://HOST:PORT URLs, got {urls!r}")
+        if not all(isinstance(u, str) for u in urls):
+            raise ConfigError(f"urls: every URL must be a string, got {list(urls)!r}")
+        self.urls = parse_urls(urls)
+        make_policy(policy, self.scenario)
+        if labels is not None and (isinstance(labels, str) or not all(isinstance(x, str) for x in labels)):
+            raise ConfigError(f"labels: expected a list of accelerator names, got {labels!r}")
+        self.labels = resolve_labels(self.scenario, len(self.urls), labels)
+        kv_list(kv_tokens, len(self.urls))
+        if not isinstance(timeouts, Timeouts):
+            raise ConfigError(f"timeouts: expected a Timeouts, got {timeouts!r}")
+        for name, value in (("deadline_s", deadline_s), ("join_timeout_s", join_timeout_s),
+                            ("connect_timeout_s", connect_timeout_s), ("timeouts.connect", timeouts.connect),
+                            ("timeouts.request", timeouts.request), ("timeouts.stream_read", timeouts.stream_read)):
+            _positive_seconds(name, value, optional=name == "deadline_s")
+        for name, fn in (("weight_update", weight_update), ("progress", progress)):
+            if fn is not None and not callable(fn):
+                raise ConfigError(f"{name}: expected a callable, got {fn!r}")
+        self.policy, self.kv_tokens = policy, kv_tokens
         self.weight_update, self.progress, self.deadline_s, self.timeouts = weight_update, progress, deadline_s, timeouts
-        self.join_timeout_s = join_timeout_s
+        self.join_timeout_s, self.connect_timeout_s = join_timeout_s, connect_timeout_s
+        self._closed = False
         self._key = object()          # seals the target lengths: only the engine backend opens them
         self._specs: list[TrajectorySpec] = []
         self._prompts: dict[int, list[int]] = {}
@@ -115,16 +143,28 @@ class RolloutPool:
         Samples of one prompt share a `group` (default: a group of its own), which placement uses
         to keep siblings together on the prefix cache. All submissions come before `batches()`.
         """
+        if self._closed:
+            raise RuntimeError("submit: the pool is closed")
         if self._run is not None:
             raise RuntimeError("submit: the run has started; submit every prompt before batches()")
+        if isinstance(token_ids, (str, bytes)) or not isinstance(token_ids, Sequence):
+            raise ConfigError(f"token_ids: expected a list of token ids, got {token_ids!r:.80}")
+        if not token_ids:
+            raise ConfigError("token_ids: must not be empty")
+        if not all(_is_int(t) and 0 <= t < 2**31 for t in token_ids):
+            bad = next(t for t in token_ids if not (_is_int(t) and 0 <= t < 2**31))
+            raise ConfigError(f"token_ids: every id must be a non-negative integer, got {bad!r}")
         ids = [int(t) for t in token_ids]
-        if not ids:
-            raise ValueError("token_ids: must not be empty")
-        if not isinstance(max_tokens, int) or max_tokens < 1:
-            raise ValueError(f"max_tokens: must be a positive integer, got {max_tokens!r}")
+        if not _is_int(max_tokens) or not 1 <= max_tokens <= MAX_TOKENS:
+            raise ConfigError(f"max_tokens: must be a positive integer (at most {MAX_TOKENS}), got {max_tokens!r}")
+        if group is not None and not (_is_int(group) and group >= 0):
+            raise ConfigError(f"group: must be a non-negative integer or None, got {group!r}")
+        mix = self.scenario.workload.target_mix()
+        if workload_class not in mix:
+            raise ConfigError(f"workload_class: {workload_class!r} is not in the target mix ({', '.join(mix)})")
         tid = len(self._specs)
-        self._specs.append(TrajectorySpec(tid, tid if group is None else group, len(ids),
-                                          HiddenLength(max_tokens, self._key), workload_class))
+        self._specs.append(TrajectorySpec(tid, tid if group is None else int(group), len(ids),
+                                          HiddenLength(int(max_tokens), self._key), workload_class))
         self._prompts[tid] = ids
         return tid
 
@@ -164,7 +204,8 @@ class RolloutPool:
         return self._result
 
     def close(self) -> None:
-        """Stop the run if it is still going, and every connection; idempotent."""
+        """Stop the run if it is still going, and every connection; idempotent. No submissions after."""
+        self._closed = True
         run = self._run
         if run is None:
             return
@@ -199,7 +240,7 @@ class RolloutPool:
         self._run = assemble(self.scenario, make_policy(self.policy, self.scenario), self.urls, self._specs, self._key, labels=self.labels,
                              kv_tokens=self.kv_tokens, prompts=self._prompts, weight_update=self.weight_update,
                              on_publish_due=self._hand_out_batch, timeouts=self.timeouts,
-                             deadline_s=self.deadline_s)
+                             deadline_s=self.deadline_s, connect_timeout_s=self.connect_timeout_s)
         self._run.controller.on_progress = self.progress
         self._thread = threading.Thread(target=self._drive, name="cadencerl-controller", daemon=True)
         self._thread.start()
@@ -226,6 +267,18 @@ class RolloutPool:
         ids = self._run.backend.token_ids(t.id)
         return Sample(t.id, t.group, t.workload_class, ids[: t.prompt_len], ids[t.prompt_len:], t.tag,
                       tuple(t.versions))
+
+
+def _is_int(value: object) -> bool:
+    """An integer, numpy's included, but not a bool (True is not a token count)."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def _positive_seconds(name: str, value: object, optional: bool = False) -> None:
+    if value is None and optional:
+        return
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+        raise ConfigError(f"{name}: must be a finite number of seconds above 0, got {value!r}")
 
 
 def run_real(scenario: Scenario, policy_name: str, urls: Sequence[str], labels: Sequence[str] | None = None, *,

@@ -1,17 +1,46 @@
-"""Scenario files (YAML or TOML), validated by pydantic so a bad field gets a one-line error naming it."""
+"""Scenario files (YAML or TOML), validated by pydantic so a bad field gets a one-line error naming it.
+
+Every number is checked to be finite and inside a sane range, so a scenario that validates also
+runs to completion in bounded time (the limits below say what "sane" is; see the README).
+Types are strict: `trajectories: true` or `devices: "8"` is an error, not a silent 1 or 8.
+"""
 
 from __future__ import annotations
 
+import math
+import re
 import tomllib
 from importlib import resources
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints, ValidationError, model_validator
 
 from cadencerl.hardware import catalog
 from cadencerl.hardware.perf import DoesNotFitError, make_perf
+
+MAX_TRAJECTORIES = 1_000_000      # a run's work grows with it; the built-ins use 16,384
+MAX_TOKENS = 1 << 24              # any one length (16M tokens) or a KV cap
+MAX_SECONDS = 86_400.0            # any one duration: a day of virtual time
+MAX_SIGMA = 5.0                   # log-normal spread; exp(5) is already a factor of 148
+MAX_FILE_BYTES = 1 << 20          # a scenario file is a page of YAML, not a data set
+
+_UNSAFE = re.compile(r"[\[\]/\\\x00-\x1f\x7f]")
+
+
+def _safe_name(value: str) -> str:
+    if _UNSAFE.search(value) or value.startswith("."):
+        raise ValueError(f"{value!r} may not hold [ ] / \\ or control characters, nor start with '.'")
+    return value
+
+
+# A name shows up in tables, progress bars and cache file names: printable, no markup, no paths.
+SafeName = Annotated[str, StringConstraints(min_length=1, max_length=80), AfterValidator(_safe_name)]
+Count = Annotated[int, Field(gt=0, le=MAX_TRAJECTORIES)]
+Tokens = Annotated[int, Field(gt=0, le=MAX_TOKENS)]
+Seconds = Annotated[float, Field(ge=0, le=MAX_SECONDS)]
+Sigma = Annotated[float, Field(ge=0, le=MAX_SIGMA)]
 
 
 class ConfigError(ValueError):
@@ -19,17 +48,17 @@ class ConfigError(ValueError):
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
 
 
 class WorkerGroup(_Strict):
     """`devices` accelerators of one type, split into workers of `tp` devices each, in one cluster."""
 
     accelerator: str
-    devices: int = Field(gt=0)
-    tp: int = Field(default=1, gt=0)
-    cluster: str | None = None
-    max_num_seqs: int = Field(default=256, gt=0)
+    devices: int = Field(gt=0, le=65_536)
+    tp: int = Field(default=1, gt=0, le=64)
+    cluster: SafeName | None = None
+    max_num_seqs: int = Field(default=256, gt=0, le=65_536)
 
     @model_validator(mode="after")
     def _whole_workers(self) -> "WorkerGroup":
@@ -45,51 +74,71 @@ class WorkerGroup(_Strict):
 class LengthDist(_Strict):
     """A log-normal body clipped at `cap` (the clipped mass is the point mass at the cap)."""
 
-    median: float = Field(gt=0)
-    sigma: float = Field(default=1.0, ge=0)
-    cap: int = Field(gt=0)
-    minimum: int = Field(default=1, gt=0)
+    median: float = Field(gt=0, le=MAX_TOKENS)
+    sigma: Sigma = 1.0
+    cap: Tokens
+    minimum: Tokens = 1
+
+    @model_validator(mode="after")
+    def _ordered(self) -> "LengthDist":
+        if self.median > self.cap:
+            raise ValueError(f"median ({self.median:g}) must not exceed cap ({self.cap})")
+        if self.minimum > self.cap:
+            raise ValueError(f"minimum ({self.minimum}) must not exceed cap ({self.cap})")
+        return self
 
 
 class TurnSpec(_Strict):
     """Multi-turn sessions: each turn appends observation tokens and waits on a tool first."""
 
-    turns_min: int = Field(default=1, gt=0)
-    turns_max: int = Field(default=1, gt=0)
+    turns_min: int = Field(default=1, gt=0, le=1000)
+    turns_max: int = Field(default=1, gt=0, le=1000)
     observation: LengthDist = LengthDist(median=200, sigma=0.5, cap=2000)
-    tool_latency_median_s: float = Field(default=2.0, ge=0)
-    tool_latency_sigma: float = Field(default=1.0, ge=0)
+    tool_latency_median_s: Seconds = 2.0
+    tool_latency_sigma: Sigma = 1.0
+
+    @model_validator(mode="after")
+    def _ordered(self) -> "TurnSpec":
+        if self.turns_min > self.turns_max:
+            raise ValueError(f"turns_min ({self.turns_min}) must not exceed turns_max ({self.turns_max})")
+        return self
 
 
 class _Shape(_Strict):
     """How the sessions of one workload look: groups, prompts, replies, turns."""
 
-    group_size: int = Field(default=8, gt=0)
+    group_size: int = Field(default=8, gt=0, le=4096)
     prompt: LengthDist = LengthDist(median=512, sigma=0.5, cap=4096)
     response: LengthDist | None = None
-    prompt_difficulty_sigma: float = Field(default=0.5, ge=0)
+    prompt_difficulty_sigma: Sigma = 0.5
     turns: TurnSpec | None = None
 
 
 class ClassSpec(_Shape):
-    """One workload class of a mixed rollout (RLVR, RLHF, agentic...) and its target share."""
+    """One workload class of a mixed rollout (RLVR, RLHF, agentic...) and its target share.
 
-    share: float = Field(gt=0)
-    group_size: int = Field(default=1, gt=0)
-    response: LengthDist
+    `response` may be left out only when a trace gives the lengths."""
+
+    share: float = Field(gt=0, le=1e6)
+    group_size: int = Field(default=1, gt=0, le=4096)
 
 
 class WorkloadSpec(_Shape):
-    trajectories: int = Field(gt=0)
-    trace: str | None = None  # a JSONL file replacing the sampled lengths
-    classes: dict[str, ClassSpec] | None = None  # a mixed workload; shares are the trainer's target mix
+    trajectories: Count
+    trace: str | None = Field(default=None, min_length=1)  # a JSONL file replacing the sampled lengths
+    classes: dict[SafeName, ClassSpec] | None = None  # a mixed workload; shares are the trainer's target mix
 
     @model_validator(mode="after")
     def _one_shape(self) -> "WorkloadSpec":
-        if self.classes is None and self.response is None and self.trace is None:
-            raise ValueError("response: required unless classes or a trace are given")
         if self.classes is not None and not self.classes:
             raise ValueError("classes: give at least one class")
+        if self.trace is not None:
+            return self
+        if self.classes is None and self.response is None:
+            raise ValueError("response: required unless classes or a trace are given")
+        for name, cls in (self.classes or {}).items():
+            if cls.response is None:
+                raise ValueError(f"classes.{name}.response: required unless a trace is given")
         return self
 
     def class_specs(self) -> dict[str, ClassSpec]:
@@ -100,15 +149,17 @@ class WorkloadSpec(_Shape):
         return {"rlvr": ClassSpec(share=1.0, **shape)}
 
     def target_mix(self) -> dict[str, float]:
-        specs = self.class_specs()
-        total = sum(c.share for c in specs.values())
-        return {name: c.share / total for name, c in specs.items()}
+        """The trainer's target class mix; a workload without classes is all 'rlvr' (a trace too)."""
+        if self.classes is None:
+            return {"rlvr": 1.0}
+        total = math.fsum(c.share for c in self.classes.values())
+        return {name: c.share / total for name, c in self.classes.items()}
 
 
 class TrainerSpec(_Strict):
-    batch_size: int = Field(gt=0)
-    train_time_s: float = Field(default=10.0, ge=0)
-    train_time_per_token_s: float = Field(default=0.0, ge=0)
+    batch_size: Count
+    train_time_s: Seconds = 10.0
+    train_time_per_token_s: float = Field(default=0.0, ge=0, le=1.0)
 
 
 class PolicySpec(_Strict):
@@ -134,10 +185,10 @@ class PolicySpec(_Strict):
       residents come back: the ablation `cadence-eager-drain` shows the loss), the second off.
     """
 
-    eta: int = Field(default=1, ge=0)
-    delta: int = Field(default=1024, ge=0)
+    eta: int = Field(default=1, ge=0, le=1000)
+    delta: int = Field(default=1024, ge=0, le=MAX_TOKENS)
     headroom_floor: float = Field(default=0.05, ge=0, lt=1)
-    tick_s: float = Field(default=0.5, gt=0)
+    tick_s: float = Field(default=0.5, ge=0.01, le=3600)  # a control decision at most 100 times a virtual second
     kv_preparation: bool = True
     pacing: bool = True
     concentration: bool = True
@@ -149,11 +200,11 @@ class PolicySpec(_Strict):
 
 
 class Scenario(_Strict):
-    name: str
-    description: str = ""
+    name: SafeName
+    description: str = Field(default="", max_length=2000)
     model: str
-    seed: int = 0
-    pool: list[WorkerGroup] = Field(min_length=1)
+    seed: int = Field(default=0, ge=0, lt=1 << 63)
+    pool: list[WorkerGroup] = Field(min_length=1, max_length=256)
     affinity: list[str] | None = None
     workload: WorkloadSpec
     trainer: TrainerSpec
@@ -170,29 +221,59 @@ class Scenario(_Strict):
             except DoesNotFitError as exc:
                 raise ValueError(f"pool.{i}: {exc}") from None
         if self.affinity is not None:
-            types = {g.accelerator for g in self.pool}
-            missing = types - set(self.affinity)
-            if missing:
-                raise ValueError(f"affinity: missing accelerator types {sorted(missing)}")
+            _check_affinity(self.affinity, {g.accelerator for g in self.pool})
+        if self.trainer.batch_size > self.workload.trajectories:
+            raise ValueError(
+                f"trainer.batch_size: {self.trainer.batch_size} is more than workload.trajectories "
+                f"({self.workload.trajectories}), so the trainer would wait for every trajectory before its first "
+                f"step; set trainer.batch_size to at most {self.workload.trajectories} (or --batch-size on the CLI)")
         return self
 
     def with_overrides(self, **changes) -> "Scenario":
-        """A copy with nested fields replaced, e.g. policy={'eta': 3}; re-validated."""
+        """A copy with nested fields replaced, e.g. policy={'eta': 3}; re-validated.
+
+        A new `pool` without a new `affinity` keeps the affinity order, restricted to its types."""
         data = self.model_dump()
         for key, value in changes.items():
             if isinstance(value, dict) and isinstance(data.get(key), dict):
                 data[key].update(value)
             else:
                 data[key] = value
+        if "pool" in changes and "affinity" not in changes and data.get("affinity") is not None:
+            types = {g.get("accelerator") if isinstance(g, dict) else getattr(g, "accelerator", None)
+                     for g in data["pool"]}
+            data["affinity"] = [a for a in data["affinity"] if a in types] or None
         return load_scenario_dict(data)
+
+    def resized(self, trajectories: int, batch_size: int | None = None) -> "Scenario":
+        """A copy with `trajectories`; the trainer batch scales with it (the run keeps the scenario's
+        number of batches, so the same regime) unless `batch_size` is given."""
+        if batch_size is None:
+            scaled = self.trainer.batch_size * trajectories / self.workload.trajectories
+            batch_size = max(1, min(trajectories, round(scaled)))
+        return self.with_overrides(workload={"trajectories": trajectories}, trainer={"batch_size": batch_size})
+
+
+def _check_affinity(affinity: list[str], pool_types: set[str]) -> None:
+    """The affinity order ranks every accelerator type of the pool exactly once."""
+    seen: set[str] = set()
+    for i, name in enumerate(affinity):
+        if name not in pool_types:
+            raise ValueError(f"affinity.{i}: {name!r} is not in the pool (pool types: {sorted(pool_types)})")
+        if name in seen:
+            raise ValueError(f"affinity.{i}: {name!r} is named twice")
+        seen.add(name)
+    missing = pool_types - seen
+    if missing:
+        raise ValueError(f"affinity: missing accelerator types {sorted(missing)}")
 
 
 def format_validation_error(exc: ValidationError) -> str:
     """The first error as `field.path: message`, one line."""
     err = exc.errors()[0]
-    loc = ".".join(str(p) for p in err["loc"]) or "scenario"
-    msg = err["msg"].removeprefix("Value error, ")
-    return f"{loc}: {msg}"
+    loc = ".".join(str(p) for p in err["loc"])
+    msg = " ".join(err["msg"].removeprefix("Value error, ").split())
+    return f"{loc}: {msg}" if loc else msg
 
 
 def load_scenario_dict(data: dict) -> Scenario:
@@ -204,18 +285,81 @@ def load_scenario_dict(data: dict) -> Scenario:
         raise ConfigError(str(exc)) from None
 
 
-def load_scenario_file(path: str | Path) -> Scenario:
-    path = Path(path)
-    if not path.is_file():
-        raise ConfigError(f"config: no such file {str(path)!r}")
-    text = path.read_text()
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """safe_load that refuses a key given twice in one mapping (PyYAML keeps the last silently)."""
+
+
+def _unique_mapping(loader: _UniqueKeyLoader, node: yaml.MappingNode, deep: bool = False) -> dict:
+    seen: set = set()
+    for key_node, _ in node.value:
+        if key_node.tag == "tag:yaml.org,2002:merge":
+            continue
+        key = loader.construct_object(key_node, deep=deep)
+        if isinstance(key, (list, dict)):
+            raise yaml.constructor.ConstructorError(None, None, "a mapping key must be a plain value",
+                                                    key_node.start_mark)
+        if key in seen:
+            raise yaml.constructor.ConstructorError(None, None, f"duplicate key {key!r}", key_node.start_mark)
+        seen.add(key)
+    return loader.construct_mapping(node, deep)
+
+
+_UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _unique_mapping)
+
+
+def _parse(path: Path, text: str) -> object:
+    """YAML or TOML by suffix; a syntax error keeps its line number."""
+    if path.suffix == ".toml":
+        try:
+            return tomllib.loads(text)
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"config: {path.name} is not valid TOML: {str(exc).splitlines()[0]}") from None
+        except RecursionError:
+            raise ConfigError(f"config: {path.name} nests too deeply to be a scenario") from None
     try:
-        data = tomllib.loads(text) if path.suffix == ".toml" else yaml.safe_load(text)
-    except (tomllib.TOMLDecodeError, yaml.YAMLError) as exc:
-        first = str(exc).splitlines()[0]
-        raise ConfigError(f"config: {path.name} is not valid {'TOML' if path.suffix == '.toml' else 'YAML'}: {first}") from None
+        return yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 (a SafeLoader subclass)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" line {mark.line + 1}, column {mark.column + 1}:" if mark is not None else ""
+        what = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise ConfigError(f"config: {path.name} is not valid YAML:{where} {what}") from None
+    except RecursionError:
+        raise ConfigError(f"config: {path.name} nests too deeply to be a scenario") from None
+
+
+def read_text_file(path: Path, field: str, limit: int = MAX_FILE_BYTES) -> str:
+    """A user file as text: exists, is a file, not huge, UTF-8 (a BOM is fine), CRLF or LF."""
+    if path.is_dir():
+        raise ConfigError(f"{field}: {str(path)!r} is a directory, not a file")
+    if path.exists() and not path.is_file():
+        raise ConfigError(f"{field}: {str(path)!r} is not a regular file")
+    if not path.is_file():
+        raise ConfigError(f"{field}: no such file {str(path)!r}")
+    try:
+        size = path.stat().st_size
+        if size > limit:
+            raise ConfigError(f"{field}: {path.name} is {size:,} bytes; the limit is {limit:,}")
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise ConfigError(f"{field}: cannot read {str(path)!r}: {exc.strerror or exc}") from None
+    try:
+        return raw.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{field}: {path.name} is not UTF-8 text (byte 0x{raw[exc.start]:02x} at offset "
+                          f"{exc.start})") from None
+
+
+def load_scenario_file(path: str | Path) -> Scenario:
+    """A scenario from a YAML or TOML file; a relative `workload.trace` is relative to the file."""
+    path = Path(path)
+    data = _parse(path, read_text_file(path, "config"))
     if not isinstance(data, dict):
         raise ConfigError(f"config: {path.name} must hold a mapping of scenario fields")
+    workload = data.get("workload")
+    if isinstance(workload, dict) and isinstance(workload.get("trace"), str) and workload["trace"]:
+        trace = Path(workload["trace"]).expanduser()
+        if not trace.is_absolute():
+            data["workload"] = {**workload, "trace": str(path.resolve().parent / trace)}
     return load_scenario_dict(data)
 
 

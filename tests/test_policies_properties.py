@@ -23,7 +23,8 @@ def scenarios(draw, homogeneous: bool = False, multi_turn: bool = False):
     pool = [{"accelerator": a, "devices": tp * draw(st.integers(1, 3)), "tp": tp,
              "max_num_seqs": draw(st.integers(2, 48))} for a, tp in kinds]
     cap = draw(st.integers(64, 4096))
-    workload = {"trajectories": draw(st.integers(4, 60)), "group_size": draw(st.integers(1, 4)),
+    n = draw(st.integers(4, 60))
+    workload = {"trajectories": n, "group_size": draw(st.integers(1, 4)),
                 "prompt": {"median": draw(st.integers(16, 600)), "sigma": 0.5, "cap": 1024},
                 "response": {"median": draw(st.integers(8, cap)), "sigma": draw(st.floats(0, 1.5)), "cap": cap}}
     if multi_turn:
@@ -33,7 +34,7 @@ def scenarios(draw, homogeneous: bool = False, multi_turn: bool = False):
     return load_scenario_dict({
         "name": "prop", "model": "Qwen3-8B", "seed": draw(st.integers(0, 10_000)), "pool": pool,
         "workload": workload,
-        "trainer": {"batch_size": draw(st.integers(2, 24)), "train_time_s": draw(st.floats(0, 10))},
+        "trainer": {"batch_size": draw(st.integers(2, min(24, n))), "train_time_s": draw(st.floats(0, 10))},
         "policy": {"eta": draw(st.integers(0, 3)), "delta": draw(st.sampled_from([0, 64, 512, 2048])),
                    "headroom_floor": draw(st.sampled_from([0.0, 0.05, 0.2])),
                    "tick_s": draw(st.sampled_from([0.05, 0.25, 1.0]))},

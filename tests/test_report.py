@@ -83,7 +83,8 @@ def test_reproduction_command_gives_the_same_row(report_dir):
     assert configs
     for c in configs:
         load_scenario_file(c)
-    cmd = next(c for c in re.findall(r"`(cadencerl compare [^`]+)`", text) if "/16a16b8h.yaml" in c)
+    cmd = next(c for c in re.findall(r"`(cadencerl compare [^`]+)`", text)
+               if "-s 16a16b8h " in c or "/16a16b8h.yaml" in c)
     args = shlex.split(cmd)[1:]
     args[args.index("--policies") + 1] = "cadence"
     target = report_dir / "again.json"

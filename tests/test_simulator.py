@@ -1,20 +1,40 @@
 """The closed-form simulator against its per-step reference, and its conservation checks."""
 
+from pathlib import Path
+
 import pytest
 
+import cadencerl
+from cadencerl.config import builtin_scenario
 from tests.conftest import sim, small
 
 COMPARED = ["throughput_tok_s", "latency_p50_s", "latency_p95_s", "latency_p99_s", "tokens_generated",
             "preemptions", "sim_time_s", "trajectories_completed", "evictions", "migrations"]
 
 
-@pytest.mark.parametrize("name", ["h800-16", "16a8h", "32b"])
-@pytest.mark.parametrize("policy", ["least-loaded", "cadence"])
+BUILT_IN = sorted(p.stem for p in (Path(cadencerl.__file__).parent / "scenarios").glob("*.yaml"))
+
+
+def _case(name: str):
+    if name == "cpu-pair":
+        return builtin_scenario(name)          # already small; keeps the real servers' settings
+    if name.startswith("mixed"):
+        return small(name, trajectories=48, batch=16, cap=1024)
+    return small(name, trajectories=96, batch=32, cap=2048)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("name", BUILT_IN)
+@pytest.mark.parametrize("policy", ["cadence", "laminar", "sync"])
 def test_closed_form_agrees_with_exact_stepping(name, policy):
-    s = small(name, trajectories=96, batch=32, cap=2048)
+    # chunked prefill, weight sync (on-demand and prefetch) and KV moves are all in play
+    if policy == "sync" and name.startswith("mixed"):
+        pytest.skip("Sync stalls on multi-turn workloads (a policy issue, not the simulator's)")
+    s = _case(name)
     fast = sim(s, policy)
     exact = sim(s, policy, exact=True)
     assert exact["events"] > 3 * fast["events"]  # the reference really steps
+    assert fast["weight_updates"] > 0
     for key in COMPARED:
         assert fast[key] == pytest.approx(exact[key], rel=0.005, abs=1e-9), key
 

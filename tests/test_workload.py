@@ -69,9 +69,9 @@ def test_trace_replay(tmp_path):
 
 @pytest.mark.parametrize("line, message", [
     ("{not json", "line 2: not JSON"),
-    ('{"prompt_len": 10}', "line 2: missing field 'response_len'"),
-    ('{"prompt_len": -1, "response_len": 5}', "line 2: field 'prompt_len' must be a positive integer"),
-    ('{"prompt_len": 1, "response_len": 5, "turns": [{"observation_len": 3}]}', "missing field 'turns.0.response_len'"),
+    ('{"prompt_len": 10}', "line 2: field response_len: Field required"),
+    ('{"prompt_len": -1, "response_len": 5}', "line 2: field prompt_len: Input should be greater than 0"),
+    ('{"prompt_len": 1, "response_len": 5, "turns": [{"observation_len": 3}]}', "field turns.0.response_len: Field required"),
 ])
 def test_malformed_trace_lines_name_the_line_and_field(tmp_path, line, message):
     path = tmp_path / "bad.jsonl"

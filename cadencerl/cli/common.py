@@ -5,40 +5,94 @@ The command modules (`sim.py`, `engine.py`) import from here; `main.py` assemble
 
 from __future__ import annotations
 
+import functools
 import json
 import sys
+import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Optional
 
 import typer
 from rich.console import Console
+from rich.text import Text
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from cadencerl.config import ConfigError, Scenario, builtin_scenario, load_scenario_file
+from cadencerl.runs.outputs import write_atomic
 
 ScenarioOpt = typer.Option(None, "--scenario", "-s", help="built-in scenario name (see `cadencerl scenarios`)")
 ConfigOpt = typer.Option(None, "--config", "-c", help="a scenario file (YAML or TOML)")
 JsonOpt = typer.Option(None, "--json", help="write the figures as JSON to PATH, or '-' for stdout only")
 
 
-def fail(message: str) -> None:
-    """Print one red line naming the field and exit with code 2 (bad input)."""
-    Console(stderr=True).print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
-    raise typer.Exit(2)
+# click's exception classes as typer uses them (typer >= 0.22 vendors its own click, older ones use click)
+ClickException = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "ClickException")
+UsageError = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "UsageError")
 
 
-def load_scenario(name: Optional[str], config: Optional[Path], overrides: dict) -> Scenario:
-    """The scenario named by exactly one of --scenario / --config, with the command-line overrides applied."""
+def fail(message: str, code: int = 2) -> None:
+    """Print one red line naming the field and exit with `code` (2: bad input). The message is plain
+    text: a user's value in it (`[red]`, a URL in brackets) is printed as given, never as markup."""
+    line = " ".join(str(message).split())
+    Console(stderr=True).print(Text.assemble(("error:", "bold red"), " ", line), highlight=False, soft_wrap=True)
+    raise typer.Exit(code)
+
+
+def bug(exc: BaseException) -> None:
+    """An internal failure, not bad input: one line saying so, exit code 1."""
+    line = " ".join(f"{type(exc).__name__}: {exc}".split())
+    Console(stderr=True).print(Text.assemble(("internal error (a bug in CadenceRL; please report it):", "bold red"),
+                                             " ", line), highlight=False, soft_wrap=True)
+    raise typer.Exit(1)
+
+
+def guarded(command: Callable) -> Callable:
+    """Run a command so that bad input that escaped its own checks still exits 2 in one line, and
+    anything else unexpected exits 1 as a bug, never as a traceback posing as bad input."""
+    @functools.wraps(command)
+    def run(*args, **kwargs):
+        try:
+            return command(*args, **kwargs)
+        except (typer.Exit, typer.Abort, ClickException):
+            raise
+        except ConfigError as exc:
+            fail(str(exc))
+        except Exception as exc:  # noqa: BLE001 (the one place every other failure is reported)
+            bug(exc)
+    return run
+
+
+SeedOpt = typer.Option(None, "--seed", min=0, help="workload seed (default: the scenario's)")
+TrajectoriesOpt = typer.Option(None, "--trajectories", min=1,
+                               help="trajectories per run; the trainer batch scales with it unless --batch-size")
+BatchOpt = typer.Option(None, "--batch-size", min=1,
+                        help="trainer batch (default: the scenario's, scaled with --trajectories)")
+EtaOpt = typer.Option(None, "--eta", min=0, help="staleness bound (default: the scenario's)")
+DeltaOpt = typer.Option(None, "--delta", min=0, help="decode reserve per trajectory, tokens (default: the scenario's)")
+
+
+def load_scenario(name: Optional[str], config: Optional[Path], overrides: dict,
+                  json_out: Optional[str] = None) -> Scenario:
+    """The scenario named by exactly one of --scenario / --config, with the command-line overrides
+    applied, after checking that `--json` (if given) can be written.
+
+    `--trajectories N` scales the trainer batch with it, so the run keeps the scenario's number of
+    batches (the same regime, smaller); `--batch-size B` sets the batch instead."""
+    check_json_target(json_out, config)
     if (name is None) == (config is None):
         fail("give exactly one of --scenario NAME or --config FILE")
     try:
         s = builtin_scenario(name) if name else load_scenario_file(config)
+        trajectories, batch = overrides.get("trajectories"), overrides.get("batch_size")
+        if trajectories is not None:
+            s = s.resized(trajectories, batch)
+        elif batch is not None:
+            s = s.with_overrides(trainer={"batch_size": batch})
         changes: dict = {}
-        for section, key, value in (("workload", "trajectories", overrides.get("trajectories")),
-                                    ("policy", "eta", overrides.get("eta")),
-                                    ("policy", "delta", overrides.get("delta"))):
-            if value is not None:
-                changes.setdefault(section, {})[key] = value
+        for key in ("eta", "delta"):
+            if overrides.get(key) is not None:
+                changes.setdefault("policy", {})[key] = overrides[key]
         if overrides.get("seed") is not None:
             changes["seed"] = overrides["seed"]
         return s.with_overrides(**changes) if changes else s
@@ -52,16 +106,33 @@ def progress_bar(enabled: bool) -> Progress:
                     console=Console(stderr=True), transient=True, disable=not enabled)
 
 
+def check_json_target(target: Optional[str], config: Optional[Path] = None) -> None:
+    """Before any work: `--json PATH` can be written, and is not the scenario file being read."""
+    if target is None or target == "-":
+        return
+    path = Path(target)
+    if path.is_dir():
+        fail(f"--json: {target!r} is a directory; give a file path")
+    if config is not None and path.exists() and config.exists() and path.resolve() == config.resolve():
+        fail(f"--json: {target!r} is the --config file; give another path")
+    parent = path.resolve().parent
+    try:
+        parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=parent):
+            pass
+    except OSError as exc:
+        fail(f"--json: cannot write to {target!r}: {exc.strerror or exc}")
+
+
 def write_json(target: Optional[str], payload) -> None:
-    """Write `payload` to the file `target`, or to stdout when it is '-'; nothing when it is None."""
+    """Write `payload` to the file `target` (whole or not at all), or to stdout when it is '-'."""
     if target is None:
         return
     text = json.dumps(payload, indent=2)
     if target == "-":
         sys.stdout.write(text + "\n")
     else:
-        Path(target).parent.mkdir(parents=True, exist_ok=True)
-        Path(target).write_text(text + "\n")
+        write_atomic(Path(target), text + "\n")
 
 
 def int_list(name: str, text: str, minimum: int = 0) -> list[int]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime
+import math
 import os
 import shutil
 import tempfile
@@ -16,10 +17,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import typer
-from rich.markup import escape
 
-from cadencerl.cli.common import ConfigOpt, JsonOpt, ScenarioOpt, int_list, load_scenario, progress_bar, write_json
-from cadencerl.cli.common import fail as fail_markup
+from cadencerl.cli.common import BatchOpt, ConfigOpt, JsonOpt, ScenarioOpt, bug, check_json_target, fail
+from cadencerl.cli.common import int_list, load_scenario, progress_bar, write_json
 from cadencerl.cli.pinning import pin_servers
 from cadencerl.cli.tables import (
     calibration_table,
@@ -29,9 +29,10 @@ from cadencerl.cli.tables import (
     print_tables,
     run_table,
 )
-from cadencerl.config import ConfigError
+from cadencerl.config import MAX_TOKENS, ConfigError
 
 DEFAULT_STATE_DIR = Path("out/pool")
+MAX_DEADLINE_S = 7 * 86_400.0
 POOL_HELP = "Local vLLM CPU servers serving the tiny model."
 
 
@@ -39,11 +40,6 @@ def default_model_dir() -> Path:
     """Built once and reused: ~/.cache/cadencerl/tiny-model (or under $XDG_CACHE_HOME)."""
     root = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
     return root / "cadencerl" / "tiny-model"
-
-
-def fail(message: str) -> None:
-    """`common.fail` for messages that quote engine errors: those end in "[URL]", which is not markup."""
-    fail_markup(escape(message))
 
 
 def positive(name: str, value: int | None) -> None:
@@ -60,6 +56,11 @@ def pool_config(workers: int, kv_tokens: int, max_num_seqs: int, max_model_len: 
         positive(name, value)
     if dtype not in ("bfloat16", "float32"):
         fail(f"dtype: expected bfloat16 or float32, got {dtype!r}")
+    cores = os.cpu_count() or 1
+    if workers > cores:
+        fail(f"workers: {workers} local servers need a core each; this machine has {cores}")
+    if kv_tokens > MAX_TOKENS or max_num_seqs > 65_536:
+        fail(f"kv_tokens/max_num_seqs: at most {MAX_TOKENS} KV tokens and 65536 sequences per server")
     cfg = PoolConfig(num_workers=workers, kv_tokens=kv_tokens, max_num_seqs=max_num_seqs,
                      max_model_len=max_model_len or min(4096, kv_tokens), dtype=dtype,
                      model_dir=default_model_dir())
@@ -145,7 +146,8 @@ def _check_run_input(scenario: str | None, config: Path | None, policy: str, wor
     for name in ("seed", "eta", "delta"):
         if numbers[name] is not None and numbers[name] < 0:
             fail(f"{name}: must be non-negative, got {numbers[name]}")
-    s = load_scenario(scenario, config, {k: numbers[k] for k in ("seed", "trajectories", "eta", "delta")})
+    s = load_scenario(scenario, config, {k: numbers[k] for k in ("seed", "trajectories", "batch_size", "eta", "delta")},
+                      numbers["json_out"])
     try:
         make_policy(policy, s)
         urls = parse_urls(workers) if workers else None
@@ -167,7 +169,8 @@ def run(scenario: str | None = ScenarioOpt, config: Path | None = ConfigOpt,
         kv_tokens: int | None = typer.Option(None, "--kv-tokens", help="KV tokens the controller may use per server"),
         trajectories: int | None = typer.Option(None), seed: int | None = typer.Option(None),
         eta: int | None = typer.Option(None), delta: int | None = typer.Option(None),
-        deadline: float = typer.Option(3600.0, "--deadline", help="give up after this many seconds"),
+        batch_size: int | None = BatchOpt,
+        deadline: float = typer.Option(3600.0, "--deadline", help="give up after this many seconds (at most a week)"),
         json_out: str | None = JsonOpt) -> None:
     """Run a scenario's workload with one policy on real vLLM servers; same figures as `sim`."""
     from cadencerl.api import run_real
@@ -175,8 +178,11 @@ def run(scenario: str | None = ScenarioOpt, config: Path | None = ConfigOpt,
     from cadencerl.core.controller import StallError
     from cadencerl.engine.backend import EngineRunError
 
+    if not (math.isfinite(deadline) and 0 < deadline <= MAX_DEADLINE_S):
+        fail(f"deadline: must be more than 0 and at most {MAX_DEADLINE_S:.0f} seconds, got {deadline}")
     s, urls, label_list = _check_run_input(scenario, config, policy, workers, labels, local, dict(
-        trajectories=trajectories, kv_tokens=kv_tokens, seed=seed, eta=eta, delta=delta))
+        trajectories=trajectories, batch_size=batch_size, kv_tokens=kv_tokens, seed=seed, eta=eta, delta=delta,
+        json_out=json_out))
     with contextlib.ExitStack() as stack:
         if urls is None:
             seqs = max(g.max_num_seqs for g in s.pool)
@@ -189,10 +195,12 @@ def run(scenario: str | None = ScenarioOpt, config: Path | None = ConfigOpt,
                                   progress=lambda done, total: progress.update(task, completed=done))
             except ConfigError as exc:
                 fail(str(exc))
-            except (StallError, ActionError, EngineRunError) as exc:
+            except StallError as exc:        # the knobs leave the policy no move: the message names them
                 fail(f"policy {policy}: {exc}")
-            except AssertionError as exc:
-                fail(f"run: {exc}")
+            except EngineRunError as exc:    # the servers failed: not bad input, not our bug
+                fail(f"policy {policy}: {exc}", code=1)
+            except ActionError as exc:       # a policy broke the rules (a failed conservation check too: a bug)
+                bug(exc)
     print_tables([run_table([result], f"{s.name}: {policy} on {len(urls)} real servers"),
                   per_accelerator_table(result), engine_table(result)], json_out == "-")
     write_json(json_out, result)
@@ -215,6 +223,7 @@ def calibrate(workers: str | None = typer.Option(None, "--workers", help="server
     from cadencerl.runs.real import parse_urls
 
     workers_or_local(workers, local)
+    check_json_target(json_out)
     positive("tokens", tokens)
     positive("repeat", repeat)
     if tokens < 8:

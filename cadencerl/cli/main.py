@@ -1,4 +1,5 @@
-"""The `cadencerl` command line. Bad input gets one line naming the field, and exit code 2.
+"""The `cadencerl` command line. Bad input gets one line naming the field, and exit code 2; an
+internal failure gets one line saying it is a bug, and exit code 1.
 
 This module only assembles the app: simulator commands come from `sim.py`, real-engine commands
 from `engine.py`, and what they share from `common.py`.
@@ -9,24 +10,51 @@ from __future__ import annotations
 import sys
 
 import typer
+from typer.core import TyperCommand, TyperGroup
 from rich.console import Console
 
 from cadencerl.cli import engine, sim
+from cadencerl.cli.common import UsageError, guarded
+
+
+class _OneLineErrors:
+    """Click's own refusals (a bad option value, an unknown option) as one line: `Error: ...`,
+    without the usage text and hint that would surround it."""
+
+    def make_context(self, *args, **kwargs):
+        try:
+            return super().make_context(*args, **kwargs)
+        except UsageError as exc:
+            exc.ctx = None
+            raise
+
+
+class Command(_OneLineErrors, TyperCommand):
+    pass
+
+
+class Group(_OneLineErrors, TyperGroup):
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except UsageError as exc:   # an unknown command name
+            exc.ctx = None
+            raise
 
 
 def build_app() -> typer.Typer:
     """The app with every command, in the order `--help` lists them."""
     app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
-                      rich_markup_mode=None,
+                      rich_markup_mode=None, cls=Group,
                       help="CadenceRL: rollout control plane for asynchronous RL post-training.")
     for command in (sim.sim, sim.compare, sim.sensitivity, sim.sweep, sim.scenarios, sim.report):
-        app.command()(command)
-    pool = typer.Typer(no_args_is_help=True, help=engine.POOL_HELP)
-    pool.command("up")(engine.pool_up)
-    pool.command("down")(engine.pool_down)
+        app.command(cls=Command)(guarded(command))
+    pool = typer.Typer(no_args_is_help=True, help=engine.POOL_HELP, cls=Group)
+    pool.command("up", cls=Command)(guarded(engine.pool_up))
+    pool.command("down", cls=Command)(guarded(engine.pool_down))
     app.add_typer(pool, name="pool")
-    app.command("run")(engine.run)
-    app.command("calibrate")(engine.calibrate)
+    app.command("run", cls=Command)(guarded(engine.run))
+    app.command("calibrate", cls=Command)(guarded(engine.calibrate))
     return app
 
 

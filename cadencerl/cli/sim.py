@@ -5,22 +5,13 @@ Each is a plain function with typer options; `main.py` registers them on the app
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Optional
 
 import typer
 
-from cadencerl.cli.common import (
-    ConfigOpt,
-    JsonOpt,
-    ScenarioOpt,
-    fail,
-    int_list,
-    load_scenario,
-    progress_bar,
-    write_json,
-)
+from cadencerl.cli.common import BatchOpt, ConfigOpt, DeltaOpt, EtaOpt, JsonOpt, ScenarioOpt, SeedOpt
+from cadencerl.cli.common import TrajectoriesOpt, bug, fail, int_list, load_scenario, progress_bar, write_json
 from cadencerl.cli.tables import (
     comparison_table,
     console,
@@ -33,6 +24,7 @@ from cadencerl.cli.tables import (
 )
 from cadencerl.config import ConfigError, Scenario
 
+MAX_JOBS = 256   # simulations in parallel: processes, so a bound keeps `report` from exhausting the machine
 AdmissionOpt = typer.Option(None, "--admission", help="an admission layer in front of the policy: misa or none")
 
 
@@ -46,7 +38,7 @@ def run_policies(scenario: Scenario, names: list[str], exact: bool, show_progres
     for n in names:
         try:
             make_policy(n, scenario)
-        except (ConfigError, ValueError) as exc:
+        except ConfigError as exc:
             fail(str(exc))
     results = []
     with progress_bar(show_progress) as progress:
@@ -57,8 +49,10 @@ def run_policies(scenario: Scenario, names: list[str], exact: bool, show_progres
                                         progress=lambda done, total, t=task: progress.update(t, completed=done)))
             except ConfigError as exc:
                 fail(str(exc))
-            except (StallError, ActionError) as exc:
+            except StallError as exc:   # the knobs leave the policy no move: the message names them
                 fail(f"policy {n}: {exc}")
+            except ActionError as exc:  # a policy broke the rules: a bug, not bad input
+                bug(exc)
     return results
 
 
@@ -67,10 +61,11 @@ def sim(scenario: Optional[str] = ScenarioOpt, config: Optional[Path] = ConfigOp
         admission: Optional[str] = AdmissionOpt,
         json_out: Optional[str] = JsonOpt,
         exact: bool = typer.Option(False, "--exact", help="step every decode iteration (reference mode)"),
-        seed: Optional[int] = typer.Option(None, min=0), trajectories: Optional[int] = typer.Option(None, min=1),
-        eta: Optional[int] = typer.Option(None, min=0), delta: Optional[int] = typer.Option(None, min=0)) -> None:
+        seed: Optional[int] = SeedOpt, trajectories: Optional[int] = TrajectoriesOpt,
+        batch_size: Optional[int] = BatchOpt, eta: Optional[int] = EtaOpt, delta: Optional[int] = DeltaOpt) -> None:
     """Simulate one policy on a scenario and print its figures."""
-    s = load_scenario(scenario, config, dict(seed=seed, trajectories=trajectories, eta=eta, delta=delta))
+    s = load_scenario(scenario, config, dict(seed=seed, trajectories=trajectories, batch_size=batch_size, eta=eta,
+                                             delta=delta), json_out)
     to_stderr = json_out == "-"
     if admission not in (None, "none"):
         if "+" in policy:
@@ -84,10 +79,11 @@ def sim(scenario: Optional[str] = ScenarioOpt, config: Optional[Path] = ConfigOp
 def compare(scenario: Optional[str] = ScenarioOpt, config: Optional[Path] = ConfigOpt,
             policies: str = typer.Option("cadence,laminar,areal,least-loaded", "--policies"),
             json_out: Optional[str] = JsonOpt,
-            seed: Optional[int] = typer.Option(None, min=0), trajectories: Optional[int] = typer.Option(None, min=1),
-            eta: Optional[int] = typer.Option(None, min=0), delta: Optional[int] = typer.Option(None, min=0)) -> None:
+            seed: Optional[int] = SeedOpt, trajectories: Optional[int] = TrajectoriesOpt,
+            batch_size: Optional[int] = BatchOpt, eta: Optional[int] = EtaOpt, delta: Optional[int] = DeltaOpt) -> None:
     """Run several policies on the same seeded workload, side by side."""
-    s = load_scenario(scenario, config, dict(seed=seed, trajectories=trajectories, eta=eta, delta=delta))
+    knobs = dict(seed=seed, trajectories=trajectories, batch_size=batch_size, eta=eta, delta=delta)
+    s = load_scenario(scenario, config, knobs, json_out)
     names = [p.strip() for p in policies.split(",") if p.strip()]
     if not names:
         fail("policies: give at least one policy name")
@@ -99,9 +95,10 @@ def compare(scenario: Optional[str] = ScenarioOpt, config: Optional[Path] = Conf
 def sensitivity(scenario: Optional[str] = ScenarioOpt, config: Optional[Path] = ConfigOpt,
                 policy: str = typer.Option("cadence", "--policy", "-p"),
                 etas: str = typer.Option("1,2,3,4,6", "--etas"), deltas: str = typer.Option("512,1024,2048,4096", "--deltas"),
-                json_out: Optional[str] = JsonOpt, trajectories: Optional[int] = typer.Option(None, min=1)) -> None:
+                json_out: Optional[str] = JsonOpt, trajectories: Optional[int] = TrajectoriesOpt,
+                batch_size: Optional[int] = BatchOpt) -> None:
     """Throughput and P95 latency over a grid of eta (admission budget) and delta (decode reserve)."""
-    s = load_scenario(scenario, config, dict(trajectories=trajectories))
+    s = load_scenario(scenario, config, dict(trajectories=trajectories, batch_size=batch_size), json_out)
     eta_values, delta_values = int_list("etas", etas), int_list("deltas", deltas)
     runs = []
     with progress_bar(True) as progress:
@@ -124,15 +121,12 @@ def sweep(scenario: Optional[str] = ScenarioOpt, config: Optional[Path] = Config
 
     if grid not in ("quick", "full"):
         fail(f"grid: expected quick or full, got {grid!r}")
-    s = load_scenario(scenario, config, {})
+    s = load_scenario(scenario, config, {}, json_out)
     points = sw.QUICK_GRID if grid == "quick" else sw.FULL_GRID
     with progress_bar(True) as progress:
         task = progress.add_task(f"{s.name} / cache-aware sweep", total=None)
         results = sw.sweep(s, points, lambda done, total: progress.update(task, completed=done, total=total))
-    best = {k: results[0][k] for k in points}
-    path = sw.cache_dir() / f"{s.name}-{sw.scenario_key(s, points)}.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"scenario": s.name, "grid": points, "best": best, "results": results}, indent=1))
+    best, path = sw.save(s, points, results)
     table = sweep_table(s.name, results)
     table.caption = f"best: {best} (saved for cache-aware-tuned in {path})"
     print_tables([table], json_out == "-")
@@ -150,25 +144,24 @@ def report(out: Optional[Path] = typer.Option(None, "--out", "-o", help="directo
            seed: Optional[int] = typer.Option(None, help="workload seed for every run (default: the scenarios' own, 0)"),
            jobs: Optional[int] = typer.Option(None, help="simulations run in parallel (default: the CPU count)")) -> None:
     """Run the evaluation matrix (the paper's section 6) and write a markdown report with tables and plots."""
-    from cadencerl.report.build import build_report
+    from cadencerl.report.build import OutputError, build_report, check_out_dir
     from cadencerl.report.runner import ReportError
 
     if out is None:
         fail("out: give --out DIR")
-    if out.exists() and not out.is_dir():
-        fail(f"out: {str(out)!r} exists and is not a directory")
     if trajectories is not None and trajectories < 8:
         fail(f"trajectories: must be at least 8, got {trajectories}")
     if seed is not None and seed < 0:
         fail(f"seed: must be non-negative, got {seed}")
-    if jobs is not None and jobs < 1:
-        fail(f"jobs: must be at least 1, got {jobs}")
+    if jobs is not None and not 1 <= jobs <= MAX_JOBS:
+        fail(f"jobs: must be from 1 to {MAX_JOBS}, got {jobs}")
     try:
+        check_out_dir(out)
         path, headline = build_report(out, quick=quick, trajectories=trajectories, seed=seed, processes=jobs)
-    except (ConfigError, ReportError) as exc:
+    except (ConfigError, OutputError) as exc:
         fail(str(exc))
-    except OSError as exc:
-        fail(f"out: cannot write to {str(out)!r}: {exc.strerror or exc}")
+    except ReportError as exc:   # a run of the built-in matrix failed: not the user's input
+        bug(exc)
     from rich.table import Table
 
     from cadencerl.report.sections.pools import RATIO_HEADERS

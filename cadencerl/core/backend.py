@@ -117,5 +117,9 @@ class Backend(Protocol):
     def idle(self) -> bool:
         """Nothing is running or scheduled: time would not move without a new placement."""
 
+    def next_event_time(self) -> float | None:
+        """The earliest time something is scheduled to happen, if the backend keeps a virtual clock
+        that may jump there (None: it does not, or nothing is scheduled)."""
+
     def verify(self) -> list[str]:
         """Conservation problems found by the engine side (empty when all is well)."""

@@ -7,6 +7,8 @@ before the backend sees it, so a buggy policy fails loudly instead of corrupting
 
 from __future__ import annotations
 
+import math
+
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -16,6 +18,7 @@ from cadencerl.core.backend import Backend, Finished, Restore, Timer, ToolReturn
 from cadencerl.core.credits import CreditModel
 from cadencerl.core.fresh import FreshQueue
 from cadencerl.core.pending import PendingSet
+from cadencerl.core.recorder import Recorder
 from cadencerl.core.trainer import Trainer
 from cadencerl.core.trajectory import State, Trajectory
 from cadencerl.core.view import AdmissionGate, Policy, PoolView, strands_work
@@ -44,7 +47,7 @@ class Counters:
 class Controller:
     def __init__(self, policy: Policy, backend: Backend, workers: list[Worker], trajectories: list[Trajectory],
                  *, batch_size: int, params: PolicySpec, train_time_s: float, train_time_per_token_s: float = 0.0,
-                 kv_transfer_time: Callable[[Worker, Worker, int], float] | None = None,
+                 kv_transfer_time: Callable[[Worker, Worker, Trajectory], float | None] | None = None,
                  kv_bytes_per_token: float = 0.0, sample_every_s: float = 5.0) -> None:
         self.policy = policy
         self.gate: AdmissionGate | None = getattr(policy, "gate", None)   # handed to every view
@@ -63,10 +66,8 @@ class Controller:
         self.active_by_class: dict[str, int] = {}   # admitted, unfinished sessions per workload class
         self.tool_waiting: dict[int, int] = {}   # version -> trajectories off-worker on a tool call
         self.now = 0.0
-        self.sample_every_s = sample_every_s
-        self._next_sample = 0.0
+        self.recorder = Recorder(sample_every_s, self.counters.samples)
         self.on_progress: Callable[[int, int], None] | None = None
-        self.traced: dict[int, list[tuple[float, str | None, int, float]]] = {}  # id -> (t, accel, ctx, kv share)
 
     # -- the loop -------------------------------------------------------------------------------
 
@@ -85,11 +86,35 @@ class Controller:
                 acted = self._decide(self.now)
                 if self.now >= next_tick - 1e-12:
                     next_tick = self.now + tick
-                if not acted and not events and self.backend.idle() and not self._finished():
-                    self._stalled()
+                if not acted and not events and not self._finished():
+                    if self.backend.idle():
+                        self._stalled()
+                    next_tick = self._skip_idle(next_tick, tick)
         problems = self.check_conservation()
         if problems:
             raise AssertionError("conservation check failed: " + "; ".join(problems[:5]))
+
+    def _skip_idle(self, next_tick: float, tick: float) -> float:
+        """Past idle time: with no trajectory on a worker and a decision that did nothing, nothing
+        changes before the backend's next event, so jump to the first tick at or after it (wall
+        time grows with events, not with virtual time / tick_s)."""
+        if any(w.residents for w in self.workers):
+            return next_tick
+        wake = self.backend.next_event_time()
+        if wake is None or wake <= next_tick:
+            return next_tick
+        skipped = math.ceil((wake - next_tick) / tick)
+        self.recorder.at_idle_ticks(next_tick, skipped, tick, self.trajectories)
+        return next_tick + skipped * tick
+
+    @property
+    def traced(self) -> dict[int, list]:
+        """Trajectory id -> (t, accelerator, context, KV share) at each decision (see Recorder)."""
+        return self.recorder.traced
+
+    @traced.setter
+    def traced(self, value: dict[int, list]) -> None:
+        self.recorder.traced = value
 
     def _finished(self) -> bool:
         return self.done == len(self.trajectories) and self.trainer.all_consumed
@@ -98,7 +123,9 @@ class Controller:
         raise StallError(
             f"policy {self.policy.name!r} stalled at t={self.now:.1f}s: {len(self.fresh)} fresh, "
             f"{len(self.pending)} pending, {self.done}/{len(self.trajectories)} done, trainer at version "
-            f"{self.trainer.version}, worker versions {sorted({w.version for w in self.workers})}")
+            f"{self.trainer.version}, worker versions {sorted({w.version for w in self.workers})}; knobs eta "
+            f"{self.params.eta}, delta {self.params.delta} tokens, largest worker KV "
+            f"{max(w.kv_capacity for w in self.workers)} tokens")
 
     def _handle(self, ev) -> bool:
         """Apply one backend event; True when it warrants an immediate decision."""
@@ -136,15 +163,7 @@ class Controller:
                 w.kv_used = self.backend.kv_committed(w.id)
                 st = self.backend.stats(w.id)
                 w.engine_kv, w.num_waiting, w.preemptions = st.kv_tokens, st.waiting, st.preemptions
-        if now >= self._next_sample:
-            self._sample(now)
-        for tid, points in self.traced.items():
-            t = self.trajectories[tid]
-            if t.state is State.RESIDENT:
-                w = self.workers[t.worker]
-                points.append((now, w.accelerator, t.context, t.context / max(w.kv_used, 1)))
-            elif t.state is not State.DONE and t.state is not State.FRESH:
-                points.append((now, None, t.context, 0.0))
+        self.recorder.at_decision(now, self.workers, self.trajectories)
         acted = False
         for action in self.policy.decide(self.view(now)):
             self.apply(action, now)
@@ -158,13 +177,6 @@ class Controller:
         return PoolView(now, self.trainer.version, self.trainer.next_batch, self.workers, self.pending, self.fresh,
                         self.credits, self.trainer.busy_until is not None, self.credits.admitted - self.done,
                         self.tool_waiting, gate=self.gate, active_by_class=self.active_by_class)
-
-    def _sample(self, now: float) -> None:
-        """Mean resident context per worker, for the specialization-over-time plot."""
-        self._next_sample = now + self.sample_every_s
-        for w in self.workers:
-            if w.residents:
-                self.counters.samples.append((now, w.id, w.kv_used / len(w.residents), len(w.residents)))
 
     # -- actions --------------------------------------------------------------------------------
 
@@ -230,8 +242,11 @@ class Controller:
         if home is not None and home is not w:
             self.counters.migrations += 1
             traj.migrations += 1
+            moved = None
             if self.policy.kv_transfer and home.alive and home.compatible(w) and self.kv_transfer_time:
-                restore, delay = Restore.KV_TRANSFER, self.kv_transfer_time(home, w, traj.context)
+                moved = self.kv_transfer_time(home, w, traj)   # None: re-prefilling is faster
+            if moved is not None:
+                restore, delay = Restore.KV_TRANSFER, moved
                 self.counters.kv_transfers += 1
                 self.counters.migrated_kv_bytes += traj.context * self.kv_bytes_per_token
             else:

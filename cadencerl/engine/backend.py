@@ -80,9 +80,10 @@ class EngineBackend:
     # -- set-up, tear-down and the trainer's side (not part of the protocol) ---------------------
 
     def connect(self, timeout_s: float = 30.0) -> list[ServerLimits]:
-        """Check every server is healthy, serves `model`, and report its limits; raise EngineError."""
+        """Check every server is healthy, serves `model`, and report its limits; raise EngineError
+        (at once for a refused connection: these servers should be up)."""
         async def one(client: VLLMClient) -> ServerLimits:
-            await client.wait_healthy(timeout_s)
+            await client.wait_healthy(timeout_s, refused_is_final=True)   # a refusal: nothing to wait for
             max_len = await client.check_model()
             return ServerLimits(client.base_url, max_len, await client.kv_capacity())
 
@@ -198,6 +199,9 @@ class EngineBackend:
         s = self.streams
         return not (s.by_traj or s.probing or self._clock.has_timers() or self._clock.events
                     or self._publishes_out)
+
+    def next_event_time(self) -> float | None:
+        return None   # real time: the controller waits on the servers, it never jumps
 
     def verify(self) -> list[str]:
         problems = list(self.streams.problems)

@@ -162,16 +162,24 @@ class VLLMClient:
         _raise_for_status(response, self._url(path))
         return response
 
-    async def health(self) -> bool:
-        """True when GET /health answers 200 within the connect/request timeouts; never raises."""
+    async def health(self, *, refused_is_final: bool = False) -> bool:
+        """True when GET /health answers 200 within the connect/request timeouts; never raises,
+        unless `refused_is_final` and the connection is refused (nothing listens at the URL)."""
         try:
             response = await self._http.get("/health", timeout=self.timeouts.request)
+        except httpx.ConnectError as exc:
+            if refused_is_final and _refused(exc):
+                raise EngineConnectionError("connection refused (no server listens there)",
+                                            url=self._url("/health")) from exc
+            return False
         except httpx.HTTPError:
             return False
         return response.status_code == 200
 
-    async def wait_healthy(self, timeout_s: float, *, poll_s: float = 0.5) -> None:
-        """Poll /health until it answers 200; raise `EngineTimeoutError` after `timeout_s`."""
+    async def wait_healthy(self, timeout_s: float, *, poll_s: float = 0.5, refused_is_final: bool = False) -> None:
+        """Poll /health until it answers 200; raise `EngineTimeoutError` after `timeout_s`, or
+        `EngineConnectionError` at once on a refused connection when `refused_is_final` (a server
+        that should be up, not one still starting)."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
         while True:
@@ -181,7 +189,7 @@ class VLLMClient:
                     f"not healthy after {timeout_s:.0f} s", url=self._url("/health")
                 )
             try:
-                if await asyncio.wait_for(self.health(), timeout=remaining):
+                if await asyncio.wait_for(self.health(refused_is_final=refused_is_final), timeout=remaining):
                     return
             except TimeoutError:
                 continue
@@ -380,3 +388,13 @@ def _raise_for_status(response: httpx.Response, url: str) -> None:
         url=url,
         status_code=response.status_code,
     )
+
+
+def _refused(exc: BaseException) -> bool:
+    """Whether a connect error is a refusal (ECONNREFUSED), looking through its causes."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, ConnectionRefusedError) or "refused" in str(seen).lower():
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 
 GB = 1e9
+GIB = 2**30
 
 
 @dataclass(frozen=True)
@@ -28,6 +29,8 @@ class Accelerator:
     allreduce_latency_s: float = 10e-6
     memory_utilization: float = 0.9
     activation_reserve_gb: float = 2.0
+    max_num_batched_tokens: int = 2048
+    kv_block_tokens: int = 16
     sources: dict[str, str] = field(default_factory=dict, compare=False, repr=False)
 
 
@@ -71,12 +74,29 @@ class Model:
 
 @dataclass(frozen=True)
 class Link:
-    """A path KV bytes can travel between workers."""
+    """A path bytes (KV, weights, tokens) travel between machines; concurrent transfers share it."""
 
     name: str
     bandwidth_gbs: float
     latency_s: float
     sources: dict[str, str] = field(default_factory=dict, compare=False, repr=False)
+
+
+_VLLM_BUDGET = ("vLLM 0.32.0 EngineArgs.get_batch_defaults (vllm/engine/arg_utils.py), OPENAI_API_SERVER context "
+                "(rollout workers serve over HTTP): 16384 at >= 160 GiB per device, 8192 at >= 70 GiB unless "
+                "the name holds 'a100', else 2048; on the CPU platform 2048 x world size. V1 always chunks prefill.")
+
+
+def vllm_token_budget(name: str, hbm_gb: float, cpu: bool = False) -> int:
+    """vLLM V1's default max_num_batched_tokens for an API server on this device (see _VLLM_BUDGET)."""
+    gib = hbm_gb * GB / GIB
+    if cpu:
+        return 2048
+    if gib >= 160:
+        return 16384
+    if gib >= 70 and "a100" not in name.lower():
+        return 8192
+    return 2048
 
 
 _EFF = {
@@ -92,7 +112,10 @@ _EFF = {
 def _acc(name: str, hbm: float, bw: float, tflops: float, link: float, price: float | None,
          src: dict[str, str], **overrides: float) -> Accelerator:
     sources = dict(_EFF)
+    sources["max_num_batched_tokens"] = _VLLM_BUDGET
+    sources["kv_block_tokens"] = "vLLM CacheConfig default block_size 16 on GPUs (prefix-cache hits are whole blocks)"
     sources.update(src)
+    overrides.setdefault("max_num_batched_tokens", vllm_token_budget(name, hbm))
     return Accelerator(name=name, hbm_gb=hbm, mem_bw_gbs=bw, bf16_tflops=tflops, scaleup_link_gbs=link,
                        price_per_hour=price, sources=sources, **overrides)
 
@@ -159,7 +182,19 @@ LINKS: dict[str, Link] = {
     "cross-cluster": Link("cross-cluster", 2.5, 1e-3, sources={
         "bandwidth_gbs": "CadenceRL setup: 20 Gbps between clusters (2nd-hand)",
         "latency_s": "est.: ~1 ms WAN round trip"}),
+    "host": Link("host", 54.0, 10e-6, sources={
+        "bandwidth_gbs": "host DRAM <-> GPU ~54 GB/s per device, community measurement (reference/hardware.md)",
+        "latency_s": "est.: ~10 us to launch a device-host copy"}),
 }
+
+# Late-bound KV preparation (CadenceRL section 4.4): departed KV is staged on relay nodes of the source's
+# cluster and fetched with fan-in from all of them. Each relay has one NIC of the intra-cluster link.
+KV_RELAYS_PER_CLUSTER = 4
+KV_RELAYS_SOURCE = ("est.: the paper varies the relay count (Fig. 18: tails shrink as relays are added, with "
+                    "diminishing returns) and its digest gives no default; 4 per cluster assumed")
+# Training runs on H800 (CadenceRL setup, 2nd-hand): the trainer sits in the H800 cluster when the pool
+# has one, else in a cluster of its own reached over the cross-cluster link.
+TRAINER_ACCELERATOR = "H800"
 
 
 class CatalogError(ValueError):
@@ -205,6 +240,10 @@ ACCELERATORS["cpu-tiny"] = _acc(
         "bw_efficiency": "1.0: mem_bw_gbs is already the fitted effective bandwidth",
         "compute_efficiency": "1.0: bf16_tflops is already the fitted effective rate",
         "memory_utilization": "1.0: the KV size is set exactly by --kv-cache-memory-bytes",
-        "activation_reserve_gb": "0: activations are outside the KV budget on vLLM CPU"},
+        "activation_reserve_gb": "0: activations are outside the KV budget on vLLM CPU",
+        "max_num_batched_tokens": "cadencerl/engine/local_pool.py passes no --max-num-batched-tokens, so vLLM "
+                                  "0.32.0's CPU API-server default applies: 2048 x world size 1 (" + _VLLM_BUDGET + ")",
+        "kv_block_tokens": "cadencerl/engine/local_pool.py PoolConfig.block_size = 32 (--block-size; vLLM CPU "
+                           "needs a multiple of 32)"},
     bw_efficiency=1.0, compute_efficiency=1.0, step_overhead_s=0.006933, memory_utilization=1.0,
-    activation_reserve_gb=0.0)
+    activation_reserve_gb=0.0, max_num_batched_tokens=vllm_token_budget("cpu-tiny", 0.0, cpu=True), kv_block_tokens=32)

@@ -155,18 +155,28 @@ class WorkerPerf:
     # -- prefill and movement -------------------------------------------------------------------
 
     def prefill_time(self, new_tokens: list[int], cached: list[int] | None = None) -> float:
-        """One prefill pass over several requests: compute-bound, attention quadratic in length."""
-        if not new_tokens:
-            return 0.0
-        cached = cached or [0] * len(new_tokens)
+        """One prefill pass over several requests, with no decode in the same step."""
+        return self.mixed_step_time(0, 0, list(zip(new_tokens, cached or [0] * len(new_tokens)))) if new_tokens else 0.0
+
+    def mixed_step_time(self, batch: int, context: int, chunks: list[tuple[int, int]]) -> float:
+        """One vLLM V1 step: `batch` decodes over total `context`, plus prefill chunks (new tokens,
+        tokens already computed before them). The same roofline as decode: weights (and the KV read)
+        against the FLOPs of every token; attention of a chunk is quadratic in its own length."""
         a, m = self.accel, self.model
-        total = sum(new_tokens)
-        flops = 2.0 * m.params_active * total
+        new = sum(n for n, _c in chunks)
+        tokens = batch + new
         attn = 4.0 * m.layers * m.q_heads * m.head_dim
-        flops += attn * sum(n * (c + n / 2.0) for n, c in zip(new_tokens, cached))
+        flops = 2.0 * m.params_active * tokens + attn * (context + sum(n * (c + n / 2.0) for n, c in chunks))
+        kv_read = m.kv_bytes_per_token * (context + sum(c for _n, c in chunks))
         bw = a.bw_efficiency * a.mem_bw_gbs * GB * self.tp
         peak = a.compute_efficiency * a.bf16_tflops * 1e12 * self.tp
-        return a.step_overhead_s + self._comm(total) + max(self.weight_bytes_read(total) / bw, flops / peak)
+        return a.step_overhead_s + self._comm(tokens) + max((self.weight_bytes_read(tokens) + kv_read) / bw,
+                                                            flops / peak)
+
+    @property
+    def token_budget(self) -> int:
+        """vLLM's max_num_batched_tokens: decodes first, prefill chunks fill what is left."""
+        return self.accel.max_num_batched_tokens
 
     def kv_transfer_time(self, tokens: int, link: Link) -> float:
         """Move a KV prefix of `tokens` over `link`; each TP shard travels on its own NIC."""

@@ -46,6 +46,7 @@ class Cadence:
         self.kv_transfer = params.kv_preparation
         self.growth = GrowthMeter(params.tick_s * params.growth_ticks)
         self.homes = PromptHomes() if params.prompt_affinity else None
+        self.kv_staging = params.kv_preparation   # late-bound: staged on relays at departure (section 4.4)
 
     def floor(self, w: Worker, residents: int | None = None) -> int:
         """Headroom to keep: the base floor plus the growth of `residents` until the next decision."""

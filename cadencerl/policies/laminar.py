@@ -28,6 +28,7 @@ TARGET_MARGIN = 0.10
 
 class Laminar:
     kv_transfer = True
+    weight_sync = "prefetch"   # relays hold each new version; a worker pulls it when ready
 
     def __init__(self, group_affinity: bool = False) -> None:
         self.name = "laminar-grouped" if group_affinity else "laminar"

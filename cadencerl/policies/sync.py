@@ -25,12 +25,15 @@ class Synchronous:
         self.overlap = overlap
         self.name = ("one-off" if overlap else "sync") + ("-grouped" if group_affinity else "")
         self._choose = grouped(least_loaded, GroupAffinity() if group_affinity else None)
+        # Sync takes the new weights at its barrier; One-off ships them while the next batch rolls out.
+        self.weight_sync = "prefetch" if overlap else "on-demand"
 
     def decide(self, view: PoolView) -> Iterator[Action]:
         b = view.credits.batch_size
         admitted = view.credits.admitted
         batch = admitted // b                  # the batch being (or next to be) rolled out
-        if admitted % b == 0:                  # between batches: the barrier
+        yield from place_pending(view, least_loaded)   # tool returns, lost workers: also at the barrier,
+        if admitted % b == 0:                  # between batches: the barrier (which waits on them)
             if view.in_flight or not view.fresh:
                 return
             ready = view.trainer_version >= batch - 1 if self.overlap else (
@@ -40,7 +43,6 @@ class Synchronous:
             for w in view.alive():
                 if w.version < view.trainer_version:
                     yield Advance(w.id, view.trainer_version)
-        yield from place_pending(view, least_loaded)   # tool returns, lost workers
         while view.credits.admitted < (batch + 1) * b and (nxt := view.next_fresh()) is not None:
             ws = [w for w in view.alive() if view.admissible(w.version) > 0 and fits(w, nxt.context)
                   and view.accepts_new(w)]

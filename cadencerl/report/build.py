@@ -17,12 +17,14 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import tempfile
 import time
 from pathlib import Path
 
 from cadencerl.report.context import Report
 from cadencerl.report.matrix import DETAIL_POOL, STEADY_ITERATIONS, make_settings, planned_runs, pool_scenario
-from cadencerl.report.runner import Runner, progress_bar
+from cadencerl.report.runner import ReportError, Runner, progress_bar
 from cadencerl.report.sections import EXPERIMENTS
 from cadencerl.report.sections.pools import HETEROGENEOUS_RATIO_TABLE_HEADER
 
@@ -79,26 +81,73 @@ def render(ctx: Report, sections: list[str], wall_s: float) -> str:
         _losses_section(ctx), _common_setup(ctx), *sections])
 
 
+REPORT_ENTRIES = ("report.md", "results.json", "figures", "scenarios")   # what a report directory holds
+
+
+class OutputError(ReportError):
+    """`--out` cannot take the report (bad input, unlike a failed run)."""
+
+
+def check_out_dir(out: Path) -> None:
+    """Before any work: `out` is new, empty or an earlier report (nothing else is replaced), and its
+    parent is writable. An OutputError names `out` otherwise."""
+    if out.exists() and not out.is_dir():
+        raise OutputError(f"out: {str(out)!r} exists and is not a directory")
+    if out.is_dir():
+        foreign = sorted(p.name for p in out.iterdir() if p.name not in REPORT_ENTRIES)
+        if foreign:
+            raise OutputError(f"out: {str(out)!r} holds files that are not a report ({', '.join(foreign[:3])}); "
+                              "give a new or empty directory, or an earlier report's")
+    parent = out.resolve().parent
+    if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
+        raise OutputError(f"out: cannot write to {str(parent)!r}")
+
+
+def _replace_dir(staging: Path, out: Path) -> None:
+    """Swap the finished report in for `out` (renames on one file system): never half old, half new."""
+    old = None
+    if out.exists():
+        old = out.with_name(f".{out.name}.old-{os.getpid()}")
+        out.rename(old)
+    staging.rename(out)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
 def build_report(out: str | Path, *, quick: bool = False, trajectories: int | None = None, seed: int | None = None,
                  progress: bool = True, processes: int | None = None) -> tuple[Path, list[list]]:
     """Run the matrix and write out/report.md, out/results.json, out/figures/ and out/scenarios/; returns
     report.md and the headline table's rows (headers: `sections.pools.RATIO_HEADERS`), for the terminal.
 
-    `processes` (default: the CPU count) simulate the planned runs in parallel; results do not depend on it.
+    The report is built in a staging directory beside `out` and swapped in whole at the end, so an
+    earlier report in `out` is replaced, not mixed with (no stale figures), and a failed run leaves
+    it as it was. `processes` (default: the CPU count) simulate the planned runs in parallel;
+    results do not depend on it.
     """
     started = time.perf_counter()
     out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    settings = make_settings(quick, trajectories, seed)
-    jobs = planned_runs(settings)
-    with progress_bar(progress) as bar:
-        runner = Runner(bar, planned=len(jobs) + 2)
-        runner.prefetch(jobs, processes if processes is not None else (os.cpu_count() or 1))
-        ctx = Report(out, settings, runner)
-        sections = [experiment(ctx) for experiment in EXPERIMENTS]
-    wall = time.perf_counter() - started
-    report = out / "report.md"
-    report.write_text(render(ctx, sections, wall))
-    (out / "results.json").write_text(json.dumps(
-        {"mode": "quick" if settings.quick else "full", "wall_time_s": wall, "runs": runner.records}, indent=1) + "\n")
-    return report, ctx.headline_rows
+    check_out_dir(out)
+    try:
+        staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.staging-", dir=out.resolve().parent))
+    except OSError as exc:
+        raise OutputError(f"out: cannot write beside {str(out)!r}: {exc.strerror or exc}") from None
+    try:
+        settings = make_settings(quick, trajectories, seed)
+        jobs = planned_runs(settings)
+        with progress_bar(progress) as bar:
+            runner = Runner(bar, planned=len(jobs) + 2)
+            runner.prefetch(jobs, processes if processes is not None else (os.cpu_count() or 1))
+            ctx = Report(staging, settings, runner, shown_out=out)
+            sections = [experiment(ctx) for experiment in EXPERIMENTS]
+        wall = time.perf_counter() - started
+        try:
+            (staging / "report.md").write_text(render(ctx, sections, wall))
+            (staging / "results.json").write_text(json.dumps(
+                {"mode": "quick" if settings.quick else "full", "wall_time_s": wall, "runs": runner.records},
+                indent=1) + "\n")
+            _replace_dir(staging, out)
+        except OSError as exc:
+            raise OutputError(f"out: cannot write to {str(out)!r}: {exc.strerror or exc}") from None
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return out / "report.md", ctx.headline_rows

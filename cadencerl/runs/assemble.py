@@ -3,7 +3,7 @@ and the up-front checks that a workload can run on them at all."""
 
 from __future__ import annotations
 
-from cadencerl.config import ConfigError, Scenario
+from cadencerl.config import ConfigError, PolicySpec, Scenario
 from cadencerl.core.spec import TrajectorySpec, total_tokens
 from cadencerl.core.worker import Worker
 from cadencerl.hardware import catalog
@@ -55,10 +55,21 @@ def build_pool(scenario: Scenario) -> tuple[list[Worker], list[WorkerPerf]]:
     return workers, perfs
 
 
-def check_fits_somewhere(specs: list[TrajectorySpec], workers: list[Worker], key: object) -> None:
-    """A trajectory longer than every worker's KV could never run: say so before starting."""
+def check_fits_somewhere(specs: list[TrajectorySpec], workers: list[Worker], key: object,
+                         params: PolicySpec | None = None) -> None:
+    """A trajectory longer than every worker's KV could never run: say so before starting. With
+    `params`, the same for a prompt plus the decode reserve `delta` and the headroom floor a
+    placement must leave (else a policy that honours them could never place it, and would stall)."""
     largest = max(w.kv_capacity for w in workers)
     _check_longest(specs, key, largest, f"KV tokens, more than any worker holds ({largest})")
+    if params is None or not specs:
+        return
+    room = max(w.kv_capacity - int(params.headroom_floor * w.kv_capacity) for w in workers)
+    longest = max(specs, key=lambda s: s.prompt_len)
+    if longest.prompt_len + params.delta > room:
+        raise ConfigError(f"policy.delta: a decode reserve of {params.delta} tokens leaves no worker room for the "
+                          f"prompt of trajectory {longest.id} ({longest.prompt_len} tokens; at most {room} tokens "
+                          f"fit above the headroom floor); lower it (--delta)")
 
 
 def check_model_len(specs: list[TrajectorySpec], key: object, max_len: int) -> None:

@@ -99,7 +99,7 @@ def assemble(scenario: Scenario, policy: Policy, urls: Sequence[str], specs: lis
     urls = parse_urls(urls)
     labels = resolve_labels(scenario, len(urls), labels)
     workers, perfs = build_pool(_pool_of(scenario, labels))
-    caps = _kv_list(kv_tokens, len(urls))
+    caps = kv_list(kv_tokens, len(urls))
     backend = EngineBackend(urls, scenario.model, key, seed=scenario.seed, prompts=prompts, timeouts=timeouts,
                             weight_update=weight_update, on_publish_due=on_publish_due,
                             deadline_s=deadline_s)
@@ -109,7 +109,7 @@ def assemble(scenario: Scenario, policy: Policy, urls: Sequence[str], specs: lis
             if cap is not None and cap > server.kv_tokens:
                 raise ConfigError(f"kv_tokens: {cap} exceeds the KV of {server.url} ({server.kv_tokens} tokens)")
             w.kv_capacity = cap or server.kv_tokens
-        check_fits_somewhere(specs, workers, key)
+        check_fits_somewhere(specs, workers, key, scenario.policy)
         check_model_len(specs, key, min(s.max_model_len for s in servers))
     except ModelMismatchError as exc:
         backend.close()
@@ -128,11 +128,12 @@ def assemble(scenario: Scenario, policy: Policy, urls: Sequence[str], specs: lis
     return RealRun(scenario, ctl, backend, specs, workers, perfs, labels, key, time.perf_counter() - started)
 
 
-def _kv_list(kv_tokens: int | Sequence[int] | None, n: int) -> list[int | None]:
+def kv_list(kv_tokens: int | Sequence[int] | None, n: int) -> list[int | None]:
+    """One KV cap per worker (None: the server's own), or a ConfigError; True is not a count."""
     if kv_tokens is None:
         return [None] * n
-    caps = [kv_tokens] * n if isinstance(kv_tokens, int) else list(kv_tokens)
-    if len(caps) != n or any(not isinstance(c, int) or c <= 0 for c in caps):
+    caps = list(kv_tokens) if isinstance(kv_tokens, Sequence) and not isinstance(kv_tokens, str) else [kv_tokens] * n
+    if len(caps) != n or any(not isinstance(c, int) or isinstance(c, bool) or c <= 0 for c in caps):
         raise ConfigError(f"kv_tokens: expected one positive integer, or one per worker ({n})")
     return caps
 
@@ -142,9 +143,10 @@ def summarize_real(run: RealRun, wall_s: float) -> dict:
     ctl, backend, s = run.controller, run.backend, run.scenario
     result = summarize(s.name, ctl.policy.name, ctl, backend.records, wall_s, backend.events_processed,
                        s.workload.target_mix())
-    add_bounds(result, run.specs, run.workers, run.perfs, run.key)
+    add_bounds(result, run.specs, run.workers, run.perfs, run.key, s)
     result.update(
         backend="vllm",
+        kv_transfer="none (every move re-prefills)",
         makespan_wall_s=result["sim_time_s"],
         setup_wall_s=run.setup_s,
         lost_workers=list(backend.lost),

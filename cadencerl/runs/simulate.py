@@ -9,7 +9,11 @@ from cadencerl.config import Scenario
 from cadencerl.core.controller import Controller
 from cadencerl.core.trajectory import Trajectory
 from cadencerl.core.view import Policy
+from cadencerl.core.worker import Worker
 from cadencerl.hardware import catalog
+from cadencerl.sim.kv_moves import KvMoves
+from cadencerl.sim.links import Links
+from cadencerl.sim.weights import WeightSync
 from cadencerl.runs.assemble import build_pool, check_fits_somewhere
 from cadencerl.runs.bounds import add_bounds
 from cadencerl.runs.summary import summarize
@@ -19,25 +23,32 @@ from cadencerl.workload.generate import generate
 
 def simulate(scenario: Scenario, policy: Policy, *, exact: bool = False,
              progress: Callable[[int, int], None] | None = None, keep: dict | None = None,
-             trace: tuple[int, ...] = ()) -> dict:
+             trace: tuple[int, ...] = (), key: object | None = None) -> dict:
     """Simulate `policy` (a fresh one: policies keep state) on `scenario`; the conservation check
     runs before returning.
 
     `trace` names trajectories whose residency and KV share are recorded at every decision
-    (result key `traces`); `keep`, when given, receives the controller and backend.
+    (result key `traces`); `keep`, when given, receives the controller and backend. `key` seals
+    the lengths; only `runs/reference.py` passes one, the one it also hands its oracle.
     """
     started = time.perf_counter()
     workers, perfs = build_pool(scenario)
-    key = object()
+    key = object() if key is None else key
     specs = generate(scenario.workload, scenario.seed, key)
-    check_fits_somewhere(specs, workers, key)
+    check_fits_somewhere(specs, workers, key, scenario.policy)
     trajectories = [Trajectory(s) for s in specs]
-    backend = SimBackend(perfs, key, exact=exact)
-    link = catalog.LINKS["intra-cluster"]
+    links = Links()
+    weights = WeightSync(catalog.model(scenario.model).weight_bytes, [w.cluster for w in workers],
+                         [w.tp for w in workers], _trainer_cluster(workers),
+                         getattr(policy, "weight_sync", "on-demand"), links)
+    kv = KvMoves(workers, perfs, links, staging=getattr(policy, "kv_staging", False)) if policy.kv_transfer else None
+    backend = SimBackend(perfs, key, exact=exact, weights=weights, kv=kv)
     ctl = Controller(policy, backend, workers, trajectories, batch_size=scenario.trainer.batch_size,
                      params=scenario.policy, train_time_s=scenario.trainer.train_time_s,
                      train_time_per_token_s=scenario.trainer.train_time_per_token_s,
-                     kv_transfer_time=lambda src, dst, tokens: perfs[dst.id].kv_transfer_time(tokens, link),
+                     kv_transfer_time=None if kv is None else lambda src, dst, traj: kv.fetch(
+                         traj.id, src, dst, traj.context, backend.now(),
+                         backend.engines[dst.id].reprefill_estimate(traj.context)),
                      kv_bytes_per_token=catalog.model(scenario.model).kv_bytes_per_token)
     generated: list[tuple[float, int]] = []
 
@@ -52,10 +63,18 @@ def simulate(scenario: Scenario, policy: Policy, *, exact: bool = False,
     ctl.run()
     result = summarize(scenario.name, policy.name, ctl, backend.engines, time.perf_counter() - started,
                        backend.events_processed, scenario.workload.target_mix(), generated)
-    add_bounds(result, specs, workers, perfs, key)
+    add_bounds(result, specs, workers, perfs, key, scenario)
+    result.update(link_bytes=links.bytes_by_link(), weight_sync=weights.style, weight_updates=weights.updates,
+                  weight_wait_s=weights.waited_s, kv_staging=kv is not None and kv.staging,
+                  kv_fallbacks=kv.fallbacks if kv is not None else 0)
     if trace:
         result["traces"] = {str(tid): [list(p) for p in pts] for tid, pts in ctl.traced.items()}
     if keep is not None:
         keep.update(controller=ctl, backend=backend)
     return result
 
+
+
+def _trainer_cluster(workers: list[Worker]) -> str | None:
+    """The trainer trains on H800 (CadenceRL setup): it shares the H800 workers' cluster if any."""
+    return next((w.cluster for w in workers if w.accelerator == catalog.TRAINER_ACCELERATOR), None)

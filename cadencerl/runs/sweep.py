@@ -10,12 +10,15 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
+import logging
 import os
+import re
 from collections.abc import Callable
 from pathlib import Path
 
 from cadencerl.config import Scenario
 from cadencerl.routing.routers import CacheAware
+from cadencerl.runs.outputs import write_atomic
 from cadencerl.runs.simulate import simulate
 
 QUICK_GRID = {"cache_threshold": [0.1, 0.3, 0.5, 0.7], "balance_abs_threshold": [16, 64],
@@ -23,6 +26,7 @@ QUICK_GRID = {"cache_threshold": [0.1, 0.3, 0.5, 0.7], "balance_abs_threshold": 
 FULL_GRID = {"cache_threshold": [0.1, 0.3, 0.5, 0.7, 0.9], "balance_abs_threshold": [8, 16, 32, 64, 128],
              "balance_rel_threshold": [1.1, 1.5, 2.0]}
 TUNE_TRAJECTORIES = 4096
+log = logging.getLogger(__name__)
 
 
 def cache_dir() -> Path:
@@ -34,13 +38,20 @@ def scenario_key(scenario: Scenario, grid: dict) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
+def cache_path(scenario: Scenario, grid: dict) -> Path:
+    """`<cache>/<name>-<key>.json`: the name cut to safe characters, so no name leaves the directory."""
+    safe = re.sub(r"[^A-Za-z0-9_-]+", "_", scenario.name).strip("_")[:40] or "scenario"
+    return cache_dir() / f"{safe}-{scenario_key(scenario, grid)}.json"
+
+
 def sweep(scenario: Scenario, grid: dict | None = None,
           progress: Callable[[int, int], None] | None = None) -> list[dict]:
     """Run the cache-aware router at every grid point; results sorted best first."""
     grid = grid or QUICK_GRID
     tune = scenario
     if scenario.workload.trajectories > TUNE_TRAJECTORIES:
-        tune = scenario.with_overrides(workload={"trajectories": TUNE_TRAJECTORIES})
+        tune = scenario.with_overrides(workload={"trajectories": TUNE_TRAJECTORIES},
+                                       trainer={"batch_size": min(scenario.trainer.batch_size, TUNE_TRAJECTORIES)})
     points = [dict(zip(grid, values)) for values in itertools.product(*grid.values())]
     results = []
     for i, point in enumerate(points):
@@ -52,15 +63,34 @@ def sweep(scenario: Scenario, grid: dict | None = None,
     return sorted(results, key=lambda r: -r["throughput_tok_s"])
 
 
+def save(scenario: Scenario, grid: dict, results: list[dict]) -> tuple[dict, Path]:
+    """Cache the best point of a finished sweep (atomically: a reader never sees half a file)."""
+    best = {k: results[0][k] for k in grid}
+    path = cache_path(scenario, grid)
+    text = json.dumps({"scenario": scenario.name, "grid": grid, "best": best, "results": results}, indent=1)
+    write_atomic(path, text)
+    return best, path
+
+
+def _cached_best(path: Path, grid: dict) -> dict | None:
+    """The cached best point, or None (with a one-line warning) when the entry is unreadable."""
+    if not path.is_file():
+        return None
+    try:
+        best = json.loads(path.read_text(encoding="utf-8"))["best"]
+        if set(best) != set(grid) or not all(best[k] in grid[k] for k in grid):
+            raise ValueError("its best point is not on the grid")
+        return best
+    except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError) as exc:
+        log.warning("warning: sweep cache entry %s is unreadable (%s); sweeping again", path, exc)
+        return None
+
+
 def tuned_thresholds(scenario: Scenario, grid: dict | None = None,
                      progress: Callable[[int, int], None] | None = None) -> dict:
     """The best grid point for `scenario`, from the cache or by sweeping now."""
     grid = grid or QUICK_GRID
-    path = cache_dir() / f"{scenario.name}-{scenario_key(scenario, grid)}.json"
-    if path.is_file():
-        return json.loads(path.read_text())["best"]
-    results = sweep(scenario, grid, progress)
-    best = {k: results[0][k] for k in grid}
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"scenario": scenario.name, "grid": grid, "best": best, "results": results}, indent=1))
+    best = _cached_best(cache_path(scenario, grid), grid)
+    if best is None:
+        best, _ = save(scenario, grid, sweep(scenario, grid, progress))
     return best

@@ -10,19 +10,26 @@ import heapq
 import itertools
 
 from cadencerl.core.backend import EngineStats, Event, Finished, Restore, Timer, ToolReturned, TurnEnded
+from cadencerl.core.controller import PUBLISH
 from cadencerl.core.trajectory import Trajectory, turn_target
 from cadencerl.core.worker import Worker
 from cadencerl.hardware.perf import WorkerPerf
 from cadencerl.sim.engine import Request, SimEngine
+from cadencerl.sim.kv_moves import KvMoves
+from cadencerl.sim.prefix_cache import PrefixCache
+from cadencerl.sim.weights import WeightSync
 
 _ENGINE, _ARRIVAL, _TIMER, _TOOL = range(4)
 
 
 class SimBackend:
-    def __init__(self, perfs: list[WorkerPerf], key: object, *, exact: bool = False) -> None:
+    def __init__(self, perfs: list[WorkerPerf], key: object, *, exact: bool = False,
+                 weights: WeightSync | None = None, kv: KvMoves | None = None) -> None:
         self._perfs = perfs
         self._key = key            # opens the sealed target lengths: the engine decides when EOS happens
         self.exact = exact
+        self.weights = weights     # None: version updates are free
+        self.kv = kv               # None: no host snapshots or staging at departure
         self.engines: list[SimEngine] = []
         self._heap: list = []
         self._seq = itertools.count()
@@ -40,7 +47,8 @@ class SimBackend:
         return self._clock
 
     def start(self, workers: list[Worker]) -> None:
-        self.engines = [SimEngine(w.id, p, w.kv_capacity, w.max_num_seqs, exact=self.exact)
+        self.engines = [SimEngine(w.id, p, w.kv_capacity, w.max_num_seqs, exact=self.exact,
+                                  cache=PrefixCache(block=p.accel.kv_block_tokens))
                         for w, p in zip(workers, self._perfs)]
         self._transit = {w.id: 0 for w in workers}
 
@@ -81,9 +89,14 @@ class SimBackend:
             self._dirty.add(engine.id)
         traj.tokens = req.generated()
         traj.meter = None
+        if self.kv is not None:
+            self.kv.depart(traj.id, engine.id, traj.context, self._clock)
 
     def set_version(self, worker: int, version: int) -> None:
-        """Weights are not simulated beyond the version number; the update itself is instant."""
+        """The worker runs nothing until the new weights have reached it (see `weights.py`)."""
+        if self.weights is not None:
+            self.engines[worker].ready_at = self.weights.ready_at(worker, version, self._clock)
+            self._dirty.add(worker)
 
     def commit(self, now: float) -> None:
         for wid in sorted(self._dirty):
@@ -124,6 +137,8 @@ class SimBackend:
                 out.append(ToolReturned(traj, t, obs))
             else:
                 self._clock = t
+                if payload == PUBLISH and self.weights is not None:
+                    self.weights.publish(t)
                 out.append(Timer(t, payload))
                 return out
         self._clock = max(self._clock, until)
@@ -131,6 +146,9 @@ class SimBackend:
 
     def idle(self) -> bool:
         return not self._heap
+
+    def next_event_time(self) -> float | None:
+        return self._heap[0][0] if self._heap else None
 
     def verify(self) -> list[str]:
         problems = list(self.length_mismatches)

@@ -1,8 +1,15 @@
-"""One simulated vLLM engine: a running set bounded by max_num_seqs and KV, a FCFS waiting queue,
-prefill before decode, and preemption by recompute when the KV of the running set would overflow.
+"""One simulated vLLM V1 engine: a running set bounded by max_num_seqs and KV, a FCFS waiting
+queue, chunked prefill, and preemption by recompute when the KV of the running set would overflow.
 
-Between events the batch is fixed, so decode advances in closed form (see `DecodeLine`); `exact`
-mode takes one step per event instead, as a reference for checking.
+vLLM V1 gives every step one token budget (`max_num_batched_tokens`): the running decodes take one
+token each, then prefill chunks of the admitted requests, oldest first, fill what is left. So a
+long prefill shares several steps with decoding instead of stalling the batch; the step that
+computes a prompt's last chunk also samples its first token. Admission reserves a request's whole
+context of KV (vLLM allocates it chunk by chunk: a slightly conservative simplification).
+
+Between events a pure-decode batch is fixed, so decode advances in closed form (see `DecodeLine`);
+a step that carries prefill chunks is one event of its own. `exact` mode takes one step per event
+everywhere, as a reference for checking.
 """
 
 from __future__ import annotations
@@ -31,6 +38,8 @@ class Request:
     joins: int = 0     # invalidates finish-heap entries of earlier stays in the running set
     live: bool = True
     in_transit: bool = False
+    left: int = 0      # prompt tokens still to prefill while in `prefilling`
+    done: int = 0      # prompt tokens already in KV then (prefix-cache hits and computed chunks)
 
     def generated(self) -> int:
         if self.step0 < 0:
@@ -46,13 +55,16 @@ class SimEngine:
     capacity: int
     max_num_seqs: int
     exact: bool = False
-    running: list[Request] = field(default_factory=list)
+    running: list[Request] = field(default_factory=list)       # decoding
     waiting: deque[Request] = field(default_factory=deque)
-    prefilling: list[Request] = field(default_factory=list)
-    prefill_end: float = -1.0      # >= 0 while a prefill pass holds the engine
+    prefilling: list[Request] = field(default_factory=list)    # admitted, prompt still being computed
+    chunks: list = field(default_factory=list)                 # (request, tokens) of the step in progress
+    mixed_end: float = -1.0        # >= 0 while a step carrying prefill chunks is in progress
+    ready_at: float = 0.0          # new weights arrive then; nothing is admitted before
     steps: int = 0                 # decode steps committed so far
     lag: int = 0                   # steps finished since seg_start, observed by sync but not committed
     ctx_total: int = 0             # KV tokens of the running set at `steps`
+    prefill_kv: int = 0            # KV tokens reserved by prefilling requests (context + first token)
     queued_ctx: int = 0            # KV tokens reserved by waiting, in-transit and prefilling requests
     seg_start: float = 0.0         # time of step `steps` (start of the in-progress step)
     line: DecodeLine | None = None
@@ -84,6 +96,12 @@ class SimEngine:
         if self.lag:
             n, self.lag = self.lag, 0
             self._commit(n, self.seg_start + self.line.time(n))
+            self._trim()
+
+    def _trim(self) -> None:
+        """Evict cached prefixes the running set has grown into. Free KV only shrinks during a segment,
+        so trimming at its end evicts what vLLM's per-step allocation would have."""
+        self.cache.trim(self.capacity - self.ctx_total - len(self.running) - self.prefill_kv)
 
     def _commit(self, n: int, at: float) -> None:
         b = len(self.running)
@@ -96,7 +114,7 @@ class SimEngine:
 
     def _reline(self) -> None:
         b = len(self.running)
-        self.line = self.perf.decode_line(b, self.ctx_total) if b and self.prefill_end < 0 else None
+        self.line = self.perf.decode_line(b, self.ctx_total) if b and self.mixed_end < 0 else None
 
     # -- mutations from the controller --------------------------------------------------------------
 
@@ -110,51 +128,118 @@ class SimEngine:
         self._fold()
         req.live = False
         if req.step0 >= 0:
-            grown = self.steps - req.step0
             self.running.remove(req)
-            self.ctx_total -= req.ctx0 + grown
-            req.gen0, req.ctx0, req.step0 = req.gen0 + grown, req.ctx0 + grown, -1
+            self._leave_running(req)
+            self._reline()
+        elif req in self.waiting:
+            self.waiting.remove(req)
+            self.queued_ctx -= req.ctx0
+        elif req in self.prefilling:
+            self.prefilling.remove(req)
+            self.queued_ctx -= req.ctx0
+            self.prefill_kv -= req.ctx0 + 1
             self._release(req)
-            if self.prefill_end < 0:
-                self._reline()
-        else:
-            if req in self.waiting:
-                self.waiting.remove(req)
-                self.queued_ctx -= req.ctx0
-            elif req in self.prefilling:
-                self.prefilling.remove(req)
-                self.queued_ctx -= req.ctx0
-                self._release(req)
+
+    def _leave_running(self, req: Request) -> None:
+        """Take a request out of the running set's accounting (already removed from the list)."""
+        grown = self.steps - req.step0
+        self.ctx_total -= req.ctx0 + grown
+        req.gen0, req.ctx0, req.step0 = req.gen0 + grown, req.ctx0 + grown, -1
+        self._release(req)
 
     # -- the engine's own scheduling ------------------------------------------------------------------
 
     def restart(self, now: float) -> float | None:
-        """After a change: the in-progress step restarts with the new batch; admit; plan."""
+        """After a change: admit, and plan. A step in progress runs to its end (vLLM schedules
+        between steps); an idle engine starts at once."""
         self.epoch += 1
         self._fold()
-        if self.prefill_end < 0:
-            if self.line is not None:
-                self.seg_start = max(self.seg_start, now - self.line.step(0))
-            else:
-                self.seg_start = now
-            self._relieve_overflow()
-            self._admit(now)
-        return self._plan()
+        if self.mixed_end >= 0:
+            return self.mixed_end
+        if self.line is not None:
+            self.seg_start = max(self.seg_start, now - self.line.step(0))
+        else:
+            self.seg_start = now
+        self._relieve_overflow()
+        self._admit(now)
+        if self.line is None and self.prefilling:
+            self._start_mixed(now)
+        return self._plan(now)
 
     def on_event(self, now: float, finished: list[Request]) -> float | None:
-        """The scheduled event happened at `now`: a step boundary or the end of a prefill."""
+        """The scheduled event happened at `now`: a step boundary."""
         self.epoch += 1
         self.lag = 0  # the event's step count already includes every observed step
-        if self.prefill_end >= 0:
-            self._join_prefilled(now)
+        if self.mixed_end >= 0:
+            self._end_mixed(now)
         elif self.line is not None:
             self._commit(self.event_step, now)
+        self._trim()
         self._collect_finished(finished)
         self._relieve_overflow()
-        if self.prefill_end < 0:
-            self._admit(now)
-        self.cache.trim(self.capacity - self.ctx_total - len(self.running))
-        return self._plan()
+        self._admit(now)
+        if self.prefilling:
+            self._start_mixed(now)
+        self._trim()
+        return self._plan(now)
+
+    def reprefill_estimate(self, tokens: int) -> float:
+        """Seconds to prefill `tokens` here in chunks beside the current decode batch."""
+        b = len(self.running)
+        per = max(1, self.perf.token_budget - b)
+        ctx = self.ctx_total + b * self.lag      # as of the last step finished (the same in exact mode)
+        total, done = 0.0, 0
+        while done < tokens:
+            n = min(per, tokens - done)
+            total += self.perf.mixed_step_time(b, ctx, [(n, done)])
+            done += n
+        return total
+
+    def _start_mixed(self, now: float) -> None:
+        """One step: every running decode, then prefill chunks oldest first within the token budget."""
+        budget = self.perf.token_budget - len(self.running)
+        self.chunks = []
+        for req in self.prefilling:
+            if budget <= 0:
+                break
+            n = min(req.left, budget)
+            self.chunks.append((req, n))
+            budget -= n
+        self.seg_start = now
+        self.mixed_end = now + self.perf.mixed_step_time(len(self.running), self.ctx_total,
+                                                         [(n, r.done) for r, n in self.chunks])
+        self.line = None
+        self.event_step = 1
+        self.peak_kv = max(self.peak_kv, self.ctx_total + self.prefill_kv)
+
+    def _end_mixed(self, now: float) -> None:
+        self.mixed_end = -1.0
+        self._commit(1, now)
+        for req, n in self.chunks:
+            if not req.live or req.step0 >= 0 or req not in self.prefilling:
+                continue
+            req.left -= n
+            req.done += n
+            self.prefill_tokens += n
+            if req.left == 0:
+                self.prefilling.remove(req)
+                self.prefill_kv -= req.ctx0 + 1
+                self._join(req, first_token=True)
+        self.chunks = []
+        self._reline()
+
+    def _join(self, req: Request, first_token: bool) -> None:
+        """Into the running set; the step that finished a prefill also sampled the first token."""
+        self.queued_ctx -= req.ctx0
+        req.step0 = self.steps - 1 if first_token else self.steps
+        req.joins += 1
+        req.restore = Restore.CACHED
+        self.ctx_total += req.ctx0 + (1 if first_token else 0)
+        self.tokens_generated += 1 if first_token else 0
+        self.running.append(req)
+        self.pushes += 1  # a deterministic tie-break (memory addresses are not)
+        heapq.heappush(self.finish_heap, (req.step0 + req.target - req.gen0, self.pushes, req.joins, req))
+        self.peak_kv = max(self.peak_kv, self.ctx_total + self.prefill_kv)
 
     def _collect_finished(self, finished: list[Request]) -> None:
         heap = self.finish_heap
@@ -163,25 +248,24 @@ class SimEngine:
             if not req.live or req.step0 < 0 or joins != req.joins:
                 continue
             req.live = False
-            grown = self.steps - req.step0
             self.running.remove(req)
-            self.ctx_total -= req.ctx0 + grown
-            req.gen0, req.ctx0, req.step0 = req.gen0 + grown, req.ctx0 + grown, -1
-            self._release(req)
+            self._leave_running(req)
             finished.append(req)
         self._reline()
 
     def _relieve_overflow(self) -> None:
-        """vLLM V1 preempts by recompute: the newest running request loses its KV and re-queues first."""
-        if not self.running or self.ctx_total + len(self.running) <= self.capacity:
-            return
-        while self.running and self.ctx_total + len(self.running) > self.capacity:
-            req = self.running.pop()
-            grown = self.steps - req.step0
-            self.ctx_total -= req.ctx0 + grown
-            req.gen0, req.ctx0, req.step0 = req.gen0 + grown, req.ctx0 + grown, -1
+        """vLLM V1 preempts by recompute: the newest request (a prefilling one first, they were
+        admitted last) loses its KV and re-queues at the head of the waiting queue."""
+        while self.running and self.ctx_total + len(self.running) + self.prefill_kv > self.capacity:
+            if self.prefilling:
+                req = self.prefilling.pop()
+                self.prefill_kv -= req.ctx0 + 1
+                self.queued_ctx -= req.ctx0
+                self._release(req)
+            else:
+                req = self.running.pop()
+                self._leave_running(req)
             req.restore = Restore.PREFILL
-            self._release(req)
             self.waiting.appendleft(req)
             self.queued_ctx += req.ctx0
             self.preemptions += 1
@@ -190,67 +274,50 @@ class SimEngine:
         self._reline()
 
     def _admit(self, now: float) -> None:
-        """Admit from the waiting queue in order while a slot and KV for its context remain."""
-        batch: list[Request] = []
-        kv = self.ctx_total + len(self.running)
-        slots = self.max_num_seqs - len(self.running)
-        while self.waiting and slots > 0:
+        """Admit from the waiting queue in order while a slot, KV for its context and token budget
+        remain; prefix-cache hits and loaded KV are not recomputed. Nothing runs before new weights."""
+        if now < self.ready_at:
+            return
+        kv = self.ctx_total + len(self.running) + self.prefill_kv
+        slots = self.max_num_seqs - len(self.running) - len(self.prefilling)
+        budget = self.perf.token_budget - len(self.running) - sum(r.left for r in self.prefilling)
+        while self.waiting and slots > 0 and budget > 0:
             req = self.waiting[0]
             if kv + req.ctx0 + 1 > self.capacity:
                 break
             self.waiting.popleft()
-            batch.append(req)
             kv += req.ctx0 + 1
             slots -= 1
-        if not batch:
-            return
-        self.prefilling = batch
-        new, cached = [], []
-        for r in batch:
-            spec = r.traj.spec
-            hit = self.cache.claim(spec.group, spec.id, spec.prompt_len, r.ctx0)
-            if r.restore is Restore.PREFILL:
-                new.append(r.ctx0 - hit)
-                cached.append(hit)
+            spec = req.traj.spec
+            hit = self.cache.claim(spec.group, spec.id, spec.prompt_len, req.ctx0)
+            if req.restore is Restore.PREFILL:
+                req.left, req.done = req.ctx0 - hit, hit
+                budget -= req.left
+                self.prefilling.append(req)
+                self.prefill_kv += req.ctx0 + 1
+            else:
+                self._join(req, first_token=False)
         self.cache.trim(self.capacity - kv)
-        if not new:
-            self._join_prefilled(now)
-            return
-        self.prefill_tokens += sum(new)
-        self.prefill_end = now + self.perf.prefill_time(new, cached)
-        self.line = None
-
-    def _join_prefilled(self, now: float) -> None:
-        for req in self.prefilling:
-            self.queued_ctx -= req.ctx0
-            req.step0 = self.steps
-            req.joins += 1
-            req.restore = Restore.CACHED
-            self.ctx_total += req.ctx0
-            self.running.append(req)
-            self.pushes += 1  # a deterministic tie-break (memory addresses are not)
-            heapq.heappush(self.finish_heap, (self.steps + req.target - req.gen0, self.pushes, req.joins, req))
-        self.prefilling = []
-        self.prefill_end = -1.0
-        self.seg_start = now
         self._reline()
-        self.peak_kv = max(self.peak_kv, self.ctx_total)
 
     def _release(self, req: Request) -> None:
         spec = req.traj.spec
         self.cache.release(spec.group, spec.id, spec.prompt_len, req.ctx0)
-        self.cache.trim(self.capacity - self.ctx_total - len(self.running))
+        self._trim()
 
-    def _plan(self) -> float | None:
+    def _plan(self, now: float) -> float | None:
         """The time of this engine's next event, or None when it has nothing to do."""
-        if self.prefill_end >= 0:
-            return self.prefill_end
+        if self.mixed_end >= 0:
+            return self.mixed_end
         if self.line is None:
-            return None
+            return self.ready_at if self.waiting and now < self.ready_at else None
         heap = self.finish_heap
         while heap and (not heap[0][3].live or heap[0][3].step0 < 0 or heap[0][2] != heap[0][3].joins):
             heapq.heappop(heap)
-        to_finish = heap[0][0] - self.steps
-        to_overflow = (self.capacity - self.ctx_total) // len(self.running)
-        self.event_step = 1 if self.exact else max(1, min(to_finish, to_overflow))
+        if self.prefilling or self.exact:
+            self.event_step = 1   # admitted prefills join at the next step boundary
+        else:
+            to_finish = heap[0][0] - self.steps
+            to_overflow = (self.capacity - self.ctx_total) // len(self.running)
+            self.event_step = max(1, min(to_finish, to_overflow))
         return self.seg_start + self.line.time(self.event_step)

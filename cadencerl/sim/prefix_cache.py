@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
-BLOCK = 16  # tokens per KV block (vLLM's default block size on GPUs)
+BLOCK = 16  # tokens per KV block unless the accelerator says otherwise (vLLM's default on GPUs)
 
 
 @dataclass
@@ -22,6 +22,7 @@ class PrefixCache:
     cached_tokens: int = 0
     queried: int = 0
     hits: int = 0
+    block: int = BLOCK
 
     def claim(self, group: int, traj: int, prompt_len: int, context: int) -> int:
         """A request starts running: reuse what is cached, return the hit tokens (block multiples)."""
@@ -31,7 +32,7 @@ class PrefixCache:
             hit = prompt_len
             own = self.lru.get(tk, 0)
             hit += min(own, context - prompt_len)
-        hit = min(hit, context - 1) // BLOCK * BLOCK  # at least one token is always computed
+        hit = min(hit, context - 1) // self.block * self.block  # at least one token is always computed
         if tk in self.lru:
             self.cached_tokens -= self.lru.pop(tk)
         if pk in self.lru:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from cadencerl.config import ClassSpec, LengthDist, WorkloadSpec
+from cadencerl.config import MAX_SECONDS, ClassSpec, LengthDist, WorkloadSpec
 from cadencerl.core.spec import HiddenLength, TrajectorySpec, Turn
 from cadencerl.workload.trace import load_trace
 
@@ -18,7 +18,7 @@ def generate(spec: WorkloadSpec, seed: int, key: object) -> list[TrajectorySpec]
     """Sample `spec.trajectories` trajectories: each class gets its share, in groups that share a
     prompt and a difficulty; groups of all classes arrive interleaved in a seeded random order."""
     if spec.trace:
-        return load_trace(spec.trace, key)
+        return load_trace(spec.trace, key, limit=spec.trajectories, classes=set(spec.target_mix()))
     rng = np.random.default_rng(seed)
     classes = spec.class_specs()
     counts = _split(spec.trajectories, {n: c.share for n, c in classes.items()})
@@ -61,7 +61,8 @@ def _sample_class(rng: np.random.Generator, name: str, cls: ClassSpec, n: int,
             t = cls.turns
             k = int(rng.integers(t.turns_min, t.turns_max + 1)) - 1
             obs = _lengths(rng, t.observation, k)
-            tool = rng.lognormal(np.log(max(t.tool_latency_median_s, 1e-9)), t.tool_latency_sigma, k)
+            tool = np.minimum(rng.lognormal(np.log(max(t.tool_latency_median_s, 1e-9)), t.tool_latency_sigma, k),
+                              MAX_SECONDS)  # a far tail draw stays a day, so virtual time keeps its resolution
             replies = _lengths(rng, cls.response, k, difficulty[group_of[i]])
             turns = tuple(Turn(int(o), float(s), HiddenLength(int(r), key)) for o, s, r in zip(obs, tool, replies))
         gi = int(group_of[i])

@@ -1,55 +1,82 @@
-"""Replay a JSONL trace of observed lengths as a workload."""
+"""Replay a JSONL trace of observed lengths as a workload.
+
+Each line is checked as strictly as a scenario field: unknown fields, non-finite or out-of-range
+numbers, `null` where a list belongs and classes outside the target mix are refused with the line
+number, rather than run as something the trace did not say.
+"""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
-from cadencerl.config import ConfigError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from cadencerl.config import MAX_SECONDS, MAX_TOKENS, MAX_TRAJECTORIES, ConfigError, format_validation_error, \
+    read_text_file
 from cadencerl.core.spec import HiddenLength, TrajectorySpec, Turn
 
+MAX_TRACE_BYTES = 1 << 28   # 256 MiB: a million trajectories of multi-turn lines
 
-def load_trace(path: str | Path, key: object, workload_class: str = "rlvr") -> list[TrajectorySpec]:
-    """Replay a JSONL trace of `{prompt_len, response_len, group, turns: [{observation_len, tool_latency_s, response_len}]}`."""
+
+class _Line(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False, populate_by_name=True)
+
+
+class TraceTurn(_Line):
+    observation_len: int = Field(gt=0, le=MAX_TOKENS)
+    tool_latency_s: float = Field(default=0.0, ge=0, le=MAX_SECONDS)
+    response_len: int = Field(gt=0, le=MAX_TOKENS)
+
+
+class TraceRecord(_Line):
+    prompt_len: int = Field(gt=0, le=MAX_TOKENS)
+    response_len: int = Field(gt=0, le=MAX_TOKENS)
+    group: int | None = Field(default=None, ge=0, le=MAX_TRAJECTORIES)
+    workload_class: str | None = Field(default=None, alias="class", min_length=1)
+    turns: list[TraceTurn] = Field(default_factory=list, max_length=1000)
+
+
+def load_trace(path: str | Path, key: object, workload_class: str = "rlvr", *, limit: int | None = None,
+               classes: set[str] | None = None) -> list[TrajectorySpec]:
+    """Replay a JSONL trace of `{prompt_len, response_len, group, class, turns: [{observation_len,
+    tool_latency_s, response_len}]}`: its first `limit` records (all when None; fewer is an error).
+
+    A record without `class` belongs to `workload_class`; every class must be one of `classes`
+    (the scenario's target mix) when that is given."""
     path = Path(path)
-    if not path.is_file():
-        raise ConfigError(f"workload.trace: no such file {str(path)!r}")
+    text = read_text_file(path, "workload.trace", MAX_TRACE_BYTES)
     out: list[TrajectorySpec] = []
-    for lineno, line in enumerate(path.read_text().splitlines(), start=1):
+    for lineno, line in enumerate(text.splitlines(), start=1):
+        if limit is not None and len(out) == limit:
+            break
         if not line.strip():
             continue
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise ConfigError(f"workload.trace: {path.name} line {lineno}: not JSON ({exc.msg})") from None
-        if not isinstance(rec, dict):
-            raise ConfigError(f"workload.trace: {path.name} line {lineno}: expected an object")
-        prompt = _positive_int(rec, "prompt_len", path, lineno)
-        response = _positive_int(rec, "response_len", path, lineno)
-        group = rec.get("group", lineno - 1)
-        if not isinstance(group, int) or isinstance(group, bool) or group < 0:
-            raise ConfigError(f"workload.trace: {path.name} line {lineno}: field 'group' must be a non-negative integer")
-        turns = []
-        for j, t in enumerate(rec.get("turns", [])):
-            if not isinstance(t, dict):
-                raise ConfigError(f"workload.trace: {path.name} line {lineno}: turns.{j} must be an object")
-            obs = _positive_int(t, "observation_len", path, lineno, f"turns.{j}.")
-            rsp = _positive_int(t, "response_len", path, lineno, f"turns.{j}.")
-            tool = t.get("tool_latency_s", 0.0)
-            if not isinstance(tool, (int, float)) or isinstance(tool, bool) or tool < 0:
-                raise ConfigError(f"workload.trace: {path.name} line {lineno}: field 'turns.{j}.tool_latency_s' must be >= 0")
-            turns.append(Turn(obs, float(tool), HiddenLength(rsp, key)))
-        out.append(TrajectorySpec(len(out), group, prompt, HiddenLength(response, key),
-                                  str(rec.get("class", workload_class)), tuple(turns)))
+        rec = _record(line, path, lineno)
+        cls = rec.workload_class or workload_class
+        if classes is not None and cls not in classes:
+            raise ConfigError(f"workload.trace: {path.name} line {lineno}: class {cls!r} is not in the target mix "
+                              f"({', '.join(sorted(classes))}); name it under workload.classes")
+        turns = tuple(Turn(t.observation_len, t.tool_latency_s, HiddenLength(t.response_len, key)) for t in rec.turns)
+        group = lineno - 1 if rec.group is None else rec.group
+        out.append(TrajectorySpec(len(out), group, rec.prompt_len, HiddenLength(rec.response_len, key), cls, turns))
     if not out:
         raise ConfigError(f"workload.trace: {path.name} has no trajectories")
+    if limit is not None and len(out) < limit:
+        raise ConfigError(f"workload.trajectories: {limit}, but the trace {path.name} holds only {len(out)}; "
+                          f"set workload.trajectories (or --trajectories) to at most {len(out)}")
     return out
 
 
-def _positive_int(rec: dict, name: str, path: Path, lineno: int, prefix: str = "") -> int:
-    value = rec.get(name)
-    if value is None:
-        raise ConfigError(f"workload.trace: {path.name} line {lineno}: missing field '{prefix}{name}'")
-    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-        raise ConfigError(f"workload.trace: {path.name} line {lineno}: field '{prefix}{name}' must be a positive integer")
-    return value
+def _record(line: str, path: Path, lineno: int) -> TraceRecord:
+    where = f"workload.trace: {path.name} line {lineno}"
+    try:
+        data = json.loads(line)
+    except (ValueError, RecursionError) as exc:
+        raise ConfigError(f"{where}: not JSON ({getattr(exc, 'msg', None) or exc})") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{where}: expected an object")
+    try:
+        return TraceRecord.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(f"{where}: field {format_validation_error(exc)}") from None

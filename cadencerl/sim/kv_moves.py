@@ -1,0 +1,82 @@
+"""Moving a departed trajectory's KV to its next worker, or deciding not to.
+
+Two mechanisms, both over shared links (`links.py`):
+
+* Late-bound KV preparation (CadenceRL section 4.4, `staging=True`): at departure the KV is
+  snapshotted to the source's host memory, then striped over the relay nodes of the source's
+  cluster before any destination is known; at placement the destination fetches every stripe at
+  once (fan-in): the relays' NIC rates add, up to what the destination's own NICs take in.
+* Direct transfer (Laminar's and DORA*'s moves, made as the trajectory departs): at placement the
+  KV goes GPU to GPU, out of the source's NICs into the destination's.
+
+Either way KV only moves between compatible workers (one type, one cluster); otherwise, or when the
+transfer would take longer than re-prefilling the context on the destination, the move falls back
+to sending the tokens and re-prefilling (the caller sees None).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from cadencerl.core.worker import Worker
+from cadencerl.hardware.catalog import KV_RELAYS_PER_CLUSTER, LINKS
+from cadencerl.hardware.perf import WorkerPerf
+from cadencerl.sim.links import LinkQueue, Links, transfer, transfer_finish
+
+
+@dataclass
+class KvMoves:
+    workers: list[Worker]
+    perfs: list[WorkerPerf]
+    links: Links
+    staging: bool
+    relays: int = KV_RELAYS_PER_CLUSTER
+    staged: dict[int, tuple[int, float]] = field(default_factory=dict)   # traj -> (source worker, staged at)
+    snapshots: dict[int, tuple[int, float]] = field(default_factory=dict)  # traj -> (source worker, on host at)
+    fallbacks: int = 0
+    transfer_s: float = 0.0
+
+    def depart(self, traj: int, worker: int, tokens: int, now: float) -> None:
+        """Late-bound preparation starts as the trajectory departs: a host snapshot, then the relays.
+        Without staging the KV stays put until a placement pulls it (GPU to GPU)."""
+        if not self.staging:
+            self.snapshots[traj] = (worker, now)
+            return
+        w = self.workers[worker]
+        nbytes = tokens * self.perfs[worker].kv_bytes_per_token
+        host = self.links.get(f"host:{worker}", LINKS["host"], w.tp, report="host")
+        on_host = host.send(now, nbytes)
+        self.snapshots[traj] = (worker, on_host)
+        self.staged[traj] = (worker, transfer(on_host, nbytes, [self._nic_out(worker)], self._relays(w.cluster),
+                                              counted=1))
+
+    def fetch(self, traj: int, src: Worker, dst: Worker, tokens: int, now: float, reprefill: float) -> float | None:
+        """Seconds until the KV is loaded on `dst`, or None: re-prefilling (`reprefill` seconds) is faster."""
+        snap = self.snapshots.pop(traj, None)
+        staged = self.staged.pop(traj, None)
+        if snap is None or not src.compatible(dst):
+            return None
+        nbytes = tokens * self.perfs[dst.id].kv_bytes_per_token
+        nic_in = [self._nic_in(dst.id)]
+        if staged is not None:
+            start, legs = max(now, staged[1]), [self._relays(src.cluster), nic_in]
+        else:
+            start, legs = max(now, snap[1]), [[self._nic_out(src.id)], nic_in]
+        if transfer_finish(start, nbytes, *legs) - now > reprefill:
+            self.fallbacks += 1
+            return None
+        delay = transfer(start, nbytes, *legs) - now
+        self.transfer_s += delay
+        return delay
+
+    def _relays(self, cluster: str) -> list[LinkQueue]:
+        return [self.links.get(f"relay:{cluster}:{i}", LINKS["intra-cluster"], report=f"intra-cluster:{cluster}")
+                for i in range(self.relays)]
+
+    def _nic_out(self, worker: int) -> LinkQueue:
+        w = self.workers[worker]
+        return self.links.get(f"nic-out:{worker}", LINKS["intra-cluster"], w.tp, report=f"intra-cluster:{w.cluster}")
+
+    def _nic_in(self, worker: int) -> LinkQueue:
+        w = self.workers[worker]
+        return self.links.get(f"nic-in:{worker}", LINKS["intra-cluster"], w.tp, report=f"intra-cluster:{w.cluster}")

@@ -1,0 +1,88 @@
+"""Outputs are safe and failures are told apart: bad input exits 2, an internal failure exits 1 and
+says it is a bug, a corrupt cache is neither; a report replaces an earlier one whole."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from cadencerl.cli import app
+from cadencerl.report.build import OutputError, _replace_dir, check_out_dir
+from cadencerl.runs import sweep as sw
+from cadencerl.config import builtin_scenario
+
+pytestmark = pytest.mark.timeout(120)
+runner = CliRunner()
+
+
+def one_line(output: str) -> str:
+    lines = [ln for ln in output.splitlines() if ln.strip()]
+    assert len(lines) == 1, output
+    return lines[0]
+
+
+def test_an_internal_failure_exits_1_and_says_it_is_a_bug(monkeypatch):
+    import cadencerl.runs.simulate as simulate_module
+
+    def broken(*args, **kwargs):
+        raise KeyError("a bug")
+
+    monkeypatch.setattr(simulate_module, "simulate", broken)
+    r = runner.invoke(app, ["sim", "-s", "h800-16", "-p", "least-loaded", "--trajectories", "16"])
+    assert r.exit_code == 1
+    line = one_line(r.output)
+    assert "bug" in line and "KeyError" in line and "Traceback" not in r.output
+
+
+def test_a_failed_conservation_check_is_a_bug_not_bad_input(monkeypatch):
+    from cadencerl.core.controller import Controller
+
+    monkeypatch.setattr(Controller, "check_conservation", lambda self: ["trajectory 3 finished twice"])
+    r = runner.invoke(app, ["sim", "-s", "h800-16", "-p", "least-loaded", "--trajectories", "16"])
+    assert r.exit_code == 1 and "conservation" in one_line(r.output)
+
+
+def test_a_corrupt_sweep_cache_is_not_bad_input(tmp_path):
+    scenario = builtin_scenario("h800-16").resized(32)
+    path = sw.cache_path(scenario, sw.QUICK_GRID)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text('{"best": ')
+    target = tmp_path / "r.json"
+    r = runner.invoke(app, ["sim", "-s", "h800-16", "--trajectories", "32", "-p", "cache-aware-tuned",
+                            "--json", str(target)])
+    assert r.exit_code == 0, r.output
+    assert json.loads(target.read_text())["trajectories_completed"] == 32
+    assert set(json.loads(path.read_text())["best"]) == set(sw.QUICK_GRID)
+
+
+def test_json_is_written_whole(tmp_path):
+    target = tmp_path / "deep" / "r.json"
+    r = runner.invoke(app, ["sim", "-s", "h800-16", "-p", "least-loaded", "--trajectories", "16",
+                            "--json", str(target)])
+    assert r.exit_code == 0, r.output
+    assert json.loads(target.read_text())["trajectories_completed"] == 16
+    assert [p.name for p in target.parent.iterdir()] == ["r.json"]   # no temporary file left
+
+
+def test_a_new_report_replaces_the_old_one_whole(tmp_path):
+    out = tmp_path / "report"
+    (out / "figures").mkdir(parents=True)
+    (out / "figures" / "stale.png").write_bytes(b"old")
+    (out / "report.md").write_text("old")
+    check_out_dir(out)                                   # an earlier report may be replaced
+    staging = tmp_path / ".staging"
+    (staging / "figures").mkdir(parents=True)
+    (staging / "figures" / "new.png").write_bytes(b"new")
+    (staging / "report.md").write_text("new")
+    _replace_dir(staging, out)
+    assert sorted(p.name for p in (out / "figures").iterdir()) == ["new.png"]
+    assert (out / "report.md").read_text() == "new"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["report"]
+
+
+def test_out_that_is_not_a_report_is_refused(tmp_path):
+    (tmp_path / "thesis.tex").write_text("x")
+    with pytest.raises(OutputError, match="thesis.tex"):
+        check_out_dir(tmp_path)

@@ -1,0 +1,67 @@
+"""The sweep cache: names cannot leave the cache directory, writes are atomic, and a corrupt entry
+is swept again with a one-line warning instead of being read as bad input."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import pytest
+
+from cadencerl.runs import sweep as sw
+from tests.conftest import small
+
+pytestmark = pytest.mark.timeout(120)
+GRID = {"cache_threshold": [0.3, 0.7], "balance_abs_threshold": [16], "balance_rel_threshold": [1.5]}
+
+
+@pytest.fixture
+def scenario():
+    return small("h800-16", trajectories=48, batch=16).with_overrides(name="démo: π x")
+
+
+def test_cache_file_stays_in_the_cache_directory_with_a_safe_name(scenario):
+    path = sw.cache_path(scenario, GRID)
+    assert path.parent == sw.cache_dir()
+    assert path.name.startswith("d_mo_x-") and path.suffix == ".json"
+
+
+def test_tuned_thresholds_are_cached_atomically(scenario):
+    best = sw.tuned_thresholds(scenario, GRID)
+    path = sw.cache_path(scenario, GRID)
+    assert json.loads(path.read_text())["best"] == best
+    assert [p.name for p in path.parent.iterdir()] == [path.name]   # no temporary file left behind
+
+
+@pytest.mark.parametrize("corrupt", [
+    "{\"best\": {\"cache_threshold\": 0.3", "[]", "{\"best\": {\"cache_threshold\": 42}}", "\udcff"],
+    ids=["truncated", "not-a-mapping", "off-grid", "not-utf8"])
+def test_a_corrupt_entry_is_swept_again_with_a_warning(scenario, caplog, corrupt):
+    path = sw.cache_path(scenario, GRID)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(corrupt.encode("utf-8", "surrogateescape"))
+    with caplog.at_level(logging.WARNING, logger="cadencerl.runs.sweep"):
+        best = sw.tuned_thresholds(scenario, GRID)
+    assert set(best) == set(GRID) and best["cache_threshold"] in GRID["cache_threshold"]
+    warnings = [r.getMessage() for r in caplog.records]
+    assert len(warnings) == 1 and "\n" not in warnings[0] and str(path) in warnings[0]
+    assert json.loads(path.read_text())["best"] == best   # repaired
+
+
+class _Stop(Exception):
+    pass
+
+
+def test_sweep_of_a_big_batch_scenario_keeps_a_valid_batch(monkeypatch):
+    """Tuning runs on TUNE_TRAJECTORIES: a batch above that shrinks to fit instead of failing."""
+    calls = []
+
+    def first_run_only(tune, policy):
+        calls.append(tune)
+        raise _Stop
+
+    monkeypatch.setattr(sw, "simulate", first_run_only)
+    with pytest.raises(_Stop):
+        sw.sweep(small("h800-16", trajectories=5000, batch=4500), GRID)
+    assert calls[0].workload.trajectories == sw.TUNE_TRAJECTORIES
+    assert calls[0].trainer.batch_size == sw.TUNE_TRAJECTORIES
