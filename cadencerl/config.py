@@ -197,6 +197,7 @@ class PolicySpec(_Strict):
     spread_when_underloaded: bool = True
     drain_needs_fresh_ahead: bool = True
     drain_whole_source: bool = False
+    concentrate_when_kv_bound: bool = True
 
 
 class Scenario(_Strict):

@@ -46,6 +46,7 @@ class Cadence:
         self.kv_transfer = params.kv_preparation
         self.growth = GrowthMeter(params.tick_s * params.growth_ticks)
         self.homes = PromptHomes() if params.prompt_affinity else None
+        self.kv_bound: set[int] = set()   # versions under which a worker had to shed below its floor
         self.kv_staging = params.kv_preparation   # late-bound: staged on relays at departure (section 4.4)
 
     def floor(self, w: Worker, residents: int | None = None) -> int:
@@ -70,7 +71,9 @@ class Cadence:
         for w in view.workers:
             if w.alive:
                 groups.setdefault(w.version, []).append(w)
-        for v in sorted(groups):
+        # Newest first: fresh work goes to the workers already at its version, so an older version's
+        # drain sees only the fresh work they could not take (what a drained worker would run).
+        for v in sorted(groups, reverse=self.params.drain_needs_fresh_ahead):
             if view.admissible(v) > 0 or not self.params.concentration:
                 yield from self._pace(view, v, groups[v])
             else:
@@ -83,6 +86,7 @@ class Cadence:
             return
         for w in workers:
             while w.load > 1 and w.headroom < self.floor(w):
+                self.kv_bound.add(w.version)
                 yield Evict(max(w.residents.values(), key=lambda t: t.context).id)
 
     # -- pacing ---------------------------------------------------------------------------------
@@ -154,6 +158,8 @@ class Cadence:
             return  # the gate: a cascade resolves before another begins
         if self.params.drain_needs_fresh_ahead and not _fresh_ahead(view, v):
             return
+        if self.params.concentrate_when_kv_bound and v not in self.kv_bound:
+            return  # KV never bound under v: no displaced tail to concentrate, its workers drain by themselves
         for src in sorted((w for w in workers if w.residents), key=lambda w: (-w.affinity, w.kv_used, w.id)):
             # Work only moves up the affinity order; between equals it consolidates onto fuller workers.
             targets = [w for w in workers if w.affinity < src.affinity
