@@ -183,6 +183,9 @@ class PolicySpec(_Strict):
       (drain only when a newer version has fresh work; only if the targets can take every resident
       of the source at once). The first is on (without it a drained worker has nowhere to go and its
       residents come back: the ablation `cadence-eager-drain` shows the loss), the second off.
+    * concentrate_when_kv_bound: CadenceRL drains a version's workers only once KV has bound under it
+      (a worker shed below its floor): before that there is no displaced tail, and moving work up the
+      affinity order pins the stronger workers to an old version (`cadence-always-concentrate`).
     """
 
     eta: int = Field(default=1, ge=0, le=1000)

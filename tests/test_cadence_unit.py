@@ -109,11 +109,12 @@ def test_concentration_gate_blocks_draining_while_pending_is_not_empty():
 
 
 def test_concentration_drains_the_lowest_affinity_worker_once_pending_is_empty():
+    # the newer version's only worker is full: fresh work waits for a drained worker
     src = worker(0, cap=10_000, affinity=1, residents=[traj(1, 500), traj(2, 700)])
     dst = worker(1, cap=10_000, affinity=0, residents=[traj(3, 500)])
-    newer = worker(2, cap=10_000, affinity=0, version=1)
+    newer = worker(2, cap=10_000, affinity=0, version=1, residents=[traj(40, 8900, version=1)])
     v = view([src, dst, newer], fresh=[traj(50, 20)], trainer_version=1, admitted=150, batch=100, total=400)
-    acts = actions(v)
+    acts = actions(v, concentrate_when_kv_bound=False)
     assert acts[:2] == [Evict(2), Evict(1)]          # the source departs, longest first
     assert Place(2, 1) in acts and Place(1, 1) in acts  # onto the higher-affinity worker
 
@@ -125,7 +126,7 @@ def test_concentration_does_not_drain_when_nothing_newer_awaits():
     acts = actions(view(pool(), fresh=[traj(50, 20)], admitted=200, batch=100, total=400))  # trainer at v0
     assert not any(isinstance(a, Evict) for a in acts)
     acts = actions(view(pool(), fresh=[traj(50, 20)], admitted=200, batch=100, total=400),
-                   drain_needs_fresh_ahead=False)  # the paper's gate alone: pending is empty, so it drains
+                   drain_needs_fresh_ahead=False, concentrate_when_kv_bound=False)  # the paper's gate alone
     assert acts == [Evict(1), Place(1, 1)]
 
 
@@ -133,12 +134,27 @@ def test_whole_source_gate_keeps_a_source_that_the_targets_cannot_absorb():
     def pool():
         return [worker(0, cap=10_000, affinity=1, residents=[traj(1, 5500), traj(2, 500)]),
                 worker(1, cap=10_000, affinity=0, residents=[traj(3, 4000)]),
-                worker(2, cap=10_000, affinity=0, version=1)]
+                worker(2, cap=10_000, affinity=0, version=1, residents=[traj(40, 8900, version=1)])]
     def state():
         return view(pool(), fresh=[traj(50, 20)], trainer_version=1, admitted=150, batch=100, total=400)
-    acts = actions(state())  # paper: drain, place what fits, leave the rest pending
+    acts = actions(state(), concentrate_when_kv_bound=False)  # paper: drain, place what fits, leave the rest pending
     assert acts[:2] == [Evict(1), Evict(2)] and Place(2, 1) in acts and Place(1, 1) not in acts
-    assert not any(isinstance(a, Evict) for a in actions(state(), drain_whole_source=True))
+    acts = actions(state(), drain_whole_source=True, concentrate_when_kv_bound=False)
+    assert not any(isinstance(a, Evict) for a in acts)
+
+
+def test_concentration_waits_until_kv_has_bound_under_the_version():
+    def state(policy):
+        return view([worker(0, cap=10_000, affinity=1, residents=[traj(1, 500), traj(2, 700)]),
+                     worker(1, cap=10_000, affinity=0, residents=[traj(3, 500)]),
+                     worker(2, cap=10_000, affinity=0, version=1, residents=[traj(40, 8900, version=1)])],
+                    policy, fresh=[traj(50, 20)], trainer_version=1, admitted=150, batch=100, total=400)
+    policy = Cadence(PARAMS)
+    assert not any(isinstance(a, Evict) for a in actions(state(policy)))  # never bound: workers drain by themselves
+    crowded = worker(0, cap=10_000, residents=[traj(10, 5000), traj(11, 4500)])  # 500 free < floor 1000
+    actions(view([crowded, worker(1)], policy, fresh=[traj(60, 10)], admitted=100, batch=100, total=300))
+    assert policy.kv_bound == {0}
+    assert actions(state(policy))[:2] == [Evict(2), Evict(1)]  # bound under version 0: its tail concentrates
 
 
 def test_a_drained_worker_joins_an_intermediate_version_holding_weaker_tail_work():
@@ -175,3 +191,12 @@ def test_group_affinity_keeps_a_prompts_samples_together_while_it_can():
     assert first is ws[1]
     assert pick(ws, traj(2, 10, group=7)) is ws[1]          # the sibling follows
     assert pick([ws[0], ws[2]], traj(3, 10, group=7)) is ws[2]  # not a candidate any more: the chooser decides
+
+
+def test_no_drain_while_the_newer_versions_workers_take_the_fresh_work():
+    src = worker(0, cap=10_000, affinity=1, residents=[traj(1, 500), traj(2, 700)])
+    dst = worker(1, cap=10_000, affinity=0, residents=[traj(3, 500)])
+    newer = worker(2, cap=10_000, affinity=0, version=1)  # empty: it admits the fresh work first
+    acts = actions(view([src, dst, newer], fresh=[traj(50, 20)], trainer_version=1, admitted=150, batch=100,
+                        total=400), concentrate_when_kv_bound=False)
+    assert acts == [Admit(2, 50)]

@@ -32,7 +32,8 @@ MIXED_POLICIES = ("misa+cache-aware-tuned", "cache-aware-tuned", "round-robin", 
 
 
 ABLATION_POLICIES = ("cadence", "cadence-no-pacing", "cadence-no-concentration", "cadence-no-affinity",
-                     "cadence-no-kv-prep", "cadence-no-spread", "cadence-eager-drain", "cadence-whole-drain")
+                     "cadence-no-kv-prep", "cadence-no-spread", "cadence-always-concentrate", "cadence-eager-drain",
+                     "cadence-whole-drain")
 GROUPED_BASELINES = ("sync-grouped", "one-off-grouped", "laminar-grouped", "areal-grouped", "least-loaded-grouped")
 STEADY_ITERATIONS = 16  # every run: figures over iterations 2..15 (the first and the last are left out)
 QUICK_BATCH = 512       # --quick: 16 iterations of 512 (8192 trajectories) to stay under 5 minutes

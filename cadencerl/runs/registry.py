@@ -43,6 +43,7 @@ CADENCE_ABLATIONS = {
     "cadence-no-spread": dict(spread_when_underloaded=False),
     "cadence-whole-drain": dict(drain_whole_source=True),
     "cadence-eager-drain": dict(drain_needs_fresh_ahead=False),
+    "cadence-always-concentrate": dict(concentrate_when_kv_bound=False),
 }
 
 FACTORIES: dict[str, Callable[[Scenario], Policy]] = {

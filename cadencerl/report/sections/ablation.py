@@ -14,6 +14,7 @@ WHAT = {
     "cadence-no-affinity": "no prompt affinity (tight fit / spread only)",
     "cadence-no-kv-prep": "every move re-prefills (no KV staging)",
     "cadence-no-spread": "tight fit even when nothing is pending",
+    "cadence-always-concentrate": "drains even where KV never bound under the version",
     "cadence-eager-drain": "the paper's gate alone: drain even with no newer fresh work",
     "cadence-whole-drain": "extra gate: drain only if the targets take every resident at once",
 }
@@ -73,7 +74,7 @@ def ablation(ctx: Report) -> str:
     return "\n".join([
         "## 11. Ablation and grouped baselines\n",
         f"CadenceRL with one mechanism switched off at a time, on {where}; changes are against the full policy "
-        "(first row of each pool). The last two rows are options beyond the paper, measured rather than assumed.\n",
+        "(first row of each pool). The last four rows are options beyond the paper, measured rather than assumed.\n",
         ctx.setup_line(pool_scenario(pools[0], ctx.settings)), "",
         md_table(["pool", "policy", "what is off", "throughput tok/s", "vs cadence", "P95 s", "vs cadence",
                   "P95 from submission s", "non-resident P95", "evictions", "preemptions", "prefix hits"], abl_rows), "",
