@@ -67,14 +67,18 @@ def print_tables(tables: list[Table], to_stderr: bool) -> None:
 
 
 def sensitivity_table(title: str, runs: list[dict], etas: list[int], deltas: list[int]) -> Table:
-    """Throughput / P95 for each (eta, delta) run: eta down the rows, delta across the columns."""
-    table = Table(title=f"{title} throughput tok/s / P95 s by eta (rows) and delta (columns)")
+    """Throughput / P95 for each (eta, delta) run: eta down the rows, delta across the columns; the
+    steady window's figures when every run has one."""
+    steady = all(r.get("steady_window_s") for r in runs)
+    tp, p95 = ("steady_throughput_tok_s", "steady_latency_p95_s") if steady else ("throughput_tok_s", "latency_p95_s")
+    table = Table(title=f"{title} {'steady-window ' if steady else ''}throughput tok/s / P95 s by eta (rows) and "
+                        "delta (columns)")
     table.add_column("eta")
     for d in deltas:
         table.add_column(f"delta {d}", justify="right")
     for eta in etas:
         cells = [next(r for r in runs if r["eta"] == eta and r["delta"] == d) for d in deltas]
-        table.add_row(str(eta), *(f"{r['throughput_tok_s']:,.0f} / {r['latency_p95_s']:.0f}" for r in cells))
+        table.add_row(str(eta), *(f"{r[tp]:,.0f} / {r[p95]:.0f}" for r in cells))
     return table
 
 
