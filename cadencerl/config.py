@@ -157,9 +157,14 @@ class WorkloadSpec(_Shape):
 
 
 class TrainerSpec(_Strict):
+    """`mix`: "target" forms each batch toward the workload's target mix, waiting at most
+    `mix_wait_s` for a short class (core/trainer.py); "completion" takes completion order."""
+
     batch_size: Count
     train_time_s: Seconds = 10.0
     train_time_per_token_s: float = Field(default=0.0, ge=0, le=1.0)
+    mix: Literal["target", "completion"] = "target"
+    mix_wait_s: Seconds = 120.0
 
 
 class PolicySpec(_Strict):
@@ -214,6 +219,10 @@ class Scenario(_Strict):
     trainer: TrainerSpec
     policy: PolicySpec = PolicySpec()
     engine: Literal["vllm-v1"] = "vllm-v1"
+
+    def trainer_mix(self) -> dict[str, float] | None:
+        """The mixture the trainer asks each batch for, or None to take completion order."""
+        return self.workload.target_mix() if self.trainer.mix == "target" else None
 
     @model_validator(mode="after")
     def _check_catalog(self) -> "Scenario":

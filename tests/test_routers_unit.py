@@ -123,41 +123,4 @@ def test_the_controller_hands_the_policys_gate_to_every_view():
     assert p.view.gate is p.policy.misa
     assert pool(LeastLoaded(), [worker(0)]).view.gate is None
 
-
-def test_a_closed_gate_holds_new_sessions_but_never_continuations():
-    # every worker holds INITIAL_CAP (4) sessions and reports a waiting queue, so its cap shrinks
-    # below that: MISA-T admits no new session, the continuation passes
-    back = traj(1, 100)
-    back.home = 0
-    ws = [loaded(0, 4), loaded(1, 4)]
-    for w in ws:
-        w.num_waiting = 1
-    acts = misa_pool(ws, pending=[back], fresh=fresh(2), admitted=9).decide()
-    assert acts == [Place(1, 0)]
-
-
-def test_the_gate_admits_up_to_each_workers_session_cap():
-    acts = misa_pool([loaded(0, 3), loaded(1, 2)], fresh=fresh(5), admitted=5).decide()
-    assert sorted(admits(acts)) == [0, 1, 1]      # caps of 4: one more session on 0, two on 1
-
-
-def test_a_worker_at_its_session_cap_takes_no_new_session_even_when_idle():
-    # worker 0 runs nothing, but 4 sessions homed there wait on tools and it reports pressure
-    idle = worker(0)
-    idle.sessions, idle.num_waiting = 4, 1
-    acts = misa_pool([idle, loaded(1, 2)], fresh=fresh(2), admitted=6, tool_waiting={0: 4}).decide()
-    assert admits(acts) == [1, 1]
-
-
-@pytest.mark.parametrize("preempted", [False, True])
-def test_misa_session_caps_grow_in_slow_start_and_shrink_on_preemption(preempted):
-    misa = MisaT({"rlvr": 1.0})
-    w = loaded(0, 4)                              # its cap of 4 is in use, KV use low
-    misa.observe(pool(LeastLoaded(), [w], admitted=4).view)
-    assert misa.caps[0] == 8                      # slow start doubles
-    if preempted:
-        w.preemptions += 1
-    p = pool(LeastLoaded(), [w], admitted=4)
-    p.now = 1.0
-    misa.observe(p.view)
-    assert misa.caps[0] == (8 * 0.8 if preempted else 8)   # multiplicative decrease; unused cap does not grow
+# the gate's own rules (ramp, pressure, deficits, lending, continuations): tests/test_misa_gate.py

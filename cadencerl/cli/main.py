@@ -2,7 +2,7 @@
 internal failure gets one line saying it is a bug, and exit code 1.
 
 This module only assembles the app: simulator commands come from `sim.py`, real-engine commands
-from `engine.py`, and what they share from `common.py`.
+from `engine.py`, the router service from `router.py`, and what they share from `common.py`.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import typer
 from typer.core import TyperCommand, TyperGroup
 from rich.console import Console
 
-from cadencerl.cli import engine, sim
+from cadencerl.cli import engine, router, sim
 from cadencerl.cli.common import UsageError, guarded
 
 
@@ -55,6 +55,7 @@ def build_app() -> typer.Typer:
     app.add_typer(pool, name="pool")
     app.command("run", cls=Command)(guarded(engine.run))
     app.command("calibrate", cls=Command)(guarded(engine.calibrate))
+    app.command("router", cls=Command)(guarded(router.router))
     return app
 
 

@@ -8,7 +8,6 @@ before the backend sees it, so a buggy policy fails loudly instead of corrupting
 from __future__ import annotations
 
 import math
-
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -19,12 +18,13 @@ from cadencerl.core.credits import CreditModel
 from cadencerl.core.fresh import FreshQueue
 from cadencerl.core.pending import PendingSet
 from cadencerl.core.recorder import Recorder
-from cadencerl.core.trainer import Trainer
+from cadencerl.core.trainer import MixRule, Trainer
 from cadencerl.core.trajectory import State, Trajectory
 from cadencerl.core.view import AdmissionGate, Policy, PoolView, strands_work
+from cadencerl.core.residency import attach, detach, live_worker, retire
 from cadencerl.core.worker import Worker
 
-PUBLISH = "publish"
+PUBLISH, MIX_WAIT = "publish", "mix-wait"   # timer tags: a batch trained; a short class's wait bound ran out
 
 
 class StallError(RuntimeError):
@@ -48,7 +48,7 @@ class Controller:
     def __init__(self, policy: Policy, backend: Backend, workers: list[Worker], trajectories: list[Trajectory],
                  *, batch_size: int, params: PolicySpec, train_time_s: float, train_time_per_token_s: float = 0.0,
                  kv_transfer_time: Callable[[Worker, Worker, Trajectory], float | None] | None = None,
-                 kv_bytes_per_token: float = 0.0, sample_every_s: float = 5.0) -> None:
+                 kv_bytes_per_token: float = 0.0, sample_every_s: float = 5.0, mix: MixRule | None = None) -> None:
         self.policy = policy
         self.gate: AdmissionGate | None = getattr(policy, "gate", None)   # handed to every view
         self.backend = backend
@@ -58,7 +58,7 @@ class Controller:
         self.pending = PendingSet()
         self.params = params
         self.credits = CreditModel(batch_size, params.eta, len(trajectories))
-        self.trainer = Trainer(self.credits, train_time_s, train_time_per_token_s)
+        self.trainer = Trainer(self.credits, train_time_s, train_time_per_token_s, mix=mix)
         self.kv_transfer_time = kv_transfer_time
         self.kv_bytes_per_token = kv_bytes_per_token
         self.counters = Counters()
@@ -120,8 +120,7 @@ class Controller:
         return self.done == len(self.trajectories) and self.trainer.all_consumed
 
     def _stalled(self) -> None:
-        raise StallError(
-            f"policy {self.policy.name!r} stalled at t={self.now:.1f}s: {len(self.fresh)} fresh, "
+        raise StallError(f"policy {self.policy.name!r} stalled at t={self.now:.1f}s: {len(self.fresh)} fresh, "
             f"{len(self.pending)} pending, {self.done}/{len(self.trajectories)} done, trainer at version "
             f"{self.trainer.version}, worker versions {sorted({w.version for w in self.workers})}; knobs eta "
             f"{self.params.eta}, delta {self.params.delta} tokens, largest worker KV "
@@ -147,8 +146,9 @@ class Controller:
             traj.departed_at = ev.time
             self.pending.add(traj)
             return False
-        if isinstance(ev, Timer) and ev.tag == PUBLISH:
-            self.trainer.publish(ev.time)
+        if isinstance(ev, Timer) and ev.tag in (PUBLISH, MIX_WAIT):
+            if ev.tag == PUBLISH:
+                self.trainer.publish(ev.time)
             self._maybe_train(ev.time)
             return True
         if isinstance(ev, WorkerLost):
@@ -195,9 +195,7 @@ class Controller:
             raise ActionError(f"unknown action {action!r}")
 
     def _worker(self, wid: int) -> Worker:
-        if not 0 <= wid < len(self.workers) or not self.workers[wid].alive:
-            raise ActionError(f"worker {wid} does not exist or is lost")
-        return self.workers[wid]
+        return live_worker(self.workers, wid)
 
     def _check_fits(self, w: Worker, traj: Trajectory) -> None:
         """No placement exceeds KV capacity. A router may queue work at an engine (vLLM's waiting
@@ -255,17 +253,7 @@ class Controller:
         self._attach(traj, w, restore, delay, now)
 
     def _attach(self, traj: Trajectory, w: Worker, restore: Restore, delay: float, now: float) -> None:
-        traj.state = State.RESIDENT
-        traj.worker = w.id
-        traj.placed_at = now
-        traj.placements += 1
-        if traj.home != w.id:
-            if traj.home is not None:
-                self.workers[traj.home].sessions -= 1
-            traj.home = w.id
-            w.sessions += 1
-        w.residents[traj.id] = traj
-        w.kv_used += traj.context
+        attach(traj, w, self.workers, now)
         self.backend.place(traj, w.id, restore, delay)
 
     def _evict(self, a: Evict, now: float) -> None:
@@ -281,12 +269,7 @@ class Controller:
         self.pending.add(traj)
 
     def _leave_worker(self, traj: Trajectory, now: float, freed: int | None = None) -> None:
-        w = self.workers[traj.worker]
-        del w.residents[traj.id]
-        w.kv_used -= traj.context if freed is None else freed
-        traj.resident_time += now - traj.placed_at
-        traj.kv_home = w.id
-        traj.worker = None
+        detach(traj, self.workers, now, freed)
 
     def _advance(self, a: Advance) -> None:
         w = self._worker(a.worker)
@@ -350,11 +333,7 @@ class Controller:
         if traj.state is not State.RESIDENT:
             raise AssertionError(f"trajectory {traj.id} finished twice or while {traj.state.value}")
         self._leave_worker(traj, now)
-        self.workers[traj.home].sessions -= 1
-        traj.home = None
-        self.active_by_class[traj.workload_class] -= 1
-        traj.state = State.DONE
-        traj.completed_at = now
+        retire(traj, self.workers, self.active_by_class, now)
         self.done += 1
         self.trainer.finished(traj)
         self._maybe_train(now)
@@ -365,6 +344,8 @@ class Controller:
         publish_at = self.trainer.try_start(now)
         if publish_at is not None:
             self.backend.schedule(publish_at, PUBLISH)
+        elif (wake := self.trainer.wake_request(now)) is not None:   # a short class: form it at the bound
+            self.backend.schedule(wake, MIX_WAIT)
 
     def _lose_worker(self, wid: int, now: float) -> None:
         w = self.workers[wid]

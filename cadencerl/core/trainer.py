@@ -6,6 +6,13 @@ tagged <= t still unconsumed fit in the batches k+1..t+eta that remain for them.
 trainer waits for stragglers: so no sample is ever consumed more than eta versions after the
 version it started under, whatever order trajectories finish in. Training takes a fixed time (plus an optional per-token
 time), then version k+1 is published.
+
+With a mix rule (`MixRule`: a target mix and a wait bound) the batch asks for that mixture (`core/mix.py`): the trajectories due now
+(staleness first), then each class up to its target count, oldest tag first. When a class is short
+the trainer waits for it, at most the rule's `wait_s` from the moment the batch could have formed by
+count; then it takes what is there, fills the missing places from the other classes' oldest
+completions, and counts them (`mix_shortfall`, and `mix_short_batches`). If the mixed batch would
+strand a straggler, the batch falls back to oldest tag first.
 """
 
 from __future__ import annotations
@@ -14,6 +21,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from cadencerl.core.credits import CreditModel
+from cadencerl.core.mix import MixRule, compose
 from cadencerl.core.trajectory import Trajectory
 
 
@@ -42,6 +50,11 @@ class Trainer:
     publish_times: list[float] = field(default_factory=list)
     batch_tokens: list[int] = field(default_factory=list)
     batch_classes: list[Counter] = field(default_factory=list)   # workload classes of each batch
+    mix: MixRule | None = None        # None: batches form in completion order
+    ready_since: float | None = None  # the next batch could have formed by count since then
+    mix_shortfall: int = 0            # samples substituted because their class was short at the bound
+    mix_short_batches: int = 0
+    _wake_sent: float | None = None
     batches: list[TrainingBatch] = field(default_factory=list)   # every batch formed, in order
 
     @property
@@ -65,38 +78,64 @@ class Trainer:
         self.completed.setdefault(traj.tag, []).append(traj)
         self.completed_count += 1
 
-    def _take(self) -> Counter | None:
-        """How many of each tag the next batch takes (oldest tag first), or None if forming it
-        now could strand a straggler."""
+    def _take(self, now: float) -> list[Trajectory] | None:
+        """The trajectories of the next batch, or None to wait (too few completed, a short class
+        within the wait bound, or a batch that would strand a straggler)."""
         n = min(self.batch_size, self.total - self.consumed)
         if n == 0 or self.completed_count < n:
             return None
-        taken: Counter = Counter()
-        for tag in sorted(self.completed):
-            k = min(n, len(self.completed[tag]))
-            taken[tag] = k
-            n -= k
-            if n == 0:
-                break
-        # after this batch the next one is k+1: every constraint must still hold then
-        if self.credits.room(min(self.credits.outstanding_by_tag), self.next_batch + 1, taken) < 0:
+        if self.ready_since is None:
+            self.ready_since = now
+        oldest = [t for tag in sorted(self.completed) for t in self.completed[tag]][:n]
+        batch = oldest
+        if self.mix is not None:
+            waited = now - self.ready_since >= self.mix.wait_s
+            picked = compose(self.completed, n, self.mix.target, self.next_batch - self.eta, fill=waited)
+            if picked is None:
+                return None
+            batch, short = picked
+            if not self._keeps_bound(batch):
+                batch, short = oldest, 0
+            if short and batch is not oldest:
+                self.mix_shortfall += short
+                self.mix_short_batches += 1
+        return batch if self._keeps_bound(batch) else None
+
+    def _keeps_bound(self, batch: list[Trajectory]) -> bool:
+        """After this batch the next one is k+1: every staleness constraint must still hold then."""
+        taken = Counter(t.tag for t in batch)
+        return self.credits.room(min(self.credits.outstanding_by_tag), self.next_batch + 1, taken) >= 0
+
+    @property
+    def wake_at(self) -> float | None:
+        """When a batch held back for a short class must be formed anyway (None: not waiting)."""
+        if self.mix is None or self.ready_since is None or self.busy_until is not None:
             return None
-        return taken
+        return self.ready_since + self.mix.wait_s
+
+    def wake_request(self, now: float) -> float | None:
+        """`wake_at` once per wait, if still ahead: the time to call `try_start` again."""
+        wake = self.wake_at
+        if wake is None or wake <= now or wake == self._wake_sent:
+            return None
+        self._wake_sent = wake
+        return wake
 
     def try_start(self, now: float) -> float | None:
         """Start training if a batch is ready; returns the publish time."""
         if self.busy_until is not None:
             return None
-        taken = self._take()
-        if taken is None:
+        batch = self._take(now)
+        if batch is None:
             return None
         k = self.next_batch
-        batch: list[Trajectory] = []
-        for tag, count in taken.items():
-            bucket = self.completed[tag]
-            batch += bucket[:count]
-            del bucket[:count]
-            if not bucket:
+        self.ready_since = None
+        ids = {t.id for t in batch}
+        for tag in {t.tag for t in batch}:
+            kept = [t for t in self.completed[tag] if t.id not in ids]
+            if kept:
+                self.completed[tag] = kept
+            else:
                 del self.completed[tag]
         self.completed_count -= len(batch)
         tokens = 0

@@ -172,6 +172,14 @@ MODELS: dict[str, Model] = {
         Model("Qwen3-32B", 64, 5120, 64, 8, 128, 32.8e9, 32.8e9, sources={"*": _QWEN}),
         Model("Qwen3-30B-A3B", 48, 2048, 32, 4, 128, 30.5e9, 3.3e9, experts=128, experts_per_token=8,
               sources={"*": _QWEN + "; 128 experts, top-8"}),
+        # A large-active-parameter MoE of the MISA-T paper's Step3.7 / Qwen3.6-35B-A3B runs' class
+        # (Step3: 321B total / 38B active): re-prefill and decode cost what 22B active params cost.
+        Model("Qwen3-235B-A22B", 94, 4096, 64, 4, 128, 235e9, 22e9, experts=128, experts_per_token=8,
+              sources={"*": "Qwen/Qwen3-235B-A22B config.json on the Hugging Face hub (num_hidden_layers 94, "
+                            "hidden_size 4096, num_attention_heads 64, num_key_value_heads 4, head_dim 128, "
+                            "num_experts 128, num_experts_per_tok 8); the same in Ascend/MindSpeed-RL "
+                            "configs/model/qwen3_235b_a22b.yaml; 235B total / 22B active from the model name "
+                            "and card"}),
     ]
 }
 

@@ -27,7 +27,7 @@ COMPOSITIONS = (  # (from pool, to pool, what the added devices are)
     ("16a8h", "16a16b8h", "cost-efficient"), ("16b8h", "16a16b8h", "cost-efficient"),
 )
 PAPER_NON_RESIDENT_P95 = {"32a": 0.399, "32b": 0.809, "16a16b8h": 0.403}  # 2nd-hand, shared/reference/hardware.md
-MIXED_SCENARIOS = ("mixed-h200", "mixed-h100", "mixed-16a8h")  # section 10 (MISA-T); --quick runs the first
+MIXED_SCENARIOS = ("mixed-h200", "mixed-h100", "mixed-16a8h", "mixed-h200-235b")  # section 10 (MISA-T); --quick runs the first
 MIXED_POLICIES = ("misa+cache-aware-tuned", "cache-aware-tuned", "round-robin", "least-loaded-router")
 
 

@@ -198,3 +198,25 @@ def bound_scatter(path: Path, runs: list[dict]) -> Path:
     ax.grid(alpha=0.3)
     ax.legend(title="policy (one point per pool)", fontsize=8)
     return _save(fig, path)
+
+
+def mixture_over_batches(path: Path, batch_mix: dict[str, list[dict]], target: dict[str, float]) -> Path:
+    """One panel per policy: each consumed batch's class shares over iterations (solid), and the
+    trainer's target share of each class (dashed)."""
+    policies = list(batch_mix)
+    fig, axes = plt.subplots(len(policies), 1, figsize=(8, 2.6 * len(policies) + 0.6), sharex=True, squeeze=False)
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for ax, p in zip(axes[:, 0], policies):
+        batches = batch_mix[p]
+        xs = list(range(len(batches)))
+        for i, (cls, share) in enumerate(target.items()):
+            ys = [100 * b.get(cls, 0) / max(1, sum(b.values())) for b in batches]
+            c = colors[i % len(colors)]
+            ax.plot(xs, ys, marker=".", color=c, label=f"{cls} (batch)")
+            ax.axhline(100 * share, color=c, linestyle="--", linewidth=1, label=f"{cls} target")
+        ax.set_title(p, fontsize=10)
+        ax.set_ylabel("share of batch (%)")
+        ax.grid(alpha=0.3)
+    axes[-1, 0].set_xlabel("consumed batch (training iteration)")
+    axes[0, 0].legend(fontsize=7, ncol=len(target), loc="upper right")
+    return _save(fig, path)

@@ -1,29 +1,43 @@
 """MISA-T: admission for mixed RLVR / RLHF / agentic rollouts, in front of any placement policy.
 
-Three mechanisms (MISA-T abstract; reference/hardware.md):
+Three mechanisms (MISA-T abstract; reference/hardware.md), every figure observable:
 
-* Adaptive session admission. Each worker has a cap on concurrently admitted sessions (a session
-  is admitted until it finishes: while it decodes, and while it waits on a tool with its prefix
-  cached). The cap adapts to the KV pressure the engine reports: multiplicative decrease when the
-  worker preempted since the last look, has a waiting queue, or uses more than `high` of its KV;
-  increase when it uses less than `low`: doubling until the first sign of pressure (slow start,
-  from `INITIAL_CAP`), one session at a time after it. New sessions beyond the cap wait in HOLD and
-  retry; continuations of admitted sessions always pass (the gate never sees them).
+* Adaptive session admission, ramped from measured capacity. A worker's cap on concurrently
+  admitted sessions (admitted until it finishes: while it decodes, and while it waits on a tool
+  with its prefix cached) is its KV budget over the KV a session holds on average, weighted by
+  block-time (a class whose sessions stay longer holds its share longer):
+      cap_w = scale_w * HIGH * K_w * sum_c m_c d_c / sum_c m_c d_c f_c
+  with m the trainer's target mix, f_c a session's mean footprint and d_c its time from admission
+  to completion, both learned from completed sessions (`misa_learn.py`). `scale_w` corrects the
+  estimate from the pressure the engine reports, counting KV held across tool waits: it shrinks
+  by DECREASE on a preemption, a waiting queue or use above HIGH, and moves use toward TARGET
+  (at most 1/DECREASE a look) when the cap is in use and use is below LOW, but only once every
+  class has finished WARMUP sessions: KV use lags admissions by a session's lifetime, so before
+  the capacity is measured the cap only shrinks. No slow start: the first cap is INITIAL_SCALE of
+  the capacity estimate, whose footprints are at least what running sessions already hold.
 * Workload-aware KV-capacity allocation. Class c gets a protected KV quota
-      Q_c = K * m_c * BT_c / sum_j m_j * BT_j
-  from the trainer's target mix m and the measured block-time BT of a session of each class, so
-  that the KV splits in proportion to what each class needs to deliver its share of samples. Its
-  session cap is Q_c / f_c, with f_c a session's mean KV footprint. Quota a class leaves unused
-  while it has nothing waiting is lent to the others (work conserving).
-* Residency-time-aware accounting. A session's demand is block-time, KV x residency time, and its
-  residency includes tool gaps; from observable figures only: its mean context ((prompt + final)
-  / 2) times its time from admission to completion.
+      Q_c = K * m_c BT_c / sum_j m_j BT_j,    BT_c = f_c d_c (block-time of one session)
+  and a session cap Q_c / f_c, also bounded by its Little's-law share of the pool's session caps.
+  Quota a class leaves unused is lent to the others (work conserving: a short class's small cap
+  must not idle the pool when credits open after a publish); a class under its own quota always
+  passes, so what was lent comes back as the borrowers finish.
+* Mixture fidelity: the next session admitted is of the waiting, open class furthest below its
+  share of the current version's cohort (what the trainer version admits; under the staleness
+  bound a cohort is consumed by the next eta+1 batches, so each cohort must hold the target mix),
+  where each class's share is moved ahead by the sessions the pool admits while one of its
+  sessions runs longer than the mix's mean (rate x (d_c - mean d)), fading to zero as the cohort
+  fills: slow agentic sessions start first in their cohort, early enough to land in the batch
+  that wants them, and the cohort still ends on the target. A class more than MAX_AHEAD of a
+  batch ahead of its share waits (some waiting class is always at or below its share, so this
+  never stalls).
 
-Where the paper is silent (choices, documented and tested): the AIMD constants below, K = `high`
-times the pool's KV, an EWMA of the footprints once a class has `WARMUP` completions (before that
-the prompt length plus one mean reply of the pool so far), caps clamped to
-[1, `MAX_CAP_FACTOR` x max_num_seqs] per worker, and a class's cap also bounded by its quota share
-of the pool's session caps, so one class cannot take every worker's slots.
+In front of a placement policy that never over-commits KV (CadenceRL), full KV is that policy's
+packing, not pressure: only preemptions and engine queues shrink the caps there.
+
+Continuations of admitted sessions always pass. In front of a router, a continuation returns to
+the worker holding its prefix unless that worker is overloaded (then the router places it).
+Where the paper is silent (choices, documented and tested): the constants below and K = HIGH times
+the pool's KV.
 """
 
 from __future__ import annotations
@@ -31,35 +45,19 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from cadencerl.core.actions import Action, Admit
-from cadencerl.core.trajectory import State, Trajectory
+from cadencerl.core.actions import Action, Admit, Place
+from cadencerl.core.trajectory import Trajectory
 from cadencerl.core.view import AdmissionGate, Policy, PoolView
 from cadencerl.core.worker import Worker
+from cadencerl.routing.misa_learn import Learner
 
-HIGH, LOW = 0.90, 0.70          # KV use bands for decrease / increase
-DECREASE, INCREASE = 0.8, 1.0   # multiplicative decrease, additive increase (sessions)
+HIGH, LOW, TARGET = 0.90, 0.70, 0.80   # KV use bands: decrease above HIGH, grow toward TARGET below LOW
+DECREASE = 0.8                        # multiplicative decrease; its inverse bounds one growth step
+MIN_SCALE, MAX_SCALE = 0.05, 4.0
+INITIAL_SCALE = 0.5                   # of the first (unmeasured) capacity estimate
 ADAPT_EVERY_S = 1.0
-WARMUP = 8
-EWMA = 0.1
-MAX_CAP_FACTOR = 4
-INITIAL_CAP = 4
-
-
-@dataclass
-class ClassStats:
-    footprint: float = 0.0      # mean KV tokens a session holds over its residency
-    duration: float = 0.0       # seconds from admission to completion
-    completed: int = 0
-
-    def observe(self, footprint: float, duration: float) -> None:
-        if self.completed < WARMUP:
-            n = self.completed
-            self.footprint = (self.footprint * n + footprint) / (n + 1)
-            self.duration = (self.duration * n + duration) / (n + 1)
-        else:
-            self.footprint += EWMA * (footprint - self.footprint)
-            self.duration += EWMA * (duration - self.duration)
-        self.completed += 1
+MAX_CAP_FACTOR = 4                    # a worker's cap never exceeds this times its max_num_seqs
+MAX_AHEAD = 0.02                      # of a batch: how far a class may run ahead of its share
 
 
 @dataclass
@@ -68,101 +66,139 @@ class MisaT:
 
     target_mix: dict[str, float]
     caps: dict[int, float] = field(default_factory=dict)
+    scale: dict[int, float] = field(default_factory=dict)
     last_preemptions: dict[int, int] = field(default_factory=dict)
-    stats: dict[str, ClassStats] = field(default_factory=dict)
     class_caps: dict[str, int] = field(default_factory=dict)
-    slow_start: dict[int, bool] = field(default_factory=dict)
     admitted: dict[str, int] = field(default_factory=dict)     # sessions admitted so far, per class
+    cohorts: dict[int, dict[str, int]] = field(default_factory=dict)   # per policy version, per class
+    learner: Learner = field(default_factory=Learner)
+    kv_is_pressure: bool = True   # False in front of a policy that never over-commits KV (see Admitted)
     _next_adapt: float = 0.0
-    _tracked: dict[int, Trajectory] = field(default_factory=dict)   # admitted, unfinished sessions
 
     # -- observation ------------------------------------------------------------------------------
 
     def observe(self, view: PoolView) -> None:
         for w in view.alive():
-            if w.id not in self.caps:
-                self.caps[w.id] = float(INITIAL_CAP)
-                self.slow_start[w.id] = True
+            if w.id not in self.scale:
+                self.scale[w.id] = INITIAL_SCALE
                 self.last_preemptions[w.id] = w.preemptions
-        if view.now >= self._next_adapt:
-            self._next_adapt = view.now + ADAPT_EVERY_S
-            self._learn_footprints()
-            for w in view.alive():
-                self._adapt(w)
-            self._allocate(view)
-        elif not self.class_caps:
-            self._allocate(view)
+        if view.now < self._next_adapt and self.class_caps:
+            return
+        self._next_adapt = view.now + ADAPT_EVERY_S
+        self.learner.learn(view.now)
+        held = self.learner.held_off_engine()
+        per_session = self._session_kv(view)
+        measured = self.learner.all_warm(self.target_mix)
+        for w in view.alive():
+            self._adapt(w, held.get(w.id, 0), measured)
+            cap = self.scale[w.id] * HIGH * w.kv_capacity / per_session
+            self.caps[w.id] = min(max(cap, 1.0), MAX_CAP_FACTOR * w.max_num_seqs)
+        self._allocate(view)
 
     def admitted_session(self, traj: Trajectory) -> None:
-        """A new session passed the gate: count it, and learn its footprint when it finishes."""
-        self._tracked[traj.id] = traj
-        cls = traj.workload_class
-        self.admitted[cls] = self.admitted.get(cls, 0) + 1
+        """A new session passed the gate: count it, and learn its figures when it finishes."""
+        self.learner.track(traj)
+        self.record(traj.workload_class, traj.tag if traj.tag is not None else 0)
 
-    def _adapt(self, w: Worker) -> None:
-        """AIMD on the pressure the engine reports."""
+    def record(self, cls: str, version: int) -> None:
+        """Count one admission of class `cls` under policy version `version`."""
+        self.admitted[cls] = self.admitted.get(cls, 0) + 1
+        cohort = self.cohorts.setdefault(version, {})
+        cohort[cls] = cohort.get(cls, 0) + 1
+        for old in [v for v in self.cohorts if v < version - 4]:
+            del self.cohorts[old]
+
+    def _adapt(self, w: Worker, held: int, measured: bool) -> None:
+        """Correct the capacity estimate from the pressure the engine reports (tool-held KV included)."""
         preempted = w.preemptions > self.last_preemptions[w.id]
         self.last_preemptions[w.id] = w.preemptions
-        use = w.engine_kv / w.kv_capacity
-        cap = self.caps[w.id]
+        use = (w.engine_kv + held) / w.kv_capacity if self.kv_is_pressure else 0.0
+        s = self.scale[w.id]
         if preempted or w.num_waiting > 0 or use > HIGH:
-            cap *= DECREASE
-            self.slow_start[w.id] = False
-        elif use < LOW and w.sessions >= int(cap):  # grow only a cap that is in use
-            cap = cap * 2 if self.slow_start[w.id] else cap + INCREASE
-        self.caps[w.id] = min(max(cap, 1.0), MAX_CAP_FACTOR * w.max_num_seqs)
+            s *= DECREASE
+        elif measured and use < LOW and w.id in self.caps and w.sessions >= int(self.caps[w.id]):
+            s *= min(1.0 / DECREASE, TARGET / use) if use > 0 else 1.0 / DECREASE
+        self.scale[w.id] = min(max(s, MIN_SCALE), MAX_SCALE)
 
-    def _learn_footprints(self) -> None:
-        for tid, traj in list(self._tracked.items()):
-            if traj.state is State.DONE:
-                del self._tracked[tid]
-                duration = max(traj.completed_at - traj.admitted_at, 1e-6)
-                footprint = (traj.prompt_len + traj.context) / 2
-                self.stats.setdefault(traj.workload_class, ClassStats()).observe(footprint, duration)
+    def _figures(self, view: PoolView) -> tuple[dict[str, float], dict[str, float]]:
+        """Each class's footprint and duration (1 s for all until every class has learned one)."""
+        footprint = {}
+        for cls in self.target_mix:
+            head = view.fresh.peek({cls})
+            footprint[cls] = self.learner.footprint(cls, head.prompt_len if head else None)
+        durations = {c: self.learner.duration(c) for c in self.target_mix}
+        if any(d is None for d in durations.values()):
+            durations = {c: 1.0 for c in self.target_mix}
+        return footprint, durations
+
+    def _session_kv(self, view: PoolView) -> float:
+        """KV tokens an admitted session holds on average, weighted by how long each class holds it."""
+        f, d = self._figures(view)
+        weight = sum(m * d[c] for c, m in self.target_mix.items()) or 1.0
+        return max(1.0, sum(m * d[c] * f[c] for c, m in self.target_mix.items()) / weight)
 
     def _allocate(self, view: PoolView) -> None:
-        """Per-class session caps from the KV quotas (work conserving)."""
+        """Per-class session caps from the block-time KV quotas."""
         k = HIGH * sum(w.kv_capacity for w in view.alive())
-        prior_reply = _mean([s.footprint for s in self.stats.values() if s.completed]) or 1024.0
-        demand = {}
-        footprint = {}
-        for cls, m in self.target_mix.items():
-            st = self.stats.get(cls)
-            if st and st.completed >= WARMUP:
-                footprint[cls], duration = st.footprint, st.duration
-            else:
-                head = view.fresh.peek({cls})
-                footprint[cls] = (head.prompt_len if head else 512) + prior_reply
-                duration = 1.0
-            demand[cls] = m * footprint[cls] * duration
+        f, d = self._figures(view)
+        demand = {c: m * f[c] * d[c] for c, m in self.target_mix.items()}
         total = sum(demand.values()) or 1.0
         slots = sum(int(self.caps.get(w.id, 1)) for w in view.alive())
+        residency = {c: m * d[c] for c, m in self.target_mix.items()}
+        share = sum(residency.values()) or 1.0
         self.class_caps = {}
         for c in demand:
             quota = k * demand[c] / total                      # KV tokens protected for class c
-            by_kv = quota / footprint[c]
-            by_slots = slots * quota / k                        # its share of the session caps
-            self.class_caps[c] = max(1, int(min(by_kv, by_slots)))
+            # its sessions: the quota over a footprint, and its Little's-law share of the pool's caps
+            self.class_caps[c] = max(1, int(min(quota / f[c], slots * residency[c] / share)))
 
     # -- the gate ---------------------------------------------------------------------------------
 
+    def deficits(self, waiting: list[str], horizon: float, counts: dict[str, int]) -> dict[str, float]:
+        """Sessions each waiting class is behind its share of the cohort admitted so far (`counts`),
+        its share moved ahead by its expected completion time against the mix's mean: the lead is
+        at most `horizon` sessions (the cohort a version admits: about a batch) and shrinks to zero
+        as the cohort fills, so a cohort ends on the target mix with its slow sessions started first."""
+        mix = {c: self.target_mix.get(c, 0.0) for c in waiting}
+        norm = sum(mix.values()) or 1.0
+        mix = {c: m / norm for c, m in mix.items()}
+        done = sum(counts.get(c, 0) for c in waiting) + 1
+        durations = {c: self.learner.duration(c) for c in waiting}
+        lead = {c: 0.0 for c in waiting}
+        if all(d is not None for d in durations.values()):
+            mean = sum(mix[c] * durations[c] for c in waiting)
+            fade = max(0.0, 1.0 - done / horizon) if horizon > 0 else 0.0
+            lead = {c: fade * max(-horizon, min(horizon, self.learner.rate * (durations[c] - mean))) for c in waiting}
+            shift = sum(mix[c] * lead[c] for c in waiting)    # re-centred after clipping: the deficits
+            lead = {c: x - shift for c, x in lead.items()}     # sum to 1, so some class is always behind
+        return {c: mix[c] * (done + lead[c]) - counts.get(c, 0) for c in waiting}
+
     def open_classes(self, view: PoolView) -> set[str]:
-        """The class to admit next: among those under their cap (plus quota lent by classes with
-        nothing waiting), the one furthest below its target share of admissions so far."""
+        """The class to admit next: among waiting classes under their cap (plus the quota the other
+        classes leave unused, lent) and not too far ahead, the one furthest behind."""
         active = view.active_by_class
-        waiting = set(view.fresh.classes())
-        spare = sum(max(0, cap - active.get(c, 0)) for c, cap in self.class_caps.items() if c not in waiting)
-        open_ = [c for c in waiting if active.get(c, 0) < self.class_caps.get(c, 1) + spare]
+        waiting = view.fresh.classes()
+        unused = {c: max(0, cap - active.get(c, 0)) for c, cap in self.class_caps.items()}
+        deficit = self.deficits(waiting, view.credits.batch_size, self.cohorts.get(view.trainer_version, {}))
+        bound = MAX_AHEAD * view.credits.batch_size
+        spare = sum(unused.values())
+        open_ = [c for c in waiting if active.get(c, 0) < self.class_caps.get(c, 1) + spare - unused.get(c, 0)
+                 and deficit[c] > -bound]
         if not open_:
             return set()
-        total = sum(self.admitted.values()) + 1
-        return {max(open_, key=lambda c: (self.target_mix.get(c, 0.0) - self.admitted.get(c, 0) / total, c))}
+        return {max(open_, key=lambda c: (deficit[c], c))}
 
     def accepts(self, w: Worker) -> bool:
         return w.sessions < int(self.caps.get(w.id, 1))
 
     def remaining(self, view: PoolView) -> int:
         return sum(max(0, int(self.caps[w.id]) - w.sessions) for w in view.alive() if w.id in self.caps)
+
+
+def overloaded(w: Worker, extra: int) -> bool:
+    """Is `w` too loaded to take back a continuation of `extra` tokens? (its engine queues, or its
+    committed KV would pass HIGH)"""
+    return w.num_waiting > 0 or w.kv_used + extra > HIGH * w.kv_capacity
 
 
 class Admitted:
@@ -177,14 +213,26 @@ class Admitted:
         self.name = f"misa+{inner.name}"
         self.kv_transfer = inner.kv_transfer
         self.queues_at_engine = getattr(inner, "queues_at_engine", False)
+        # A placement policy that never over-commits KV (CadenceRL packs it and evicts to its pending
+        # set) keeps it full on purpose: there only preemptions and engine queues are pressure, and
+        # the caps step aside when there is none.
+        misa.kv_is_pressure = self.queues_at_engine
 
     def decide(self, view: PoolView) -> Iterator[Action]:
         self.misa.observe(view)
+        if self.queues_at_engine:
+            yield from keep_home(view)
         for action in self.inner.decide(view):
             yield action
             if isinstance(action, Admit):  # applied by now
                 self.misa.admitted_session(view.workers[action.worker].residents[action.traj])
 
 
-def _mean(values: list[float]) -> float:
-    return sum(values) / len(values) if values else 0.0
+def keep_home(view: PoolView) -> Iterator[Action]:
+    """A router's continuations go back to the worker holding their prefix unless it is overloaded
+    (the router's balance rule would otherwise move them and lose it)."""
+    for v in view.pending.versions():
+        for traj in sorted(view.pending.at(v), key=lambda t: (t.departed_at, t.id)):
+            home = view.workers[traj.home] if traj.home is not None else None
+            if home is not None and home.alive and home.version == v and not overloaded(home, traj.context):
+                yield Place(traj.id, home.id)

@@ -25,13 +25,13 @@ class PrefixTree:
 
     def matched(self, worker: int, group: int, traj: int, prompt_len: int, context: int) -> int:
         """Tokens of this request's prefix the router believes `worker` holds."""
-        t = self.tenants[worker]
+        t = self._tenant(worker)
         if group not in t.prompts:
             return 0
         return prompt_len + min(t.histories.get(traj, 0), context - prompt_len)
 
     def insert(self, worker: int, group: int, traj: int, prompt_len: int, context: int) -> None:
-        t = self.tenants[worker]
+        t = self._tenant(worker)
         if group in t.prompts:
             t.prompts.move_to_end(group)
         else:
@@ -41,6 +41,12 @@ class PrefixTree:
         old = t.histories.pop(traj, 0)
         t.size += hist - old
         t.histories[traj] = hist
+
+    def _tenant(self, worker: int) -> Tenant:
+        """A live router may add workers after the tree was made: their tenants start empty."""
+        while worker >= len(self.tenants):
+            self.tenants.append(Tenant())
+        return self.tenants[worker]
 
     def evict(self, max_size: int) -> None:
         """The periodic eviction: LRU leaves of every tenant over `max_size` tokens."""

@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass
 from cadencerl.runs.bounds import add_bounds
 from cadencerl.config import ConfigError, Scenario
 from cadencerl.core.controller import Controller
+from cadencerl.core.mix import MixRule
 from cadencerl.core.view import Policy
 from cadencerl.core.trajectory import Trajectory
 from cadencerl.core.worker import Worker
@@ -124,6 +125,7 @@ def assemble(scenario: Scenario, policy: Policy, urls: Sequence[str], specs: lis
     ctl = Controller(policy, backend, workers, [Trajectory(s) for s in specs], batch_size=trainer.batch_size,
                      params=scenario.policy, train_time_s=trainer.train_time_s,
                      train_time_per_token_s=trainer.train_time_per_token_s, kv_transfer_time=None,
+                     mix=MixRule.maybe(scenario.trainer_mix(), trainer.mix_wait_s),
                      kv_bytes_per_token=catalog.model(scenario.model).kv_bytes_per_token)
     return RealRun(scenario, ctl, backend, specs, workers, perfs, labels, key, time.perf_counter() - started)
 

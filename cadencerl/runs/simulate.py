@@ -7,6 +7,7 @@ from collections.abc import Callable
 
 from cadencerl.config import Scenario
 from cadencerl.core.controller import Controller
+from cadencerl.core.mix import MixRule
 from cadencerl.core.trajectory import Trajectory
 from cadencerl.core.view import Policy
 from cadencerl.core.worker import Worker
@@ -46,6 +47,7 @@ def simulate(scenario: Scenario, policy: Policy, *, exact: bool = False,
     ctl = Controller(policy, backend, workers, trajectories, batch_size=scenario.trainer.batch_size,
                      params=scenario.policy, train_time_s=scenario.trainer.train_time_s,
                      train_time_per_token_s=scenario.trainer.train_time_per_token_s,
+                     mix=MixRule.maybe(scenario.trainer_mix(), scenario.trainer.mix_wait_s),
                      kv_transfer_time=None if kv is None else lambda src, dst, traj: kv.fetch(
                          traj.id, src, dst, traj.context, backend.now(),
                          backend.engines[dst.id].reprefill_estimate(traj.context)),

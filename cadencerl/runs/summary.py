@@ -116,6 +116,8 @@ def summarize(scenario_name: str, policy_name: str, ctl: Controller, engines: Se
         "mixture_dtv_steady_pp": (mixture_dtv_pp(ctl.trainer.batch_classes[1:-1], target_mix or {})
                                   if len(ctl.trainer.batch_classes) > 2 else None),
         "batch_mix": [dict(b) for b in ctl.trainer.batch_classes],
+        "mixture_shortfall": ctl.trainer.mix_shortfall,
+        "mixture_short_batches": ctl.trainer.mix_short_batches,
         "per_class": per_class(trajs, engines, makespan, ctl.trainer.batch_classes),
         "context_timeline": context_timeline,
         "longest_trajectory": max(trajs, key=lambda t: t.tokens).id if trajs else None,

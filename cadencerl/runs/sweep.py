@@ -3,6 +3,10 @@
 The best setting per scenario (highest throughput) is cached on disk, keyed by the scenario's
 content, so `cache-aware-tuned` is the sweep-tuned router the MISA-T paper compares against.
 Tuning runs use at most `TUNE_TRAJECTORIES` trajectories of the scenario to stay quick.
+
+The grid holds both of vllm-router's documented defaults, which disagree (reference/routers.md):
+its CLI parser's 0.3 / 64 / 1.5 (what `cache-aware` runs untuned, and where a user starts) and its
+load-balancing docs' 0.5 / 32 / 1.1.
 """
 
 from __future__ import annotations
@@ -21,8 +25,10 @@ from cadencerl.routing.routers import CacheAware
 from cadencerl.runs.outputs import write_atomic
 from cadencerl.runs.simulate import simulate
 
-QUICK_GRID = {"cache_threshold": [0.1, 0.3, 0.5, 0.7], "balance_abs_threshold": [16, 64],
+QUICK_GRID = {"cache_threshold": [0.1, 0.3, 0.5, 0.7], "balance_abs_threshold": [32, 64],
               "balance_rel_threshold": [1.1, 1.5]}
+DOCUMENTED_DEFAULTS = ({"cache_threshold": 0.3, "balance_abs_threshold": 64, "balance_rel_threshold": 1.5},
+                       {"cache_threshold": 0.5, "balance_abs_threshold": 32, "balance_rel_threshold": 1.1})
 FULL_GRID = {"cache_threshold": [0.1, 0.3, 0.5, 0.7, 0.9], "balance_abs_threshold": [8, 16, 32, 64, 128],
              "balance_rel_threshold": [1.1, 1.5, 2.0]}
 TUNE_TRAJECTORIES = 4096

@@ -1,0 +1,210 @@
+"""What a router adds to each request: `cadencerl router` and the real `vllm-router`, on one stub.
+
+A stub upstream (tests/router_stub.py, uvloop + httptools) streams its 16 tokens at once, so the
+latency measured is HTTP and routing work only. Closed loop, driven by `wrk` (apt `wrk`; else an
+httpx client in this process): `--concurrency` connections each send streaming completions back to
+back for `--seconds` after a warm-up (MISA-T's caps reach their ceiling in it), then the same with
+one connection. Added latency = the percentile through the router minus the same percentile straight
+to the stub, at the same concurrency. At 200 connections every server is saturated, so latency
+there is queueing (connections / throughput) and the figure to compare is requests/s; the
+one-connection run shows the per-request cost.
+
+    /work/main/.venv/bin/python benchmarks/router_overhead.py [--concurrency 200] [--seconds 10]
+
+Needs `vllm-router` (PyPI `vllm-router==0.1.17`) on PATH or next to this Python; skipped if absent.
+Prints one JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+ROOT = Path(__file__).resolve().parents[1]
+BODY = {"model": "tiny", "prompt": [1, 2, 3, 4, 5, 6, 7, 8], "max_tokens": 16, "stream": True}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Proc:
+    """A child process in its own process group, stopped (TERM, then KILL) on exit."""
+
+    def __init__(self, args: list[str], log: Path, env: dict | None = None) -> None:
+        self.log = log.open("w")
+        self.p = subprocess.Popen(args, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True,
+                                  cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})})
+
+    def wait_http(self, url: str, timeout_s: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.p.poll() is not None:
+                raise RuntimeError(f"{self.p.args[0]} exited; see {self.log.name}")
+            try:
+                if httpx.get(url, timeout=2).status_code < 500:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.2)
+        raise RuntimeError(f"{url} did not answer in {timeout_s}s; see {self.log.name}")
+
+    def stop(self) -> None:
+        if self.p.poll() is None:
+            os.killpg(self.p.pid, signal.SIGTERM)
+            try:
+                self.p.wait(10)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.p.pid, signal.SIGKILL)
+                self.p.wait(5)
+        self.log.close()
+
+    def __enter__(self) -> "Proc":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def vllm_router_binary() -> str | None:
+    return shutil.which("vllm-router") or next(
+        (str(p) for p in [Path(sys.executable).parent / "vllm-router"] if p.exists()), None)
+
+
+def cadencerl_router(workers: list[str], port: int, policy: str, log: Path, *extra: str) -> Proc:
+    return Proc([sys.executable, "-m", "cadencerl.cli", "router", "--workers", ",".join(workers),
+                 "--policy", policy, "--port", str(port), *extra], log)
+
+
+def vllm_router(workers: list[str], port: int, log: Path, *extra: str) -> Proc:
+    return Proc([vllm_router_binary(), "--worker-urls", *workers, "--port", str(port), "--host", "127.0.0.1",
+                 "--prometheus-port", str(free_port()), "--log-level", "warning", *extra], log)
+
+
+async def _closed_loop(url: str, concurrency: int, seconds: float, warmup: float) -> dict:
+    clients = [httpx.AsyncClient(base_url=url, timeout=60, limits=httpx.Limits(max_connections=25))
+               for _ in range(-(-concurrency // 25))]
+    latencies: list[float] = []
+    errors = 0
+    start = time.monotonic()
+    measure_from, stop_at = start + warmup, start + warmup + seconds
+
+    async def worker(c: httpx.AsyncClient) -> None:
+        nonlocal errors
+        while (t0 := time.monotonic()) < stop_at:
+            try:
+                async with c.stream("POST", "/v1/completions", json=BODY) as r:
+                    async for _ in r.aiter_raw():
+                        pass
+                    ok = r.status_code == 200
+            except httpx.HTTPError:
+                ok = False
+            if t0 >= measure_from:
+                if ok:
+                    latencies.append(time.monotonic() - t0)
+                else:
+                    errors += 1
+
+    await asyncio.gather(*(worker(clients[i // 25]) for i in range(concurrency)))
+    await asyncio.gather(*(c.aclose() for c in clients))
+    latencies.sort()
+    pick = lambda q: latencies[min(len(latencies) - 1, int(q * len(latencies)))] * 1e3 if latencies else None
+    return {"requests_per_s": round(len(latencies) / seconds, 1), "p50_ms": pick(0.5), "p99_ms": pick(0.99),
+            "errors": errors}
+
+
+WRK_SCRIPT = """wrk.method = "POST"
+wrk.body = '%s'
+wrk.headers["Content-Type"] = "application/json"
+"""
+_UNITS = {"us": 1e-3, "ms": 1.0, "s": 1e3, "m": 6e4}
+
+
+def _wrk(url: str, connections: int, seconds: float, script: Path) -> dict:
+    cmd = ["wrk", f"-t{min(2, connections)}", f"-c{connections}", f"-d{max(1, round(seconds))}s", "--latency",
+           "--timeout", "30s", "-s", str(script), f"{url}/v1/completions"]
+    text = subprocess.run(cmd, capture_output=True, text=True, timeout=seconds + 60).stdout
+    row: dict = {"errors": 0}
+    for line in text.splitlines():
+        parts = line.split()
+        if len(parts) == 2 and parts[0] in ("50%", "99%"):
+            value = float(parts[1].rstrip("usm"))
+            unit = parts[1][len(parts[1].rstrip("usm")):]
+            row[f"p{parts[0][:-1]}_ms"] = value * _UNITS[unit]
+        elif line.startswith("Requests/sec:"):
+            row["requests_per_s"] = float(parts[1])
+        elif "Non-2xx" in line or "Socket errors" in line:
+            row["errors"] += sum(int(x.strip(",")) for x in parts if x.strip(",").isdigit())
+    return row
+
+
+def measure(url: str, args, connections: int | None = None) -> dict:
+    connections = connections or args.concurrency
+    if shutil.which("wrk") is None:
+        return asyncio.run(_closed_loop(url, connections, args.seconds, args.warmup))
+    script = args.logs / "post.lua"
+    script.write_text(WRK_SCRIPT % json.dumps(BODY))
+    _wrk(url, connections, args.warmup, script)
+    return _wrk(url, connections, args.seconds, script)
+
+
+def measure_both(url: str, args, direct: dict | None = None) -> dict:
+    rows = {f"c{args.concurrency}": measure(url, args), "c1": measure(url, args, 1)}
+    if direct is None:
+        return {k: {q: (round(v, 3) if isinstance(v, float) else v) for q, v in r.items()} for k, r in rows.items()}
+    return {k: _added(r, direct[k]) for k, r in rows.items()}
+
+
+def _added(row: dict, direct: dict) -> dict:
+    out = dict(row)
+    for q in ("p50", "p99"):
+        if row.get(f"{q}_ms") is not None and direct.get(f"{q}_ms") is not None:
+            out[f"added_{q}_ms"] = round(row[f"{q}_ms"] - direct[f"{q}_ms"], 3)
+            out[f"{q}_ms"] = round(row[f"{q}_ms"], 3)
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--concurrency", type=int, default=200)
+    ap.add_argument("--seconds", type=float, default=10.0)
+    ap.add_argument("--warmup", type=float, default=4.0)
+    ap.add_argument("--logs", type=Path, default=Path("/tmp/router_overhead"))
+    args = ap.parse_args()
+    args.logs.mkdir(parents=True, exist_ok=True)
+    stub_port = free_port()
+    stub = f"http://127.0.0.1:{stub_port}"
+    result: dict = {"concurrency": args.concurrency, "seconds": args.seconds, "stream_tokens": BODY["max_tokens"]}
+    with Proc([sys.executable, "tests/router_stub.py", "--port", str(stub_port)], args.logs / "stub.log") as s:
+        s.wait_http(f"{stub}/health")
+        direct = result["direct"] = measure_both(stub, args)
+        for policy in ("misa+cache-aware", "cache-aware"):
+            port = free_port()
+            with cadencerl_router([stub], port, policy, args.logs / f"cadencerl-{policy}.log") as r:
+                r.wait_http(f"http://127.0.0.1:{port}/health")
+                result[f"cadencerl router ({policy})"] = measure_both(f"http://127.0.0.1:{port}", args, direct)
+        if vllm_router_binary() is None:
+            result["vllm-router"] = "not installed (pip install vllm-router==0.1.17)"
+        else:
+            port = free_port()
+            with vllm_router([stub], port, args.logs / "vllm-router.log", "--policy", "cache_aware") as r:
+                r.wait_http(f"http://127.0.0.1:{port}/health")
+                result["vllm-router (cache_aware)"] = measure_both(f"http://127.0.0.1:{port}", args, direct)
+    print(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,58 @@
+"""`cadencerl router`: serve MISA-T as an OpenAI-compatible router in front of vLLM servers."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from cadencerl.cli.common import fail
+from cadencerl.config import ConfigError
+
+
+def router(
+    workers: str = typer.Option(..., "--workers", help="vLLM server URLs, comma-separated"),
+    policy: str = typer.Option("misa+cache-aware", "--policy",
+                               help="[misa+]cache-aware | round-robin | least-loaded-router | "
+                                    "sticky-least-loaded | consistent-hash"),
+    classes: Optional[Path] = typer.Option(None, "--classes", help="class shares: a YAML/JSON/TOML map "
+                                           "class -> share (optional `default: CLASS`)"),
+    config: Optional[Path] = typer.Option(None, "--config", help="a scenario file: the target mix from its "
+                                          "workload classes, max_num_seqs from its pool"),
+    host: str = typer.Option("127.0.0.1", "--host"),
+    port: int = typer.Option(8000, "--port"),
+    cache_threshold: Optional[float] = typer.Option(None, "--cache-threshold", help="vllm-router's name (0.3)"),
+    balance_abs_threshold: Optional[int] = typer.Option(None, "--balance-abs-threshold", help="(64)"),
+    balance_rel_threshold: Optional[float] = typer.Option(None, "--balance-rel-threshold", help="(1.5)"),
+    hold_max: Optional[int] = typer.Option(None, "--hold-max", help="new sessions that may wait (1024)"),
+    hold_timeout: Optional[float] = typer.Option(None, "--hold-timeout", help="seconds before a 429 (30)"),
+    session_ttl: Optional[float] = typer.Option(None, "--session-ttl", help="seconds a parked session lives (60)"),
+    kv_capacity: Optional[int] = typer.Option(None, "--kv-capacity",
+                                              help="KV tokens per server until it reports its own"),
+    max_num_seqs: Optional[int] = typer.Option(None, "--max-num-seqs"),
+) -> None:
+    """Serve /v1/completions and /v1/chat/completions, routing with the simulator's decision code.
+
+    Headers: X-Session-Id (else the OpenAI `user` field), X-Workload-Class, X-Session-End.
+    Admin endpoints need $CADENCERL_ROUTER_ADMIN_TOKEN."""
+    from cadencerl.router.serve import serve
+    from cadencerl.router.settings import make_settings, read_classes, scenario_classes
+
+    try:
+        shares, default, seqs = None, None, None
+        if classes is not None and config is not None:
+            raise ConfigError("classes: give --classes or --config, not both")
+        if classes is not None:
+            shares, default = read_classes(classes)
+        elif config is not None:
+            shares, seqs = scenario_classes(config)
+        settings = make_settings(
+            workers=[w.strip() for w in workers.split(",") if w.strip()], policy=policy, classes=shares,
+            default_class=default, host=host, port=port, cache_threshold=cache_threshold,
+            balance_abs_threshold=balance_abs_threshold, balance_rel_threshold=balance_rel_threshold,
+            hold_max=hold_max, hold_timeout_s=hold_timeout, session_ttl_s=session_ttl, kv_capacity=kv_capacity,
+            max_num_seqs=max_num_seqs if max_num_seqs is not None else seqs)
+    except ConfigError as exc:
+        fail(str(exc))
+    serve(settings)

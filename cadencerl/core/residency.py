@@ -1,0 +1,55 @@
+"""Where a trajectory lives: the bookkeeping of placing it on a worker, taking it off and ending
+its session.
+
+One statement of these rules, for the simulator's controller and for the live router's adapter
+(router/live.py), so the two cannot drift apart: the router's decisions are the simulator's only
+while both keep the same books.
+"""
+
+from __future__ import annotations
+
+from cadencerl.core.actions import ActionError
+from cadencerl.core.trajectory import State, Trajectory
+from cadencerl.core.worker import Worker
+
+
+def live_worker(workers: list[Worker], wid: int) -> Worker:
+    """The worker an action names, which must exist and be up."""
+    if not 0 <= wid < len(workers) or not workers[wid].alive:
+        raise ActionError(f"worker {wid} does not exist or is lost")
+    return workers[wid]
+
+
+def attach(traj: Trajectory, w: Worker, workers: list[Worker], now: float) -> None:
+    """Make `traj` resident on `w`, moving its session home there."""
+    traj.state = State.RESIDENT
+    traj.worker = w.id
+    traj.placed_at = now
+    traj.placements += 1
+    if traj.home != w.id:
+        if traj.home is not None:
+            workers[traj.home].sessions -= 1
+        traj.home = w.id
+        w.sessions += 1
+    w.residents[traj.id] = traj
+    w.kv_used += traj.context
+
+
+def detach(traj: Trajectory, workers: list[Worker], now: float, freed: int | None = None) -> None:
+    """Take `traj` off its worker; it keeps its session home and its KV home there. `freed` is the
+    KV it gives back when that is not its whole context."""
+    w = workers[traj.worker]
+    del w.residents[traj.id]
+    w.kv_used -= traj.context if freed is None else freed
+    traj.resident_time += now - traj.placed_at
+    traj.kv_home = w.id
+    traj.worker = None
+
+
+def retire(traj: Trajectory, workers: list[Worker], active_by_class: dict[str, int], when: float) -> None:
+    """`traj`'s session is over (it is on no worker): its home forgets it, its class has one fewer."""
+    workers[traj.home].sessions -= 1
+    traj.home = None
+    active_by_class[traj.workload_class] -= 1
+    traj.state = State.DONE
+    traj.completed_at = when

@@ -1,0 +1,199 @@
+"""The router's HTTP face: OpenAI-compatible routes, health, metrics and the admin endpoints.
+
+Starlette (no per-route validation layer: the body is checked once in `requests.py` and forwarded
+as received). Every error is an OpenAI-style JSON body; an unexpected exception is a 500 body, not a
+dropped connection.
+"""
+
+from __future__ import annotations
+
+import hmac
+import os
+from contextlib import asynccontextmanager
+
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from cadencerl.router.proxy import forward
+from cadencerl.router.requests import ApiError, error_response, read_request
+from cadencerl.router.service import Rejected, RouterService
+from cadencerl.router.settings import ADMIN_TOKEN_ENV, RouterSettings
+
+
+def create_app(settings: RouterSettings, admin_token: str | None = None) -> Starlette:
+    """The app; the admin token defaults to $CADENCERL_ROUTER_ADMIN_TOKEN (admin is off without one)."""
+    svc = RouterService(settings)
+    token = admin_token if admin_token is not None else os.environ.get(ADMIN_TOKEN_ENV)
+
+    @asynccontextmanager
+    async def lifespan(app):
+        await svc.start()
+        try:
+            yield
+        finally:
+            await svc.stop()
+
+    routes = [
+        Route("/v1/completions", _completion("/v1/completions", chat=False), methods=["POST"]),
+        Route("/v1/chat/completions", _completion("/v1/chat/completions", chat=True), methods=["POST"]),
+        Route("/v1/models", _models, methods=["GET"]),
+        Route("/v1/sessions/{key}", _end_session, methods=["DELETE"]),
+        Route("/health", _health, methods=["GET"]),
+        Route("/metrics", _metrics, methods=["GET"]),
+        Route("/admin/workers", _admin(token, _list_workers), methods=["GET"]),
+        Route("/admin/workers", _admin(token, _add_worker), methods=["POST"]),
+        Route("/admin/workers/remove", _admin(token, _remove_worker), methods=["POST"]),
+        Route("/admin/workers/drain", _admin(token, _drain_worker), methods=["POST"]),
+    ]
+    handlers = {ApiError: _server_error, HTTPException: _http_error, Exception: _server_error}
+    app = Starlette(routes=routes, lifespan=lifespan, exception_handlers=handlers)
+    app.state.service = svc
+    return app
+
+
+def _completion(path: str, chat: bool):
+    async def handler(request: Request) -> Response:
+        svc: RouterService = request.app.state.service
+        s = svc.settings
+        try:
+            routed = await read_request(request, chat, s.classes, s.fallback_class, s.max_body_bytes)
+        except ApiError as exc:
+            svc.metrics.errors.labels("bad_request").inc()
+            return exc.response()
+        try:
+            session = await svc.acquire(routed.session_key, routed.workload_class, routed.prompt_len, routed.group)
+        except Rejected as exc:
+            return error_response(exc.status, str(exc), None, exc.reason, {"Retry-After": str(exc.retry_after)})
+        try:
+            return await forward(svc, session, path, routed, request.headers)
+        except ApiError as exc:
+            return exc.response()
+    return handler
+
+
+async def _models(request: Request) -> Response:
+    svc: RouterService = request.app.state.service
+    for up in svc.upstreams:
+        if up.routable:
+            try:
+                resp = await svc.client.get(f"{up.url}/v1/models", timeout=5.0)
+            except Exception:
+                continue
+            return Response(resp.content, status_code=resp.status_code,
+                            media_type=resp.headers.get("content-type", "application/json"))
+    return error_response(503, "no server is up", kind="service_unavailable")
+
+
+async def _end_session(request: Request) -> Response:
+    svc: RouterService = request.app.state.service
+    if svc.end_session(request.path_params["key"]):
+        return JSONResponse({"ended": True})
+    return error_response(404, "no parked session with that id", "key", "not_found")
+
+
+async def _health(request: Request) -> Response:
+    svc: RouterService = request.app.state.service
+    up = sum(u.routable for u in svc.upstreams)
+    body = {"status": "ok" if up else "no_workers", "workers_up": up, "held": len(svc.state.hold)}
+    return JSONResponse(body, status_code=200 if up else 503)
+
+
+async def _metrics(request: Request) -> Response:
+    svc: RouterService = request.app.state.service
+    m, st = svc.metrics, svc.state
+    caps = getattr(getattr(st.policy, "misa", None), "caps", {})
+    for up, w in zip(svc.upstreams, st.workers):
+        label = up.url
+        m.load.labels(label).set(w.load)
+        m.sessions.labels(label).set(w.sessions)
+        m.kv.labels(label).set(w.engine_kv / max(w.kv_capacity, 1))
+        m.up.labels(label).set(1 if up.routable else 0)
+        m.cap.labels(label).set(caps.get(w.id, 0))
+        if up.prefix_queries:
+            m.server_hit_rate.labels(label).set(up.prefix_hits / up.prefix_queries)
+    m.hold_depth.set(len(st.hold))
+    m.parked.set(len(st.parked))
+    for cls in svc.settings.classes:
+        m.completed.labels(cls).set(st.completed.get(cls, 0))
+    m.dtv.labels("all").set(st.mix_dtv())
+    m.dtv.labels("recent").set(st.mix_dtv(recent=True))
+    return Response(generate_latest(m.registry), media_type=CONTENT_TYPE_LATEST)
+
+
+# -- admin ----------------------------------------------------------------------------------------
+
+def _admin(token: str | None, handler):
+    """Bearer-token check: no credentials -> 401; wrong ones, or admin disabled (no token set) -> 403."""
+    async def guarded(request: Request) -> Response:
+        given = request.headers.get("authorization", "")
+        if not given:
+            return error_response(401, "admin endpoints need 'Authorization: Bearer <token>'",
+                                  kind="authentication_error", headers={"WWW-Authenticate": "Bearer"})
+        scheme, _, value = given.partition(" ")
+        if not token or scheme.lower() != "bearer" or not hmac.compare_digest(value.encode(), token.encode()):
+            return error_response(403, "the admin token is not valid" if token else
+                                  f"admin endpoints are disabled ({ADMIN_TOKEN_ENV} is not set)",
+                                  kind="permission_error")
+        return await handler(request)
+    return guarded
+
+
+async def _list_workers(request: Request) -> Response:
+    svc: RouterService = request.app.state.service
+    rows = [{"id": u.id, "url": u.url, "healthy": u.healthy, "draining": u.draining, "removed": u.removed,
+             "in_flight": w.load, "sessions": w.sessions} for u, w in zip(svc.upstreams, svc.state.workers)]
+    return JSONResponse({"workers": rows})
+
+
+async def _worker_url(request: Request) -> str:
+    try:
+        body = await request.json()
+    except ValueError:
+        raise ApiError(400, "the body is not valid JSON") from None
+    url = body.get("url") if isinstance(body, dict) else None
+    if not isinstance(url, str) or not url.startswith(("http://", "https://")):
+        raise ApiError(400, "url: required, an http(s) URL", "url")
+    return url.rstrip("/")
+
+
+async def _add_worker(request: Request) -> Response:
+    svc: RouterService = request.app.state.service
+    url = await _worker_url(request)
+    if svc.find(url) is not None:
+        raise ApiError(409, f"url: {url} is already a worker", "url", "conflict")
+    up = svc.add_worker(url)
+    await svc.poll_once()
+    return JSONResponse({"id": up.id, "url": up.url, "healthy": up.healthy}, status_code=201)
+
+
+async def _remove_worker(request: Request) -> Response:
+    return await _retire(request, "removed")
+
+
+async def _drain_worker(request: Request) -> Response:
+    return await _retire(request, "draining")
+
+
+async def _retire(request: Request, flag: str) -> Response:
+    """Drain: no new requests, those in flight finish. Remove: the same, and it leaves the list."""
+    svc: RouterService = request.app.state.service
+    up = svc.find(await _worker_url(request))
+    if up is None:
+        raise ApiError(404, "url: not a worker of this router", "url", "not_found")
+    setattr(up, flag, True)
+    svc.set_routable(up)
+    return JSONResponse({"id": up.id, "url": up.url, flag: True, "in_flight": svc.state.workers[up.id].load})
+
+
+async def _http_error(request: Request, exc: HTTPException) -> Response:
+    return error_response(exc.status_code, exc.detail or "error", kind="invalid_request_error")
+
+
+async def _server_error(request: Request, exc: Exception) -> Response:
+    if isinstance(exc, ApiError):
+        return exc.response()
+    return error_response(500, f"internal router error: {type(exc).__name__}", kind="internal_error")

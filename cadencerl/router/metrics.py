@@ -1,0 +1,41 @@
+"""The router's Prometheus metrics, in a registry of its own (one per router, no global state)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+
+class RouterMetrics:
+    def __init__(self) -> None:
+        r = self.registry = CollectorRegistry()
+        self.requests = Counter("cadencerl_router_requests", "Requests received, by class and kind "
+                                "(new session, continuation)", ["workload_class", "kind"], registry=r)
+        self.admissions = Counter("cadencerl_router_admissions", "New sessions admitted, by class",
+                                  ["workload_class"], registry=r)
+        self.rejections = Counter("cadencerl_router_rejections", "Requests answered 429, by reason",
+                                  ["reason"], registry=r)
+        self.errors = Counter("cadencerl_router_errors", "Errors, by kind", ["kind"], registry=r)
+        self.retries = Counter("cadencerl_router_retries", "Requests retried on another server before "
+                               "their first token", registry=r)
+        self.prefix_hits = Counter("cadencerl_router_prefix_hits", "Placements on a server the router "
+                                   "believes holds the prefix: the session's last server (sticky) or one "
+                                   "that served its prompt group (group)", ["kind"], registry=r)
+        self.hold_depth = Gauge("cadencerl_router_hold_depth", "New sessions waiting for admission", registry=r)
+        self.hold_wait = Histogram("cadencerl_router_hold_wait_seconds", "Time new sessions waited for "
+                                   "admission", registry=r,
+                                   buckets=(0.001, 0.01, 0.05, 0.1, 0.5, 1, 2, 5, 10, 30, 60))
+        self.load = Gauge("cadencerl_router_worker_load", "Requests in flight per server", ["worker"], registry=r)
+        self.sessions = Gauge("cadencerl_router_worker_sessions", "Unfinished sessions homed on each server "
+                              "(running or parked in a tool wait)", ["worker"], registry=r)
+        self.parked = Gauge("cadencerl_router_parked_sessions", "Sessions parked in tool waits", registry=r)
+        self.kv = Gauge("cadencerl_router_worker_kv_usage", "KV usage each server reports (fraction)",
+                        ["worker"], registry=r)
+        self.cap = Gauge("cadencerl_router_worker_session_cap", "MISA-T's session cap per server",
+                         ["worker"], registry=r)
+        self.up = Gauge("cadencerl_router_worker_up", "1 when the server takes new requests", ["worker"], registry=r)
+        self.server_hit_rate = Gauge("cadencerl_router_worker_prefix_hit_rate", "Prefix-cache hit rate each "
+                                     "server reports (vllm:prefix_cache_hits / queries)", ["worker"], registry=r)
+        self.completed = Gauge("cadencerl_router_completed_sessions", "Sessions finished so far, by class",
+                               ["workload_class"], registry=r)
+        self.dtv = Gauge("cadencerl_router_mix_dtv", "Total-variation distance between the classes of "
+                         "finished sessions and the target mix (all, or the latest 256)", ["window"], registry=r)

@@ -1,0 +1,180 @@
+"""Forwarding one placed request to its server, with the router's fault rules.
+
+* A request that fails before its first token (no connection, 5xx, or the stream breaks before
+  any byte) is retried once on another server; the failing server is taken out of rotation until
+  a health poll gets through.
+* A stream that breaks after its first token ends with an OpenAI-style error event and
+  `data: [DONE]`, never a hang (the upstream read timeout bounds a silent server).
+* Client errors from the server (4xx) pass through unchanged.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+
+import httpx
+from starlette.responses import Response
+from starlette.types import Receive, Scope, Send
+
+from cadencerl.router.live import Session
+from cadencerl.router.requests import ApiError, Routed
+from cadencerl.router.service import RouterService
+
+_PASS_HEADERS = ("authorization", "x-request-id")
+WORKER_HEADER = "x-cadencerl-worker"
+
+
+class _BeforeFirstToken(Exception):
+    """The server failed before the client saw a byte: the request may go elsewhere. `down`: it did
+    not take the connection (as opposed to, say, closing a kept-alive one), so it leaves rotation."""
+
+    def __init__(self, kind: str, down: bool = False) -> None:
+        super().__init__(kind)
+        self.down = down
+
+
+async def forward(svc: RouterService, session: Session, path: str, req: Routed, headers) -> Response:
+    fwd = {"content-type": "application/json"}
+    fwd.update({h: headers[h] for h in _PASS_HEADERS if h in headers})
+    retried = False
+    while True:
+        up = svc.upstreams[session.traj.worker]
+        try:
+            return await _attempt(svc, session, up.url + path, req, fwd, up.id)
+        except _BeforeFirstToken as exc:
+            svc.metrics.errors.labels(str(exc)).inc()
+            if exc.down:
+                svc.upstream_failed(up)
+            if not retried and await svc.reroute(session, up.id):
+                retried = True
+                continue
+            svc.release(session, 0, last=req.last)
+            raise ApiError(502, f"upstream server failed ({exc})", kind="upstream_error") from None
+        except BaseException:
+            svc.release(session, 0, last=req.last)    # never leave a session placed with no request
+            raise
+
+
+async def _attempt(svc: RouterService, session: Session, url: str, req: Routed, fwd: dict,
+                   worker: int) -> Response:
+    # Straight to the transport: the client's layers (cookies, auth, redirects, default headers such
+    # as Accept-Encoding, which a raw relay must not ask for) do nothing a forwarded request needs.
+    request = httpx.Request("POST", url, content=req.raw, headers=fwd, extensions={"timeout": svc.forward_timeout})
+    try:
+        resp = await svc.transport.handle_async_request(request)
+    except httpx.ConnectError:     # refused or unreachable: the server is gone
+        raise _BeforeFirstToken("connect", down=True) from None
+    except httpx.HTTPError as exc:
+        raise _BeforeFirstToken(f"send_{type(exc).__name__}") from None
+    if resp.status_code >= 500:
+        await resp.aclose()
+        raise _BeforeFirstToken("upstream_5xx", down=True)
+    out_headers = {WORKER_HEADER: str(worker)}
+    if resp.status_code != 200 or not req.stream:
+        try:
+            content = await resp.aread()
+        except httpx.HTTPError:
+            raise _BeforeFirstToken("read") from None
+        finally:
+            await resp.aclose()
+        svc.release(session, _completion_tokens(content) if resp.status_code == 200 else 0, last=req.last)
+        return Response(content, status_code=resp.status_code, headers=out_headers,
+                        media_type=resp.headers.get("content-type", "application/json"))
+    chunks = resp.aiter_raw()
+    try:
+        first = await anext(chunks, b"")
+    except httpx.HTTPError:
+        await resp.aclose()
+        raise _BeforeFirstToken("stream_start") from None
+    return RelayResponse(_relay(svc, session, resp, chunks, first, req.last), out_headers)
+
+
+class RelayResponse(Response):
+    """An SSE relay with one watcher task for the client's disconnect (cheaper per request than
+    Starlette's StreamingResponse, which starts a task group); a disconnect stops the relay, which
+    closes the upstream stream, so vLLM aborts the request."""
+
+    media_type = "text/event-stream"
+
+    def __init__(self, body: AsyncIterator[bytes], headers: dict[str, str]) -> None:
+        self.status_code = 200
+        self.background = None
+        self.body_iterator = body
+        self.init_headers(headers)     # no body attribute: no Content-Length, chunked
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        relay = asyncio.current_task()
+        gone = False
+
+        async def watch() -> None:
+            nonlocal gone
+            while (await receive())["type"] != "http.disconnect":
+                pass
+            gone = True
+            relay.cancel()
+
+        watcher = asyncio.create_task(watch())
+        try:
+            await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
+            async for chunk in self.body_iterator:
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+        except asyncio.CancelledError:
+            if not gone:
+                raise
+        finally:
+            watcher.cancel()
+            await self.body_iterator.aclose()
+
+
+async def _relay(svc: RouterService, session: Session, resp: httpx.Response, chunks: AsyncIterator[bytes],
+                 first: bytes, last: bool) -> AsyncIterator[bytes]:
+    """The stream, one chunk behind: the session is released before its final chunk goes out, so a
+    client that sends the next turn as soon as it reads `[DONE]` finds the session parked."""
+    generated = 0
+    held = first
+    released = False
+    try:
+        async for chunk in chunks:
+            generated += _events(held)
+            yield held
+            held = chunk
+        generated += _events(held)
+        svc.release(session, generated, last=last)
+        released = True
+        yield held
+    except httpx.HTTPError as exc:
+        svc.metrics.errors.labels("midstream").inc()
+        if not released:
+            generated += _events(held)
+            svc.release(session, generated, last=last)
+            released = True
+        yield held                          # what arrived before the break, not yet sent
+        yield error_event(f"the upstream stream broke: {type(exc).__name__}")
+    finally:
+        if not released:
+            svc.release(session, generated, last=last)
+        try:
+            await resp.aclose()
+        except Exception:  # closing a broken connection may fail again; nothing is left to save
+            pass
+
+
+def error_event(message: str) -> bytes:
+    body = {"error": {"message": message, "type": "upstream_error", "param": None, "code": 502}}
+    return b"data: " + json.dumps(body).encode() + b"\n\ndata: [DONE]\n\n"
+
+
+def _events(chunk: bytes) -> int:
+    """SSE events in a chunk (vLLM streams about one token per event), [DONE] excluded."""
+    return chunk.count(b"data: ") - chunk.count(b"data: [DONE]")
+
+
+def _completion_tokens(content: bytes) -> int:
+    try:
+        usage = json.loads(content).get("usage") or {}
+        return int(usage.get("completion_tokens") or 0)
+    except (ValueError, AttributeError, TypeError):
+        return 0

@@ -1,0 +1,146 @@
+"""What the router reads from a request: who sent it (session, class), how long its prompt is, and
+whether it is well formed. Bad input is an `ApiError` with an OpenAI-style body, never a crash.
+
+Headers (documented in the README):
+  X-Session-Id      ties the turns of one session (else the OpenAI `user` field; else none: a single reply)
+  X-Workload-Class  the request's class, one of the classes file (else the default class)
+  X-Session-End     `1`/`true` on a session's last request, so it finishes at once instead of at its TTL
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+
+SESSION_HEADER = "x-session-id"
+CLASS_HEADER = "x-workload-class"
+END_HEADER = "x-session-end"
+CHARS_PER_TOKEN = 4          # a text prompt's length in tokens, without a tokenizer (an estimate)
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, message: str, param: str | None = None,
+                 kind: str = "invalid_request_error", headers: dict[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.status, self.message, self.param, self.kind = status, message, param, kind
+        self.headers = headers or {}
+
+    def response(self) -> JSONResponse:
+        return error_response(self.status, self.message, self.param, self.kind, self.headers)
+
+
+def error_response(status: int, message: str, param: str | None = None, kind: str = "invalid_request_error",
+                   headers: dict[str, str] | None = None) -> JSONResponse:
+    body = {"error": {"message": message, "type": kind, "param": param, "code": status}}
+    return JSONResponse(body, status_code=status, headers=headers)
+
+
+@dataclass(frozen=True)
+class Routed:
+    """One completion request as the router sees it."""
+
+    raw: bytes
+    stream: bool
+    session_key: str | None
+    workload_class: str
+    last: bool
+    prompt_len: int
+    group: int
+
+
+async def read_request(request: Request, chat: bool, classes: dict[str, float], default_class: str,
+                       max_bytes: int) -> Routed:
+    raw = await _read_body(request, max_bytes)
+    try:
+        body = json.loads(raw)
+    except (ValueError, UnicodeDecodeError):
+        raise ApiError(400, "the body is not valid JSON") from None
+    if not isinstance(body, dict):
+        raise ApiError(400, "the body must be a JSON object")
+    _check_fields(body)
+    prompt = _messages(body) if chat else _prompt(body)
+    cls = request.headers.get(CLASS_HEADER) or default_class
+    if cls not in classes:
+        raise ApiError(400, f"{CLASS_HEADER}: unknown class {cls!r} (known: {', '.join(classes)})", CLASS_HEADER)
+    key = request.headers.get(SESSION_HEADER) or body.get("user") or None
+    last = request.headers.get(END_HEADER, "").lower() in ("1", "true", "yes")
+    text = repr(prompt)
+    group = int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "big") >> 1
+    return Routed(raw, bool(body.get("stream", False)), key, cls, last, _length(prompt), group)
+
+
+async def _read_body(request: Request, max_bytes: int) -> bytes:
+    declared = request.headers.get("content-length")
+    if declared is not None and (not declared.isdigit() or int(declared) > max_bytes):
+        raise ApiError(413, f"the body is over {max_bytes} bytes", kind="request_too_large")
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > max_bytes:
+            raise ApiError(413, f"the body is over {max_bytes} bytes", kind="request_too_large")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _check_fields(body: dict) -> None:
+    for name in ("max_tokens", "max_completion_tokens"):
+        value = body.get(name)
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
+            raise ApiError(400, f"{name}: must be a non-negative integer", name)
+    n = body.get("n")
+    if n is not None and (not isinstance(n, int) or isinstance(n, bool) or n < 1):
+        raise ApiError(400, "n: must be a positive integer", "n")
+    if "stream" in body and not isinstance(body["stream"], bool):
+        raise ApiError(400, "stream: must be true or false", "stream")
+    for name in ("model", "user"):
+        if name in body and not isinstance(body[name], str):
+            raise ApiError(400, f"{name}: must be a string", name)
+
+
+def _prompt(body: dict) -> object:
+    """`prompt` as vLLM accepts it: text, a list of texts, token ids, or a list of token-id lists."""
+    prompt = body.get("prompt")
+    if isinstance(prompt, str) and prompt:
+        return prompt
+    if isinstance(prompt, list) and prompt:
+        if all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in prompt):
+            return prompt
+        if all(isinstance(p, str) for p in prompt):
+            return prompt
+        if all(isinstance(p, list) and p and all(isinstance(t, int) and not isinstance(t, bool) and t >= 0
+                                                  for t in p) for p in prompt):
+            return prompt
+    raise ApiError(400, "prompt: required, a non-empty string, list of strings, or list(s) of token ids", "prompt")
+
+
+def _messages(body: dict) -> object:
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise ApiError(400, "messages: required, a non-empty list", "messages")
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str):
+            raise ApiError(400, f"messages.{i}: must be an object with a role", "messages")
+    return messages
+
+
+def _length(prompt: object) -> int:
+    """Tokens of a prompt: counted for token ids, estimated from characters for text."""
+    if isinstance(prompt, str):
+        return max(1, -(-len(prompt) // CHARS_PER_TOKEN))
+    if isinstance(prompt, list) and prompt and isinstance(prompt[0], int):
+        return len(prompt)
+    if isinstance(prompt, list) and prompt and isinstance(prompt[0], dict):
+        return sum(_length(_text(m.get("content"))) for m in prompt)
+    return sum(_length(p) for p in prompt) if isinstance(prompt, list) else 1
+
+
+def _text(content: object) -> str:
+    if isinstance(content, str):
+        return content or " "
+    if isinstance(content, list):
+        return "".join(p.get("text", "") for p in content if isinstance(p, dict)) or " "
+    return " "

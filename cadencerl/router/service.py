@@ -1,0 +1,270 @@
+"""The router's live core: admission waits, placement, completion accounting, health polling.
+
+Everything that changes the live state runs on the event loop's thread, so there are no locks: a
+request's arrival, its reply's end and each health poll apply their event to `LiveState` and run
+one decision pass; the held requests the pass admitted or placed are woken through their futures.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+
+import httpx
+
+from cadencerl.core.actions import Admit
+from cadencerl.core.trajectory import State
+from cadencerl.core.view import Policy
+from cadencerl.core.worker import Worker
+from cadencerl.router.live import LiveState, Session
+from cadencerl.router.metrics import RouterMetrics
+from cadencerl.router.settings import RouterSettings
+from cadencerl.router.upstream import Upstream, scrape
+from cadencerl.routing.misa import Admitted, MisaT
+from cadencerl.routing.routers import CacheAware, ConsistentHash, LeastLoadedRouter, RoundRobin, StickyLeastLoaded
+
+GROUPS_PER_WORKER = 4096    # prompt groups remembered per server, for the router's own hit count
+
+
+class ShardedTransport(httpx.AsyncBaseTransport):
+    """The shared client's connection pool, split in shards taken in turn: httpcore scans every
+    connection of a pool on each request, so one pool of hundreds of streams costs O(n) a request."""
+
+    def __init__(self, shards: int = 16, connections: int = 512) -> None:
+        limits = httpx.Limits(max_connections=connections, max_keepalive_connections=connections // 4)
+        tls = httpx.create_ssl_context()    # one for all shards: loading the CA bundle takes ~0.1 s each
+        self.shards = [httpx.AsyncHTTPTransport(limits=limits, verify=tls) for _ in range(shards)]
+        self._turn = 0
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        self._turn = (self._turn + 1) % len(self.shards)
+        return await self.shards[self._turn].handle_async_request(request)
+
+    async def aclose(self) -> None:
+        for shard in self.shards:
+            await shard.aclose()
+
+
+class Rejected(Exception):
+    """A request the router will not serve now: 429 (hold queue) or 503 (no server)."""
+
+    def __init__(self, status: int, reason: str, message: str, retry_after: int = 1) -> None:
+        super().__init__(message)
+        self.status, self.reason, self.retry_after = status, reason, retry_after
+
+
+def build_policy(settings: RouterSettings) -> Policy:
+    """The routing/ decision code the settings name (the simulator runs the very same objects)."""
+    admission, _, placement = settings.policy.rpartition("+")
+    if placement == "cache-aware":
+        inner = CacheAware(cache_threshold=settings.cache_threshold,
+                           balance_abs_threshold=settings.balance_abs_threshold,
+                           balance_rel_threshold=settings.balance_rel_threshold,
+                           eviction_interval_s=settings.eviction_interval_s, max_tree_size=settings.max_tree_size)
+    else:
+        inner = {"round-robin": RoundRobin, "least-loaded-router": LeastLoadedRouter,
+                 "sticky-least-loaded": StickyLeastLoaded, "consistent-hash": ConsistentHash}[placement]()
+    return Admitted(MisaT(settings.target_mix), inner) if admission == "misa" else inner
+
+
+class RouterService:
+    def __init__(self, settings: RouterSettings, clock: Callable[[], float] = time.monotonic) -> None:
+        self.settings = settings
+        self.clock = clock
+        self._t0 = clock()
+        self.upstreams: list[Upstream] = []
+        self.state = LiveState(build_policy(settings), [], settings.target_mix, settings.session_ttl_s,
+                               settings.max_sessions)
+        self.metrics = RouterMetrics()
+        self.waiters: dict[int, asyncio.Future] = {}
+        self.groups_seen: list[OrderedDict] = []
+        self.client: httpx.AsyncClient | None = None     # health, metrics and /v1/models
+        self.transport: ShardedTransport | None = None   # forwarded requests go to it directly
+        self.forward_timeout: dict = {}
+        self._poller: asyncio.Task | None = None
+        for url in settings.workers:
+            self.add_worker(url)
+
+    def now(self) -> float:
+        return self.clock() - self._t0
+
+    # -- lifecycle --------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        timeout = httpx.Timeout(self.settings.request_timeout_s, connect=10.0)
+        self.transport = ShardedTransport()
+        self.client = httpx.AsyncClient(transport=self.transport, timeout=timeout)
+        self.forward_timeout = timeout.as_dict()
+        await self.poll_once()
+        self._poller = asyncio.create_task(self._poll_forever())
+
+    async def stop(self) -> None:
+        if self._poller is not None:
+            self._poller.cancel()
+            await asyncio.gather(self._poller, return_exceptions=True)
+        if self.client is not None:
+            await self.client.aclose()
+
+    # -- workers ----------------------------------------------------------------------------------
+
+    def add_worker(self, url: str) -> Upstream:
+        up = Upstream(len(self.upstreams), url)
+        self.upstreams.append(up)
+        self.state.workers.append(Worker(id=up.id, accelerator="vllm", cluster="fleet", tp=1,
+                                         kv_capacity=self.settings.kv_capacity,
+                                         max_num_seqs=self.settings.max_num_seqs, affinity=0))
+        self.groups_seen.append(OrderedDict())
+        return up
+
+    def find(self, url: str) -> Upstream | None:
+        return next((u for u in self.upstreams if u.url == url.rstrip("/") and not u.removed), None)
+
+    def set_routable(self, up: Upstream) -> None:
+        self.state.workers[up.id].alive = up.routable
+        if up.routable:
+            self.decide()
+
+    def upstream_failed(self, up: Upstream) -> None:
+        """It did not answer a request: out of rotation until a health poll gets through."""
+        up.healthy = False
+        up.failures = max(up.failures, self.settings.failures_to_down)
+        self.set_routable(up)
+
+    async def poll_once(self) -> None:
+        await asyncio.gather(*(self._poll(u) for u in self.upstreams if not u.removed))
+        now = self.now()
+        self.state.expire(now)
+        self.decide(now)
+
+    async def _poll_forever(self) -> None:
+        while True:
+            await asyncio.sleep(self.settings.metrics_interval_s)
+            await self.poll_once()
+
+    async def _poll(self, up: Upstream) -> None:
+        try:
+            figures = await scrape(self.client, up.url, max(1.0, 2 * self.settings.metrics_interval_s))
+        except (httpx.HTTPError, ValueError):
+            up.failures += 1
+            if up.failures >= self.settings.failures_to_down:
+                up.healthy = False
+        else:
+            up.failures = 0
+            up.healthy = True
+            up.prefix_queries = figures.prefix_cache_queries_total
+            up.prefix_hits = figures.prefix_cache_hits_total
+            self.state.set_figures(up.id, figures)
+        self.state.workers[up.id].alive = up.routable
+
+    # -- requests ---------------------------------------------------------------------------------
+
+    async def acquire(self, key: str | None, cls: str, prompt_len: int, group: int) -> Session:
+        """Admit (a new session) or place (a continuation) one request; waits in HOLD if it must."""
+        now = self.now()
+        if not any(w.alive for w in self.state.workers):
+            self.metrics.rejections.labels("no_worker").inc()
+            raise Rejected(503, "no_worker", "no server is up; retry later", self._retry_after())
+        session = self.state.session(key)
+        if session is not None and session.traj.state is State.TOOL:
+            self.state.continuation(session, prompt_len, now)
+            kind = "continuation"
+        else:
+            if session is not None:   # its last request is still in flight: this one is a reply of its own
+                key = None
+            session = self.state.new_session(key, cls, prompt_len, group, now)
+            kind = "new"
+        self.metrics.requests.labels(session.traj.workload_class, kind).inc()
+        self.decide(now)
+        if session.traj.state is State.FRESH and len(self.state.hold) > self.settings.hold_max:
+            self.state.withdraw(session)
+            self.metrics.rejections.labels("hold_full").inc()
+            raise Rejected(429, "hold_full", "the admission queue is full; retry later", self._retry_after())
+        if session.traj.state is not State.RESIDENT:
+            await self._wait(session)
+        return session
+
+    async def _wait(self, session: Session) -> None:
+        traj = session.traj
+        fut = asyncio.get_running_loop().create_future()
+        self.waiters[traj.id] = fut
+        try:
+            await asyncio.wait_for(fut, self.settings.hold_timeout_s)
+        except BaseException as exc:      # the wait passed its bound, or the client left
+            self.waiters.pop(traj.id, None)
+            timed_out = isinstance(exc, asyncio.TimeoutError)
+            if traj.state is State.RESIDENT:
+                if timed_out:
+                    return                     # placed just as the bound passed: go ahead
+                self.release(session, 0, last=True)
+                raise
+            held = traj.state is State.FRESH
+            if held:
+                self.state.withdraw(session)
+            elif traj.state is State.PENDING:
+                self.state.drop_pending(session, self.now())
+            if not timed_out:
+                raise
+            if held:
+                self.metrics.rejections.labels("hold_timeout").inc()
+                raise Rejected(429, "hold_timeout", "waited too long for admission; retry later",
+                               self._retry_after()) from None
+            raise Rejected(503, "no_worker", "no server can take this request now") from None
+
+    def _retry_after(self) -> int:
+        """Seconds a rejected client should wait: a quarter of the hold bound, at least one."""
+        return max(1, round(self.settings.hold_timeout_s / 4))
+
+    def decide(self, now: float | None = None, exclude: frozenset[int] = frozenset()) -> None:
+        now = self.now() if now is None else now
+        for action in self.state.decide(now, exclude):
+            session = self.state.placed(action.traj)
+            traj = session.traj
+            seen = self.groups_seen[action.worker]
+            if isinstance(action, Admit):
+                self.metrics.admissions.labels(traj.workload_class).inc()
+                self.metrics.hold_wait.observe(max(0.0, now - session.arrived_at))
+                if traj.group in seen:
+                    self.metrics.prefix_hits.labels("group").inc()
+            elif traj.kv_home == action.worker:
+                self.metrics.prefix_hits.labels("sticky").inc()
+            seen[traj.group] = None
+            seen.move_to_end(traj.group)
+            if len(seen) > GROUPS_PER_WORKER:
+                seen.popitem(last=False)
+            fut = self.waiters.pop(action.traj, None)
+            if fut is not None and not fut.done():
+                fut.set_result(None)
+
+    async def reroute(self, session: Session, failed: int) -> bool:
+        """Retry a request that failed before its first token, once, on another server."""
+        self.metrics.retries.inc()
+        now = self.now()
+        self.state.bounce(session, now)
+        self.decide(now, exclude=frozenset({failed}))
+        if session.traj.state is State.RESIDENT:
+            return True
+        self.state.drop_pending(session, now)
+        return False
+
+    def release(self, session: Session, generated: int, last: bool) -> None:
+        """A request's reply ended (or failed): park its session for the next turn, or finish it."""
+        traj = session.traj
+        if traj.state is not State.RESIDENT:
+            return
+        now = self.now()
+        if last or session.key is None:
+            self.state.finished(session, generated, now)
+        else:
+            self.state.turn_ended(session, generated, now)
+        self.decide(now)
+
+    def end_session(self, key: str) -> bool:
+        """The client says a parked session is over (DELETE /v1/sessions/{key})."""
+        session = self.state.session(key)
+        if session is None or session.traj.state is not State.TOOL:
+            return False
+        self.state.end_parked(session)
+        self.decide()
+        return True

@@ -1,0 +1,121 @@
+"""The router's settings, validated so that bad input gets one line naming the field.
+
+Class shares come from `--classes FILE` (a mapping `class: share`, optionally `default: CLASS`) or
+from a scenario file's `workload.classes` (`--config`); without either, the paper's mix of agentic,
+RLVR and RLHF work (48.6 : 33.1 : 18.2, MISA-T's evaluation mix as issue 14 states it).
+"""
+
+from __future__ import annotations
+
+import json
+import tomllib
+from pathlib import Path
+from urllib.parse import urlparse
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from cadencerl.config import ConfigError, format_validation_error, load_scenario_file
+
+DEFAULT_MIX = {"agent": 48.6, "rlvr": 33.1, "rlhf": 18.2}
+ROUTER_PLACEMENTS = ("cache-aware", "round-robin", "least-loaded-router", "sticky-least-loaded", "consistent-hash")
+ADMIN_TOKEN_ENV = "CADENCERL_ROUTER_ADMIN_TOKEN"
+
+
+class RouterSettings(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    workers: list[str] = Field(min_length=1)
+    policy: str = "misa+cache-aware"
+    classes: dict[str, float] = Field(default_factory=lambda: dict(DEFAULT_MIX))
+    default_class: str | None = None
+    host: str = "127.0.0.1"
+    port: int = Field(default=8000, ge=0, le=65535)
+    cache_threshold: float = Field(default=0.3, ge=0, le=1)
+    balance_abs_threshold: int = Field(default=64, ge=0)
+    balance_rel_threshold: float = Field(default=1.5, ge=1)
+    eviction_interval_s: float = Field(default=120.0, gt=0)
+    max_tree_size: int = Field(default=2**24, gt=0)
+    hold_max: int = Field(default=1024, ge=0)            # sessions waiting for admission
+    hold_timeout_s: float = Field(default=30.0, gt=0)    # longest wait before a 429
+    session_ttl_s: float = Field(default=60.0, gt=0)     # a parked session with no next turn ends
+    max_sessions: int = Field(default=100_000, gt=0)     # parked sessions kept (oldest end first)
+    metrics_interval_s: float = Field(default=0.5, gt=0)
+    failures_to_down: int = Field(default=2, gt=0)
+    request_timeout_s: float = Field(default=600.0, gt=0)
+    max_body_bytes: int = Field(default=16 * 2**20, gt=0)
+    kv_capacity: int = Field(default=1 << 20, gt=0)      # tokens, until a server reports its own
+    max_num_seqs: int = Field(default=256, gt=0)
+
+    @field_validator("workers")
+    @classmethod
+    def _urls(cls, urls: list[str]) -> list[str]:
+        out = []
+        for url in urls:
+            parsed = urlparse(url)
+            if parsed.scheme not in ("http", "https") or not parsed.netloc:
+                raise ValueError(f"{url!r} is not an http(s) URL")
+            out.append(url.rstrip("/"))
+        if len(set(out)) != len(out):
+            raise ValueError("a worker URL is listed twice")
+        return out
+
+    @field_validator("classes")
+    @classmethod
+    def _shares(cls, shares: dict[str, float]) -> dict[str, float]:
+        if not shares:
+            raise ValueError("give at least one class")
+        bad = [c for c, s in shares.items() if not isinstance(s, (int, float)) or s <= 0]
+        if bad:
+            raise ValueError(f"share of {bad[0]!r} must be a positive number")
+        return shares
+
+    @model_validator(mode="after")
+    def _names(self) -> "RouterSettings":
+        admission, _, placement = self.policy.rpartition("+")
+        if admission not in ("", "misa", "none") or placement not in ROUTER_PLACEMENTS:
+            raise ValueError(f"policy: {self.policy!r} is not [misa+]{{{'|'.join(ROUTER_PLACEMENTS)}}}")
+        if self.default_class is not None and self.default_class not in self.classes:
+            raise ValueError(f"default_class: {self.default_class!r} is not one of the classes")
+        return self
+
+    @property
+    def target_mix(self) -> dict[str, float]:
+        total = sum(self.classes.values())
+        return {c: s / total for c, s in self.classes.items()}
+
+    @property
+    def fallback_class(self) -> str:
+        """The class of a request that names none: the given default, else the first class."""
+        return self.default_class or next(iter(self.classes))
+
+
+def make_settings(**fields) -> RouterSettings:
+    try:
+        return RouterSettings(**{k: v for k, v in fields.items() if v is not None})
+    except ValidationError as exc:
+        raise ConfigError(format_validation_error(exc).removeprefix("scenario: ")) from None
+
+
+def read_classes(path: Path) -> tuple[dict[str, float], str | None]:
+    """A classes file: `{class: share, ...}`, optionally with `default: CLASS` (YAML, JSON or TOML)."""
+    if not path.is_file():
+        raise ConfigError(f"classes: no such file {str(path)!r}")
+    text = path.read_text()
+    try:
+        data = (tomllib.loads(text) if path.suffix == ".toml" else
+                json.loads(text) if path.suffix == ".json" else yaml.safe_load(text))
+    except (ValueError, yaml.YAMLError) as exc:
+        raise ConfigError(f"classes: {path.name} cannot be parsed: {str(exc).splitlines()[0]}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"classes: {path.name} must map class names to shares")
+    default = data.pop("default", None)
+    if default is not None and not isinstance(default, str):
+        raise ConfigError("classes.default: must name a class")
+    return data, default
+
+
+def scenario_classes(path: Path) -> tuple[dict[str, float], int]:
+    """The target mix and max_num_seqs of a scenario file (`--config`)."""
+    scenario = load_scenario_file(path)
+    return scenario.workload.target_mix(), scenario.pool[0].max_num_seqs

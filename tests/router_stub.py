@@ -1,0 +1,170 @@
+"""A stub vLLM server for the router's tests and overhead benchmark, and a uvicorn-in-a-thread runner.
+
+It answers /v1/completions and /v1/chat/completions at once (streaming one SSE event per token, or
+one JSON body with `usage`), /v1/models, /health and a /metrics page with vLLM's gauge names. Fault
+modes, set on `StubState` while it runs: `fail_status` (answer every request with that status),
+`break_after` (close the stream after that many events, without the end of the chunked body),
+`token_delay_s` (sleep between events). It counts the X-Request-Id of every request it serves.
+
+    python tests/router_stub.py --port 8001        # a stub server in its own process
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import threading
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+
+import uvicorn
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+
+@dataclass
+class StubState:
+    name: str = "stub"
+    fail_status: int | None = None
+    break_after: int | None = None
+    token_delay_s: float = 0.0
+    running: int = 0
+    served: Counter = field(default_factory=Counter)
+
+
+class BrokenStream(Exception):
+    """Raised inside a response body: uvicorn drops the connection mid-body."""
+
+
+def stub_app(state: StubState) -> Starlette:
+    async def complete(request: Request) -> Response:
+        body = await request.json()
+        state.served[request.headers.get("x-request-id", "")] += 1
+        if state.fail_status is not None:
+            return JSONResponse({"error": {"message": "stub failure"}}, status_code=state.fail_status)
+        n = int(body.get("max_tokens") or 16)
+        chat = request.url.path.endswith("chat/completions")
+        if not body.get("stream"):
+            state.running += 1
+            try:
+                for _ in range(n if state.token_delay_s else 0):
+                    await asyncio.sleep(state.token_delay_s)
+            finally:
+                state.running -= 1
+            choice = {"index": 0, "finish_reason": "length",
+                      **({"message": {"role": "assistant", "content": " t" * n}} if chat else {"text": " t" * n})}
+            return JSONResponse({"id": "cmpl-stub", "object": "chat.completion" if chat else "text_completion",
+                                 "model": "tiny", "choices": [choice],
+                                 "usage": {"prompt_tokens": 1, "completion_tokens": n, "total_tokens": n + 1}},
+                                headers={"x-stub": state.name})
+        return StreamingResponse(_events(state, n, chat), media_type="text/event-stream",
+                                 headers={"x-stub": state.name})
+
+    async def metrics(request: Request) -> Response:
+        text = (f"# TYPE vllm:kv_cache_usage_perc gauge\nvllm:kv_cache_usage_perc{{engine=\"0\"}} "
+                f"{min(1.0, state.running / 64)}\n"
+                f"# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running{{engine=\"0\"}} {state.running}\n"
+                "# TYPE vllm:num_requests_waiting gauge\nvllm:num_requests_waiting{engine=\"0\"} 0\n"
+                "# TYPE vllm:num_preemptions counter\nvllm:num_preemptions_total{engine=\"0\"} 0\n")
+        return PlainTextResponse(text)
+
+    async def models(request: Request) -> Response:
+        return JSONResponse({"object": "list", "data": [{"id": "tiny", "object": "model"}]})
+
+    async def health(request: Request) -> Response:
+        return PlainTextResponse("")
+
+    return Starlette(routes=[Route("/v1/completions", complete, methods=["POST"]),
+                             Route("/v1/chat/completions", complete, methods=["POST"]),
+                             Route("/metrics", metrics), Route("/v1/models", models), Route("/health", health)])
+
+
+async def _events(state: StubState, n: int, chat: bool):
+    state.running += 1
+    try:
+        for i in range(n):
+            if state.break_after is not None and i >= state.break_after:
+                raise BrokenStream("stub breaks the stream")
+            if state.token_delay_s:
+                await asyncio.sleep(state.token_delay_s)
+            delta = {"delta": {"content": " t"}} if chat else {"text": " t"}
+            chunk = {"id": "cmpl-stub", "object": "chat.completion.chunk" if chat else "text_completion",
+                     "choices": [{"index": 0, **delta, "finish_reason": "length" if i == n - 1 else None}]}
+            yield f"data: {json.dumps(chunk)}\n\n"
+        yield "data: [DONE]\n\n"
+    finally:
+        state.running -= 1
+
+
+class ServerThread:
+    """A uvicorn server on 127.0.0.1 (a free port) in a daemon thread; `stop()` ends it."""
+
+    def __init__(self, app, port: int = 0) -> None:
+        config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="error", access_log=False,
+                                lifespan="on", loop="uvloop", http="httptools", backlog=4096,
+                                timeout_keep_alive=75)
+        self.server = uvicorn.Server(config)
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+
+    def start(self, timeout_s: float = 20.0) -> "ServerThread":
+        self.thread.start()
+        deadline = time.monotonic() + timeout_s
+        while not self.server.started:
+            if time.monotonic() > deadline or not self.thread.is_alive():
+                raise RuntimeError("server did not start")
+            time.sleep(0.01)
+        return self
+
+    @property
+    def url(self) -> str:
+        port = self.server.servers[0].sockets[0].getsockname()[1]
+        return f"http://127.0.0.1:{port}"
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=10)
+
+
+class Fleet:
+    """Stub upstreams and a router in front of them, all on 127.0.0.1; a context manager."""
+
+    def __init__(self, stubs: int = 2, admin_token: str | None = "secret", **settings) -> None:
+        from cadencerl.router.app import create_app
+        from cadencerl.router.settings import make_settings
+
+        self.states = [StubState(f"stub{i}") for i in range(stubs)]
+        self.stubs = [ServerThread(stub_app(s)).start() for s in self.states]
+        settings.setdefault("metrics_interval_s", 0.1)
+        self.settings = make_settings(workers=[s.url for s in self.stubs], **settings)
+        self.app = create_app(self.settings, admin_token=admin_token)
+        self.router = ServerThread(self.app).start()
+        self.url = self.router.url
+
+    @property
+    def service(self):
+        return self.app.state.service
+
+    def __enter__(self) -> "Fleet":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.router.stop()
+        for s in self.stubs:
+            s.stop()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--name", default="stub")
+    args = parser.parse_args()
+    uvicorn.run(stub_app(StubState(args.name)), host="127.0.0.1", port=args.port, log_level="error",
+                access_log=False, loop="uvloop", http="httptools", backlog=4096)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,229 @@
+"""The MISA-T gate on hand-built views, one rule at a time: the capacity ramp, the pressure signal
+(tool-held KV included), the class deficit with its completion-time lead, quota lending, and
+continuations (never held; back home unless the home is overloaded)."""
+
+from __future__ import annotations
+
+import pytest
+
+from cadencerl.core.actions import Admit, Place
+from cadencerl.core.trajectory import State
+from cadencerl.policies.least_loaded import LeastLoaded
+from cadencerl.routing.misa import DECREASE, HIGH, INITIAL_SCALE, Admitted, MisaT
+from cadencerl.routing.misa_learn import WARMUP, ClassStats, PRIOR_REPLY
+from cadencerl.routing.routers import LeastLoadedRouter
+from tests.pools import pool, traj, worker
+
+MIX = {"agent": 0.5, "rlhf": 0.5}
+
+
+def fresh(n, cls="rlvr", start=100, prompt=10):
+    return [traj(i, prompt, prompt=prompt, cls=cls) for i in range(start, start + n)]
+
+
+def loaded(wid, n, start=None, ctx=10, **kw):
+    base = 1000 * (wid + 1) if start is None else start
+    return worker(wid, residents=[traj(i, ctx) for i in range(base, base + n)], **kw)
+
+
+def warm(misa, cls, footprint, duration):
+    misa.learner.stats[cls] = ClassStats(footprint, duration, WARMUP)
+
+
+# -- ramp: the first cap is the capacity estimate, then pressure corrects it -------------------------
+
+def test_the_first_cap_is_the_kv_budget_over_a_sessions_footprint_not_a_slow_start():
+    misa = MisaT({"rlvr": 1.0})
+    misa.observe(pool(LeastLoaded(), [worker(0, cap=100_000)], fresh=fresh(1)).view)
+    assert misa.caps[0] == pytest.approx(INITIAL_SCALE * HIGH * 100_000 / (10 + PRIOR_REPLY))
+
+
+def test_the_capacity_estimate_weights_each_class_by_how_long_it_holds_its_kv():
+    misa = MisaT(MIX)
+    warm(misa, "agent", footprint=4000, duration=300)
+    warm(misa, "rlhf", footprint=1000, duration=30)
+    misa.observe(pool(LeastLoaded(), [worker(0, cap=1_000_000)]).view)
+    per_session = (0.5 * 300 * 4000 + 0.5 * 30 * 1000) / (0.5 * 300 + 0.5 * 30)
+    assert misa.caps[0] == pytest.approx(INITIAL_SCALE * HIGH * 1_000_000 / per_session)
+
+
+@pytest.mark.parametrize("signal", ["preempted", "waiting"])
+def test_pressure_shrinks_the_cap_multiplicatively(signal):
+    misa = MisaT({"rlvr": 1.0})
+    w = worker(0, cap=100_000)
+    misa.observe(pool(LeastLoaded(), [w], fresh=fresh(1)).view)
+    first = misa.caps[0]
+    if signal == "preempted":
+        w.preemptions += 1
+    else:
+        w.num_waiting = 3
+    p = pool(LeastLoaded(), [w], fresh=fresh(1))
+    p.now = 1.0
+    misa.observe(p.view)
+    assert misa.caps[0] == pytest.approx(first * DECREASE)
+
+
+def test_a_measured_cap_in_use_under_low_kv_use_grows_but_an_unused_one_does_not():
+    misa = MisaT({"rlvr": 1.0})
+    warm(misa, "rlvr", footprint=500, duration=10)   # measured: first cap 0.5 x 9000 / 500 = 9
+    w = worker(0, cap=10_000)
+    misa.observe(pool(LeastLoaded(), [w], fresh=fresh(1)).view)
+    first = misa.caps[0]
+    p = pool(LeastLoaded(), [w], fresh=fresh(1))
+    p.now = 1.0
+    misa.observe(p.view)
+    assert misa.caps[0] == pytest.approx(first)    # unused: no growth
+    busy = loaded(0, 10, cap=10_000)
+    busy.engine_kv = 1000                          # 10% use with its cap in use
+    p = pool(LeastLoaded(), [busy], fresh=fresh(1))
+    p.now = 2.0
+    misa.observe(p.view)
+    assert misa.caps[0] == pytest.approx(first / DECREASE)   # one bounded step toward TARGET use
+
+
+def test_before_every_class_is_measured_a_cap_in_use_does_not_grow():
+    misa = MisaT({"rlvr": 1.0})
+    misa.observe(pool(LeastLoaded(), [worker(0, cap=100_000)], fresh=fresh(1)).view)
+    first = misa.caps[0]
+    busy = loaded(0, int(first) + 1, cap=100_000)
+    busy.engine_kv = 1000
+    p = pool(LeastLoaded(), [busy], fresh=fresh(1))
+    p.now = 1.0
+    misa.observe(p.view)
+    assert misa.caps[0] <= first                   # KV use lags admissions: no growth on a guess
+
+
+def test_kv_held_across_a_tool_wait_counts_as_pressure():
+    misa = MisaT({"rlvr": 1.0})
+    w = worker(0, cap=10_000)
+    w.engine_kv = 1000                              # the engine alone reports 10%
+    misa.observe(pool(LeastLoaded(), [w], fresh=fresh(1)).view)
+    away = traj(7, 9000)                            # a session between turns, its prefix cached on 0
+    away.state, away.home = State.TOOL, 0
+    misa.learner.track(away)
+    p = pool(LeastLoaded(), [w], fresh=fresh(1))
+    p.now = 1.0
+    misa.observe(p.view)
+    assert misa.scale[0] == pytest.approx(INITIAL_SCALE * DECREASE)   # 10% + 90% held: over HIGH
+
+
+# -- class deficit and its completion-time lead ----------------------------------------------------
+
+def gate_pool(misa, workers, fresh_, **state):
+    return pool(Admitted(misa, LeastLoaded()), workers, fresh=fresh_, **state)
+
+
+def admit_n(misa, cls, n, version=0):
+    for _ in range(n):
+        misa.record(cls, version)
+
+
+def test_the_class_furthest_behind_its_share_of_the_cohort_is_admitted_next():
+    misa = MisaT(MIX)
+    admit_n(misa, "agent", 10)
+    admit_n(misa, "rlhf", 2)
+    admit_n(misa, "agent", 50, version=-1)             # an older cohort: it does not count
+    p = gate_pool(misa, [worker(0, cap=1_000_000)], fresh(3, "agent") + fresh(3, "rlhf", start=200))
+    misa.observe(p.view)
+    assert misa.open_classes(p.view) == {"rlhf"}
+    admit_n(misa, "rlhf", 20, version=-1)
+    assert misa.open_classes(p.view) == {"rlhf"}       # still behind in the current cohort
+
+
+def test_a_slow_class_starts_first_in_its_cohort_and_the_lead_fades_as_the_cohort_fills():
+    misa = MisaT(MIX)
+    warm(misa, "agent", footprint=1000, duration=100)
+    warm(misa, "rlhf", footprint=1000, duration=10)
+    misa.learner.rate = 2.0                        # sessions complete at 2/s
+    counts = {"agent": 100, "rlhf": 59}            # agent already ahead of an even split
+    d = misa.deficits(["agent", "rlhf"], horizon=1000, counts=counts)
+    # the pool admits 2/s x (100 - 55) s = 90 sessions while an agent session runs past the mean,
+    # faded by the cohort's fill (160 of 1000)
+    lead = 90 * (1 - 160 / 1000)
+    assert d["agent"] == pytest.approx(0.5 * (160 + lead) - 100)
+    assert d["rlhf"] == pytest.approx(0.5 * (160 - lead) - 59)
+    assert d["agent"] > d["rlhf"]
+    full = misa.deficits(["agent", "rlhf"], horizon=160, counts=counts)   # the cohort is full: no lead
+    assert full["rlhf"] == pytest.approx(0.5 * 160 - 59)
+
+
+def test_a_class_too_far_ahead_waits_but_some_class_always_may_go():
+    misa = MisaT(MIX)
+    admit_n(misa, "agent", 500)
+    p = gate_pool(misa, [worker(0, cap=1_000_000)], fresh(3, "agent"), batch=100)
+    misa.observe(p.view)
+    assert misa.open_classes(p.view) == {"agent"}      # rlhf has nothing waiting: agent goes
+    p = gate_pool(misa, [worker(0, cap=1_000_000)], fresh(3, "agent") + fresh(3, "rlhf", start=200), batch=100)
+    misa.class_caps = {"agent": 1000, "rlhf": 0}
+    p.controller.active_by_class["agent"] = 1000       # agent uses its whole quota: nothing to lend
+    assert misa.open_classes(p.view) == set()          # rlhf capped, agent far ahead: both wait
+
+
+# -- quota lending ---------------------------------------------------------------------------------
+
+def test_a_class_borrows_the_quota_the_others_leave_unused_and_a_class_under_its_own_always_passes():
+    misa = MisaT(MIX)
+    p = gate_pool(misa, [worker(0, cap=1_000_000)], fresh(3, "agent") + fresh(1, "rlhf", start=300))
+    misa.observe(p.view)
+    misa.class_caps = {"agent": 2, "rlhf": 5}
+    admit_n(misa, "rlhf", 10)                          # rlhf ahead: agent is the one behind
+    p.controller.active_by_class.update({"agent": 5, "rlhf": 1})
+    assert misa.open_classes(p.view) == {"agent"}      # 5 < 2 + (5 - 1) unused by rlhf, lent
+    p.controller.active_by_class["agent"] = 6
+    misa.cohorts = {}
+    assert misa.open_classes(p.view) == {"rlhf"}       # agent past 2 + 4; rlhf under its own quota
+
+
+# -- continuations ---------------------------------------------------------------------------------
+
+def test_continuations_always_pass_a_closed_gate():
+    misa = MisaT({"rlvr": 1.0})
+    back = traj(1, 100)
+    back.home = 0
+    ws = [loaded(0, 4), loaded(1, 4)]
+    for w in ws:
+        w.num_waiting = 1
+    p = pool(Admitted(misa, LeastLoaded()), ws, pending=[back], fresh=fresh(2), admitted=9)
+    misa.observe(p.view)
+    misa.caps = {0: 4.0, 1: 4.0}                       # every worker at its cap: the gate is closed
+    misa._next_adapt = 10.0
+    acts = p.decide()
+    assert [a for a in acts if isinstance(a, Admit)] == []
+    assert Place(1, 0) in acts or Place(1, 1) in acts
+
+
+@pytest.mark.parametrize("overloaded", [False, True])
+def test_a_routers_continuation_goes_home_unless_home_is_overloaded(overloaded):
+    back = traj(1, 100)
+    back.home = 0
+    home = loaded(0, 20, cap=10_000)                   # the least-loaded router would pick worker 1
+    if overloaded:
+        home.num_waiting = 2
+    p = pool(Admitted(MisaT({"rlvr": 1.0}), LeastLoadedRouter()), [home, worker(1, cap=10_000)],
+             pending=[back], admitted=21)
+    acts = p.decide()
+    assert acts[0] == (Place(1, 1) if overloaded else Place(1, 0))
+
+
+def test_in_front_of_a_policy_that_never_overcommits_full_kv_is_not_pressure():
+    """CadenceRL keeps KV full on purpose (it evicts to its pending set): there the caps shrink
+    only on preemptions and engine queues, and grow when they bind."""
+    from cadencerl.policies.cadence import Cadence
+    from tests.pools import PARAMS
+
+    misa = MisaT({"rlvr": 1.0})
+    warm(misa, "rlvr", footprint=500, duration=10)
+    gate = Admitted(misa, Cadence(PARAMS))
+    assert not misa.kv_is_pressure
+    full = loaded(0, 20, cap=10_000)
+    full.engine_kv = 9_900
+    misa.observe(pool(gate, [full], fresh=fresh(1)).view)   # first cap: 0.5 x 9000 / 500 = 9 < 20 sessions
+    p = pool(gate, [full], fresh=fresh(1))
+    p.now = 1.0
+    misa.observe(p.view)
+    assert misa.scale[0] == pytest.approx(INITIAL_SCALE / DECREASE)   # 99% KV, its cap in use: it grew
+    full.preemptions += 1
+    p.now = 2.0
+    before = misa.scale[0]
+    misa.observe(p.view)
+    assert misa.scale[0] == pytest.approx(before * DECREASE)

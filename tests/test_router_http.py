@@ -1,0 +1,189 @@
+"""The router over HTTP, against stub upstreams on 127.0.0.1: the OpenAI surface, sessions and
+classes, bad requests, the admin token, the hold queue's 429, and the fault rules."""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+
+import httpx
+import pytest
+
+from router_stub import Fleet
+
+pytestmark = pytest.mark.timeout(60)
+
+TOKENS = {"model": "tiny", "prompt": [5, 6, 7, 8], "max_tokens": 4}
+
+
+def _events(text: str) -> list[str]:
+    return [line.removeprefix("data: ") for line in text.splitlines() if line.startswith("data: ")]
+
+
+def test_completions_streaming_and_not_with_token_ids_and_chat() -> None:
+    with Fleet() as f, httpx.Client(base_url=f.url, timeout=10) as c:
+        r = c.post("/v1/completions", json=TOKENS)
+        assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 4
+        r = c.post("/v1/completions", json={**TOKENS, "stream": True, "prompt": [[1, 2], [3, 4]]})
+        events = _events(r.text)
+        assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+        assert len(events) == 5 and events[-1] == "[DONE]" and json.loads(events[0])["choices"]
+        r = c.post("/v1/chat/completions", json={"model": "tiny", "messages": [{"role": "user", "content": "hi"}],
+                                                 "max_tokens": 2, "stream": True})
+        assert r.status_code == 200 and _events(r.text)[-1] == "[DONE]"
+        assert c.get("/v1/models").json()["data"][0]["id"] == "tiny"
+        assert c.get("/health").json()["workers_up"] == 2
+        metrics = c.get("/metrics").text
+        assert 'cadencerl_router_admissions_total{workload_class="agent"} 3.0' in metrics
+        assert "cadencerl_router_hold_depth 0.0" in metrics and "cadencerl_router_mix_dtv" in metrics
+
+
+def test_a_session_sticks_to_its_worker_by_header_or_user_field() -> None:
+    with Fleet() as f, httpx.Client(base_url=f.url, timeout=10) as c:
+        for session in ("a", "b", "c", "d"):
+            prompt = list(range(10))
+            seen = set()
+            for turn in range(4):
+                body = {**TOKENS, "prompt": prompt}
+                if session in "ab":
+                    r = c.post("/v1/completions", json=body, headers={"X-Session-Id": session,
+                                                                      "X-Workload-Class": "agent"})
+                else:
+                    r = c.post("/v1/completions", json={**body, "user": session})
+                assert r.status_code == 200
+                seen.add(r.headers["x-cadencerl-worker"])
+                prompt = prompt + [1] * 8
+            assert len(seen) == 1
+        svc = f.service
+        assert len(svc.state.parked) == 4
+        assert c.delete("/v1/sessions/a").status_code == 200 and len(svc.state.parked) == 3
+        assert c.delete("/v1/sessions/zzz").status_code == 404
+        r = c.post("/v1/completions", json=TOKENS, headers={"X-Session-Id": "b", "X-Session-End": "1"})
+        assert r.status_code == 200 and len(svc.state.parked) == 2
+        assert 'cadencerl_router_prefix_hits_total{kind="sticky"} 13.0' in c.get("/metrics").text
+
+
+@pytest.mark.parametrize("content, headers, status, param", [
+    (b"{not json", {}, 400, None),
+    (b"[1, 2]", {}, 400, None),
+    (b'{"model": "tiny"}', {}, 400, "prompt"),
+    (b'{"prompt": [1, -2]}', {}, 400, "prompt"),
+    (b'{"prompt": "x", "max_tokens": -1}', {}, 400, "max_tokens"),
+    (b'{"prompt": "x", "stream": "yes"}', {}, 400, "stream"),
+    (b'{"prompt": "x", "user": 5}', {}, 400, "user"),
+    (b'{"prompt": "x"}', {"X-Workload-Class": "nope"}, 400, "x-workload-class"),
+    (b'{"prompt": "' + b"x" * 5000 + b'"}', {}, 413, None),
+])
+def test_bad_requests_get_openai_errors_and_the_router_keeps_serving(content, headers, status, param) -> None:
+    with Fleet(max_body_bytes=4096) as f, httpx.Client(base_url=f.url, timeout=10) as c:
+        r = c.post("/v1/completions", content=content, headers={"content-type": "application/json", **headers})
+        assert r.status_code == status
+        err = r.json()["error"]
+        assert err["code"] == status and err["message"] and err["param"] == param
+        assert c.post("/v1/chat/completions", json={"messages": []}).json()["error"]["param"] == "messages"
+        assert c.get("/no/such/route").status_code == 404 and c.get("/v1/completions").status_code == 405
+        assert c.post("/v1/completions", json=TOKENS).status_code == 200
+
+
+def test_admin_needs_the_bearer_token() -> None:
+    with Fleet(admin_token="secret", policy="round-robin") as f, httpx.Client(base_url=f.url, timeout=10) as c:
+        url0 = f.settings.workers[0]
+        assert c.get("/admin/workers").status_code == 401
+        assert c.get("/admin/workers", headers={"Authorization": "Bearer wrong"}).status_code == 403
+        assert c.post("/admin/workers/drain", json={"url": url0}).status_code == 401
+        auth = {"Authorization": "Bearer secret"}
+        assert len(c.get("/admin/workers", headers=auth).json()["workers"]) == 2
+        assert c.post("/admin/workers/drain", json={"url": "nope"}, headers=auth).status_code == 400
+        assert c.post("/admin/workers/drain", json={"url": url0}, headers=auth).json()["draining"] is True
+        for _ in range(6):
+            assert c.post("/v1/completions", json=TOKENS).headers["x-cadencerl-worker"] == "1"
+        assert c.post("/admin/workers/remove", json={"url": url0}, headers=auth).status_code == 200
+        assert c.post("/admin/workers", json={"url": url0}, headers=auth).status_code == 201
+        assert c.post("/admin/workers", json={"url": url0}, headers=auth).status_code == 409
+        assert {r.headers["x-cadencerl-worker"] for r in
+                (c.post("/v1/completions", json=TOKENS) for _ in range(8))} == {"1", "2"}
+    with Fleet(admin_token="") as f, httpx.Client(base_url=f.url, timeout=10) as c:
+        assert c.get("/admin/workers", headers={"Authorization": "Bearer x"}).status_code == 403
+
+
+def test_new_sessions_beyond_the_hold_bound_get_429_with_retry_after() -> None:
+    with Fleet(stubs=1, hold_timeout_s=0.3, session_ttl_s=30) as f, httpx.Client(base_url=f.url, timeout=10) as c:
+        codes = []
+        for i in range(8):   # sessions park in tool waits and keep MISA-T's slots (initial cap 4)
+            r = c.post("/v1/completions", json=TOKENS, headers={"X-Session-Id": f"s{i}"})
+            codes.append(r.status_code)
+        admitted = codes.index(429)      # MISA-T's caps (4 sessions a server at first, shared by class)
+        assert admitted >= 1 and set(codes[admitted:]) == {429}
+        rejected = c.post("/v1/completions", json=TOKENS, headers={"X-Session-Id": "late"})
+        assert rejected.status_code == 429 and int(rejected.headers["retry-after"]) >= 1
+        assert rejected.json()["error"]["type"] == "hold_timeout"
+        r = c.post("/v1/completions", json=TOKENS, headers={"X-Session-Id": "s0"})
+        assert r.status_code == 200, "a continuation of an admitted session always passes"
+    with Fleet(stubs=1, hold_max=0, session_ttl_s=30) as f, httpx.Client(base_url=f.url, timeout=10) as c:
+        codes = [c.post("/v1/completions", json=TOKENS, headers={"X-Session-Id": f"s{i}"}).status_code
+                 for i in range(6)]
+        admitted = codes.index(429)
+        assert admitted >= 1 and set(codes[admitted:]) == {429}
+        assert 'cadencerl_router_rejections_total{reason="hold_full"}' in c.get("/metrics").text
+        assert f.service.state.live.keys() == {s.traj.id for s in f.service.state.parked.values()}
+
+
+def test_a_failing_server_is_retried_elsewhere_before_the_first_token() -> None:
+    with Fleet(policy="round-robin") as f, httpx.Client(base_url=f.url, timeout=10) as c:
+        f.states[0].fail_status = 500
+        for i in range(4):
+            r = c.post("/v1/completions", json={**TOKENS, "stream": i % 2 == 1})
+            assert r.status_code == 200 and r.headers["x-cadencerl-worker"] == "1"
+        retries = re.search(r"^cadencerl_router_retries_total (\S+)$", c.get("/metrics").text, re.M)
+        assert 1 <= float(retries.group(1)) <= 4     # out of rotation after a 5xx, until a health poll
+        f.states[0].fail_status = None
+        time.sleep(0.5)   # a health poll brings it back
+        assert {c.post("/v1/completions", json=TOKENS).headers["x-cadencerl-worker"] for _ in range(4)} == {"0", "1"}
+
+
+def test_a_dead_server_is_taken_out_and_its_sessions_move() -> None:
+    with Fleet() as f, httpx.Client(base_url=f.url, timeout=10) as c:
+        r = c.post("/v1/completions", json=TOKENS, headers={"X-Session-Id": "s"})
+        home = int(r.headers["x-cadencerl-worker"])
+        f.stubs[home].stop()
+        r = c.post("/v1/completions", json={**TOKENS, "stream": True}, headers={"X-Session-Id": "s"})
+        assert r.status_code == 200 and r.headers["x-cadencerl-worker"] == str(1 - home)
+        time.sleep(0.5)
+        assert c.get("/health").json()["workers_up"] == 1
+        f.stubs[1 - home].stop()
+        t0 = time.monotonic()
+        r = c.post("/v1/completions", json=TOKENS)
+        assert r.status_code in (502, 503) and r.json()["error"]["message"] and time.monotonic() - t0 < 8
+        time.sleep(0.5)
+        assert c.get("/health").status_code == 503 and c.get("/v1/models").status_code == 503
+
+
+def test_a_stream_broken_midway_ends_with_an_error_event() -> None:
+    with Fleet() as f, httpx.Client(base_url=f.url, timeout=10) as c:
+        for s in f.states:
+            s.break_after = 2
+        r = c.post("/v1/completions", json={**TOKENS, "stream": True, "max_tokens": 10},
+                   headers={"X-Session-Id": "s"})
+        events = _events(r.text)
+        assert r.status_code == 200 and len(events) == 4 and events[-1] == "[DONE]"
+        assert json.loads(events[2])["error"]["type"] == "upstream_error"
+        assert 'cadencerl_router_errors_total{kind="midstream"} 1.0' in c.get("/metrics").text
+        for s in f.states:
+            s.break_after = None
+        r = c.post("/v1/completions", json=TOKENS, headers={"X-Session-Id": "s"})
+        assert r.status_code == 200, "the session continues after a broken turn"
+
+
+def test_a_client_that_leaves_mid_stream_frees_its_slot_and_the_upstream_request() -> None:
+    with Fleet(stubs=1) as f, httpx.Client(base_url=f.url, timeout=10) as c:
+        f.states[0].token_delay_s = 0.05
+        with c.stream("POST", "/v1/completions", json={**TOKENS, "stream": True, "max_tokens": 200},
+                      headers={"X-Session-Id": "s"}) as r:
+            lines = r.iter_lines()
+            assert next(line for line in lines if line.startswith("data: "))
+        deadline = time.monotonic() + 5
+        while (f.states[0].running or f.service.state.workers[0].load) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert f.states[0].running == 0 and f.service.state.workers[0].load == 0
+        assert len(f.service.state.parked) == 1, "the session parks, ready for its next turn"

@@ -1,0 +1,172 @@
+"""Unit tests of the live router's adapter (`LiveState`), its settings, and its reading of vLLM's /metrics."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from cadencerl.config import ConfigError
+from cadencerl.core.actions import Admit, Place
+from cadencerl.core.trajectory import State
+from cadencerl.core.worker import Worker
+from cadencerl.engine.server_metrics import parse_metrics
+from cadencerl.router.live import HoldQueue, LiveState
+from cadencerl.router.service import build_policy
+from cadencerl.router.settings import make_settings, read_classes
+
+pytestmark = pytest.mark.timeout(30)
+
+
+def _state(policy: str = "misa+cache-aware", workers: int = 2, ttl: float = 10.0, max_sessions: int = 100) -> LiveState:
+    settings = make_settings(workers=[f"http://w{i}:1" for i in range(workers)], policy=policy)
+    ws = [Worker(id=i, accelerator="vllm", cluster="f", tp=1, kv_capacity=10_000, max_num_seqs=8, affinity=0)
+          for i in range(workers)]
+    return LiveState(build_policy(settings), ws, settings.target_mix, session_ttl_s=ttl, max_sessions=max_sessions)
+
+
+def test_a_session_is_admitted_then_its_continuation_returns_to_its_worker() -> None:
+    st = _state()
+    s = st.new_session("a", "agent", 100, group=1)
+    actions = st.decide(0.0)
+    assert actions == [Admit(s.traj.worker, s.traj.id)] and s.traj.state is State.RESIDENT
+    home = s.traj.worker
+    st.turn_ended(s, 50, 0.5)
+    assert s.traj.state is State.TOOL and st.workers[home].sessions == 1 and st.workers[home].load == 0
+    st.continuation(s, 100 + 50 + 30, 1.0)
+    assert s.traj.observation_tokens == 30
+    assert st.decide(1.0) == [Place(s.traj.id, home)]
+    st.finished(s, 20, 1.5)
+    assert s.traj.state is State.DONE and st.workers[home].sessions == 0
+    assert st.live == {} and st.by_key == {} and st.completed["agent"] == 1
+
+
+def test_misa_holds_new_sessions_beyond_its_caps_and_admits_when_one_finishes() -> None:
+    st = _state(workers=1)
+    sessions = [st.new_session(f"s{i}", "rlvr", 50, group=i) for i in range(10)]
+    st.decide(0.0)
+    admitted = [s for s in sessions if s.traj.state is State.RESIDENT]
+    held = [s for s in sessions if s.traj.state is State.FRESH]
+    assert admitted and held and len(st.hold) == len(held)
+    st.finished(admitted[0], 10, 0.1)
+    st.decide(0.1)
+    assert held[0].traj.state is State.RESIDENT   # the earliest held session goes first
+
+
+def test_parked_sessions_count_against_the_cap_until_their_ttl() -> None:
+    st = _state(workers=1, ttl=5.0)
+    first = [st.new_session(f"s{i}", "agent", 50, group=i) for i in range(10)]
+    st.decide(0.0)
+    running = [s for s in first if s.traj.state is State.RESIDENT]
+    for s in running:
+        st.turn_ended(s, 10, 0.2)
+    st.decide(0.2)
+    still_held = [s for s in first if s.traj.state is State.FRESH]
+    assert still_held, "parked sessions keep their slot: nothing new is admitted while they wait on tools"
+    assert st.expire(3.0) == 0
+    assert st.expire(5.3) == len(running) and not st.parked
+    st.decide(5.3)
+    assert still_held[0].traj.state is State.RESIDENT
+
+
+def test_parked_sessions_are_bounded() -> None:
+    st = _state(policy="cache-aware", max_sessions=3)
+    for i in range(10):
+        s = st.new_session(f"s{i}", "agent", 10, group=i)
+        st.decide(float(i))
+        st.turn_ended(s, 5, float(i) + 0.5)
+    assert len(st.parked) == 3 and len(st.live) == 3 and st.completed["agent"] == 7
+
+
+def test_withdraw_bounce_and_exclude() -> None:
+    st = _state(policy="cache-aware")
+    s = st.new_session(None, "rlhf", 10, group=1)
+    t = st.new_session(None, "rlhf", 10, group=2)
+    st.decide(0.0)
+    first = s.traj.worker
+    st.bounce(s, 0.1)
+    assert s.traj.state is State.PENDING and st.workers[first].load == 0
+    assert st.decide(0.1, exclude=frozenset({first})) == [Place(s.traj.id, 1 - first)]
+    assert st.workers[first].alive   # excluded for one pass only
+    u = st.new_session(None, "rlhf", 10, group=3)
+    st.workers[0].alive = st.workers[1].alive = False
+    st.decide(0.2)
+    st.withdraw(u)
+    assert len(st.hold) == 0 and u.traj.id not in st.live
+    assert t.traj.state is State.RESIDENT
+
+
+def test_a_live_router_refuses_actions_it_cannot_apply() -> None:
+    st = _state(policy="cache-aware")
+    st.policy.decide = lambda view: iter([object()])
+    with pytest.raises(ValueError):
+        st.decide(0.0)
+
+
+def test_mix_dtv() -> None:
+    st = _state(policy="cache-aware")
+    assert st.mix_dtv() == 0.0
+    for cls in ["agent"] * 486 + ["rlvr"] * 331 + ["rlhf"] * 182:
+        s = st.new_session(None, cls, 10, group=1)
+        st.decide(0.0)
+        st.finished(s, 1, 0.0)
+    assert st.mix_dtv() < 0.001
+    assert st.mix_dtv(recent=True) > 0.3       # the latest 256 are all RLHF
+
+
+def test_hold_queue_grows_in_arrival_order() -> None:
+    st = _state(policy="cache-aware")
+    q = HoldQueue()
+    a, b = (st.new_session(None, "rlvr", 1, 1).traj for _ in range(2))
+    q.push(a)
+    q.push(b)
+    assert len(q) == 2 and q.peek() is a and q.peek({"agent"}) is None
+    q.take(b)
+    assert q.peek() is a and len(q) == 1
+
+
+def test_vllm_metrics_set_the_workers_kv_and_queue() -> None:
+    text = """# TYPE vllm:kv_cache_usage_perc gauge
+vllm:kv_cache_usage_perc{engine="0",model_name="tiny"} 0.25
+# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{engine="0",model_name="tiny"} 3.0
+# TYPE vllm:num_requests_waiting gauge
+vllm:num_requests_waiting{engine="0",model_name="tiny"} 2.0
+# TYPE vllm:num_preemptions counter
+vllm:num_preemptions_total{engine="0",model_name="tiny"} 5.0
+# TYPE vllm:prefix_cache_hits counter
+vllm:prefix_cache_hits_total{engine="0",model_name="tiny"} 30.0
+# TYPE vllm:prefix_cache_queries counter
+vllm:prefix_cache_queries_total{engine="0",model_name="tiny"} 120.0
+# TYPE vllm:cache_config_info gauge
+vllm:cache_config_info{block_size="16",num_gpu_blocks="512"} 1.0
+"""
+    fig = parse_metrics(text)
+    st = _state()
+    st.set_figures(0, fig)
+    w = st.workers[0]
+    assert (w.kv_capacity, w.engine_kv, w.num_waiting, w.preemptions) == (8192, 2048, 2, 5)
+
+
+@pytest.mark.parametrize("fields, field", [
+    ({"workers": []}, "workers"), ({"workers": ["ftp://x"]}, "workers"),
+    ({"workers": ["http://a:1"], "policy": "cadence"}, "policy"),
+    ({"workers": ["http://a:1"], "classes": {"a": 0}}, "classes"),
+    ({"workers": ["http://a:1"], "cache_threshold": 2}, "cache_threshold"),
+    ({"workers": ["http://a:1"], "default_class": "zzz"}, "default_class"),
+])
+def test_bad_settings_name_their_field(fields: dict, field: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        make_settings(**fields)
+    assert err.value.args[0].startswith(field) and "\n" not in err.value.args[0]
+
+
+def test_classes_file(tmp_path: Path) -> None:
+    path = tmp_path / "c.yaml"
+    path.write_text("agent: 2\nrlvr: 1\nrlhf: 1\ndefault: rlhf\n")
+    shares, default = read_classes(path)
+    settings = make_settings(workers=["http://a:1"], classes=shares, default_class=default)
+    assert settings.target_mix == {"agent": 0.5, "rlvr": 0.25, "rlhf": 0.25} and settings.fallback_class == "rlhf"
+    path.write_text("- a\n")
+    with pytest.raises(ConfigError, match="^classes"):
+        read_classes(path)
