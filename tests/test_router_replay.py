@@ -138,7 +138,8 @@ def replay_sim(policy_name: str, specs: list[TrajectorySpec], events: list[tuple
 
 def replay_live(policy_name: str, specs: list[TrajectorySpec], events: list[tuple]) -> list[list[tuple]]:
     settings = make_settings(workers=["http://a:1", "http://b:1"], policy=policy_name, classes=MIX)
-    live = LiveState(build_policy(settings), _workers(), settings.target_mix, session_ttl_s=1e9)
+    live = LiveState(build_policy(settings), _workers(), settings.target_mix, session_ttl_s=1e9,
+                     batch_size=len(specs))  # the recording controller's trainer batch
     sessions = [live.new_session(f"s{s.id}", s.workload_class, s.prompt_len, s.group, 0.0) for s in specs]
     decisions = []
     for ev in events:

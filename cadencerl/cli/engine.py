@@ -19,8 +19,10 @@ from pathlib import Path
 import typer
 
 from cadencerl.cli.common import BatchOpt, ConfigOpt, JsonOpt, ScenarioOpt, bug, check_json_target, fail
-from cadencerl.cli.common import int_list, load_scenario, progress_bar, write_json
+from cadencerl.cli.common import int_list, load_scenario, write_json
+from cadencerl.cli.live import live_status
 from cadencerl.cli.pinning import pin_servers
+from cadencerl.cli.ray_pool import ray_down, ray_up, ray_urls
 from cadencerl.cli.tables import (
     calibration_table,
     console,
@@ -74,6 +76,22 @@ def pool_config(workers: int, kv_tokens: int, max_num_seqs: int, max_model_len: 
     return cfg
 
 
+def scenario_pool_config(scenario, local: int, kv_tokens: int | None):
+    """Local servers as the scenario's pool describes them (KV per catalog type, CPU quota for the slow
+    stand-ins) when `local` is its worker count; else `local` alike servers as before."""
+    from dataclasses import replace
+
+    from cadencerl.engine.server_specs import server_specs
+
+    specs = server_specs(scenario)
+    seqs = min(max(sp.max_num_seqs for sp in specs), 256)
+    if local != len(specs):
+        return pool_config(local, kv_tokens or 8192, seqs, None, "bfloat16")
+    kv = [kv_tokens or sp.kv_tokens for sp in specs]
+    cfg = pool_config(local, max(kv), seqs, min(2048, *kv), "bfloat16")
+    return replace(cfg, kv_tokens=tuple(kv), cpu_shares=tuple(sp.cpu_share for sp in specs))
+
+
 @contextlib.contextmanager
 def local_pool(cfg) -> Iterator[list[str]]:
     """A pool for the length of one command, in a fresh state dir; always stopped."""
@@ -94,16 +112,55 @@ def local_pool(cfg) -> Iterator[list[str]]:
     shutil.rmtree(state, ignore_errors=True)   # kept (with the logs) only when something failed
 
 
+@contextlib.contextmanager
+def weight_pusher(model_dir: Path | None):
+    """A hook pushing version N of `model_dir`'s weights into each advancing server (None: no hook)."""
+    from cadencerl.engine.weights import WeightPusher, WeightVersions
+
+    if model_dir is None:
+        yield None
+        return
+    folder = Path(tempfile.mkdtemp(prefix="cadencerl-weights-"))
+    pusher = None
+    try:
+        try:
+            pusher = WeightPusher(WeightVersions(model_dir, folder))
+        except FileNotFoundError as exc:
+            fail(str(exc))
+        yield pusher
+    finally:
+        if pusher is not None:
+            pusher.close()
+        shutil.rmtree(folder, ignore_errors=True)
+
+
 def pool_up(workers: int = typer.Option(2, "--workers", help="servers to start (one core each)"),
             kv_tokens: int = typer.Option(8192, "--kv-tokens", help="KV cache per server, in tokens"),
             max_num_seqs: int = typer.Option(32, "--max-num-seqs"),
             max_model_len: int | None = typer.Option(None, "--max-model-len"),
             dtype: str = typer.Option("bfloat16", "--dtype"),
-            state_dir: Path = typer.Option(DEFAULT_STATE_DIR, "--state-dir")) -> None:
-    """Build the tiny model and start local vLLM CPU servers; prints their URLs."""
+            state_dir: Path = typer.Option(DEFAULT_STATE_DIR, "--state-dir"),
+            ray: str | None = typer.Option(None, "--ray", help="Ray cluster address ('auto': the running one): "
+                                           "start one server per worker of the scenario as Ray actors"),
+            scenario: str | None = ScenarioOpt, config: Path | None = ConfigOpt) -> None:
+    """Build the tiny model and start vLLM CPU servers (local, or Ray actors); prints their URLs.
+
+    With a scenario, one server per worker of its pool, sized (KV, CPU quota) per accelerator type."""
     from cadencerl.engine.local_pool import LocalPool, PoolError
 
-    cfg = pool_config(workers, kv_tokens, max_num_seqs, max_model_len, dtype)
+    if ray is not None:
+        urls = ray_up(load_scenario(scenario, config, {}), ray, default_model_dir(), max_model_len)
+        state_dir.mkdir(parents=True, exist_ok=True)
+        (state_dir / "urls.txt").write_text(",".join(urls) + "\n")
+        console(True).print(f"{len(urls)} servers up as Ray actors; stop them with `cadencerl pool down --ray {ray}`")
+        typer.echo(",".join(urls))
+        return
+    if scenario is not None or config is not None:     # the scenario's pool, sized per worker type
+        s = load_scenario(scenario, config, {})
+        cfg = scenario_pool_config(s, sum(g.workers for g in s.pool), None)
+        workers = cfg.num_workers
+    else:
+        cfg = pool_config(workers, kv_tokens, max_num_seqs, max_model_len, dtype)
     pool = LocalPool(state_dir, cfg)
     try:
         pool.start()
@@ -116,10 +173,15 @@ def pool_up(workers: int = typer.Option(2, "--workers", help="servers to start (
     typer.echo(urls)
 
 
-def pool_down(state_dir: Path = typer.Option(DEFAULT_STATE_DIR, "--state-dir")) -> None:
-    """Stop exactly the servers `pool up` started in this state dir."""
+def pool_down(state_dir: Path = typer.Option(DEFAULT_STATE_DIR, "--state-dir"),
+              ray: str | None = typer.Option(None, "--ray", help="Ray cluster address: remove its server actors")) -> None:
+    """Stop exactly the servers `pool up` started in this state dir (or in that Ray cluster)."""
     from cadencerl.engine.local_pool import PoolError, down
 
+    if ray is not None:
+        console(True).print(f"removed {len(ray_down(ray))} Ray server actors")
+        (state_dir / "urls.txt").unlink(missing_ok=True)
+        return
     try:
         stopped = down(state_dir)
     except PoolError as exc:
@@ -128,19 +190,21 @@ def pool_down(state_dir: Path = typer.Option(DEFAULT_STATE_DIR, "--state-dir")) 
     console(True).print(f"stopped {len(stopped)} servers")
 
 
-def workers_or_local(workers: str | None, local: int | None) -> None:
-    if (workers is None) == (local is None):
-        fail("workers: give exactly one of --workers URL,URL,... or --local N")
+def workers_or_local(workers: str | None, local: int | None, ray: str | None = None) -> None:
+    if sum(x is not None for x in (workers, local, ray)) != 1:
+        fail("workers: give exactly one of --workers URL,URL,... or --local N" + (" or --ray ADDRESS" if ray else ""))
     positive("local", local)
 
 
 def _check_run_input(scenario: str | None, config: Path | None, policy: str, workers: str | None,
-                     labels: str | None, local: int | None, numbers: dict):
+                     labels: str | None, local: int | None, numbers: dict, ray: str | None = None):
     """The scenario, server URLs (None: start local ones) and labels of `run`, or a one-line error."""
     from cadencerl.runs.real import parse_urls, resolve_labels
     from cadencerl.runs.registry import make_policy
 
-    workers_or_local(workers, local)
+    workers_or_local(workers, local, ray)
+    if numbers["metrics_port"] is not None and not 0 <= numbers["metrics_port"] <= 65535:
+        fail(f"metrics_port: expected 0..65535, got {numbers['metrics_port']}")
     for name in ("trajectories", "kv_tokens"):
         positive(name, numbers[name])
     for name in ("seed", "eta", "delta"):
@@ -166,41 +230,64 @@ def run(scenario: str | None = ScenarioOpt, config: Path | None = ConfigOpt,
         workers: str | None = typer.Option(None, "--workers", help="server URLs, comma-separated"),
         labels: str | None = typer.Option(None, "--labels", help="catalog accelerator per URL (default cpu-tiny)"),
         local: int | None = typer.Option(None, "--local", help="start N local servers for this run"),
+        ray: str | None = typer.Option(None, "--ray", help="Ray cluster address: run on the servers of its actors"),
+        ray_actors: str | None = typer.Option(None, "--ray-actors", help="with --ray: these actors (names, "
+                                              "comma-separated) instead of those of `pool up --ray`"),
         kv_tokens: int | None = typer.Option(None, "--kv-tokens", help="KV tokens the controller may use per server"),
         trajectories: int | None = typer.Option(None), seed: int | None = typer.Option(None),
         eta: int | None = typer.Option(None), delta: int | None = typer.Option(None),
         batch_size: int | None = BatchOpt,
         deadline: float = typer.Option(3600.0, "--deadline", help="give up after this many seconds (at most a week)"),
+        weights: Path | None = typer.Option(None, "--weights", help="the servers' model folder: push a new "
+                                            "version of its weights into each server as it advances "
+                                            "(with --local: the tiny model, unless --no-push)"),
+        push: bool = typer.Option(True, "--push/--no-push", help="push real weight versions (see --weights)"),
+        metrics_port: int | None = typer.Option(None, "--metrics-port", help="serve the controller's state for "
+                                                "Prometheus on 127.0.0.1:PORT/metrics while the run goes on"),
         json_out: str | None = JsonOpt) -> None:
     """Run a scenario's workload with one policy on real vLLM servers; same figures as `sim`."""
     from cadencerl.api import run_real
     from cadencerl.core.actions import ActionError
     from cadencerl.core.controller import StallError
     from cadencerl.engine.backend import EngineRunError
+    from cadencerl.engine.weights import WeightPushError, pause_summary
 
     if not (math.isfinite(deadline) and 0 < deadline <= MAX_DEADLINE_S):
         fail(f"deadline: must be more than 0 and at most {MAX_DEADLINE_S:.0f} seconds, got {deadline}")
     s, urls, label_list = _check_run_input(scenario, config, policy, workers, labels, local, dict(
         trajectories=trajectories, batch_size=batch_size, kv_tokens=kv_tokens, seed=seed, eta=eta, delta=delta,
-        json_out=json_out))
+        json_out=json_out, metrics_port=metrics_port), ray)
     with contextlib.ExitStack() as stack:
-        if urls is None:
-            seqs = max(g.max_num_seqs for g in s.pool)
-            urls = stack.enter_context(local_pool(pool_config(local, kv_tokens or 8192, min(seqs, 256), None,
-                                                              "bfloat16")))
-        with progress_bar(True) as progress:
-            task = progress.add_task(f"{s.name} / {policy} (real)", total=s.workload.trajectories)
+        if ray is not None:
+            urls = ray_urls(ray, ray_actors)
+            weights = weights or (default_model_dir() if ray_actors is None else None)
+        elif urls is None:
+            urls = stack.enter_context(local_pool(scenario_pool_config(s, local, kv_tokens)))
+            weights = weights or default_model_dir()
+        pusher = stack.enter_context(weight_pusher(weights if push else None))
+        with live_status(f"{s.name} / {policy} (real)", json_out != "-") as status:
+            def watch(pool) -> None:
+                status.source, status.metrics_url = (lambda: pool.controller), (lambda: pool.metrics_url)
             try:
                 result = run_real(s, policy, urls, label_list, kv_tokens=kv_tokens, deadline_s=deadline,
-                                  progress=lambda done, total: progress.update(task, completed=done))
+                                  weight_update=pusher, metrics_port=metrics_port, on_pool=watch)
             except ConfigError as exc:
                 fail(str(exc))
             except StallError as exc:        # the knobs leave the policy no move: the message names them
                 fail(f"policy {policy}: {exc}")
             except EngineRunError as exc:    # the servers failed: not bad input, not our bug
                 fail(f"policy {policy}: {exc}", code=1)
+            except WeightPushError as exc:   # a server refused a weight version: not bad input either
+                fail(str(exc), code=1)
+            except OSError as exc:
+                fail(f"metrics_port: cannot serve on {metrics_port}: {exc}")
             except ActionError as exc:       # a policy broke the rules (a failed conservation check too: a bug)
                 bug(exc)
+        if pusher is not None:
+            result["weights"] = pause_summary(pusher.pushes)
+            console(json_out == "-").print(f"weights: {result['weights']['pushes']} pushes, pause median "
+                                           f"{result['weights']['pause_median_ms']:.0f} ms, max "
+                                           f"{result['weights']['pause_max_ms']:.0f} ms")
     print_tables([run_table([result], f"{s.name}: {policy} on {len(urls)} real servers"),
                   per_accelerator_table(result), engine_table(result)], json_out == "-")
     write_json(json_out, result)

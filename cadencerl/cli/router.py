@@ -31,6 +31,8 @@ def router(
     kv_capacity: Optional[int] = typer.Option(None, "--kv-capacity",
                                               help="KV tokens per server until it reports its own"),
     max_num_seqs: Optional[int] = typer.Option(None, "--max-num-seqs"),
+    batch_size: Optional[int] = typer.Option(None, "--batch-size", help="the trainer's batch: MISA-T keeps "
+                                             "each batch-sized cohort of sessions on the target mix (1024)"),
 ) -> None:
     """Serve /v1/completions and /v1/chat/completions, routing with the simulator's decision code.
 
@@ -52,7 +54,7 @@ def router(
             default_class=default, host=host, port=port, cache_threshold=cache_threshold,
             balance_abs_threshold=balance_abs_threshold, balance_rel_threshold=balance_rel_threshold,
             hold_max=hold_max, hold_timeout_s=hold_timeout, session_ttl_s=session_ttl, kv_capacity=kv_capacity,
-            max_num_seqs=max_num_seqs if max_num_seqs is not None else seqs)
+            max_num_seqs=max_num_seqs if max_num_seqs is not None else seqs, batch_size=batch_size)
     except ConfigError as exc:
         fail(str(exc))
     serve(settings)

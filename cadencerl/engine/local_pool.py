@@ -20,9 +20,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import random
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -34,7 +32,9 @@ from typing import Literal, Self
 
 import httpx
 
-from cadencerl.engine.processes import group_members, same_process, start_ticks, wait_groups_gone
+from cadencerl.engine.cpu_quota import CpuQuota, QuotaError
+from cadencerl.engine.processes import (free_port, group_members, same_process, start_ticks, term_with_parent,
+                                         wait_groups_gone)
 from cadencerl.engine.tiny_model import TINY_ARCH, ModelArch, is_built
 
 SERVED_MODEL_NAME = "tiny"
@@ -83,6 +83,16 @@ class PoolConfig:
     model_dir: Path | None = None
     extra_args: tuple[str, ...] = ()
     arch: ModelArch = TINY_ARCH
+    weight_routes: bool = True
+    """Serve vLLM's dev-mode routes (`VLLM_SERVER_DEV_MODE=1`: /pause, /collective_rpc, /weight_info,
+    ...) that `engine.weights` pushes new policy versions through, on `host` like every route."""
+    host: str = HOST
+    """The address servers bind (a Ray actor binds its node's address so other nodes reach it)."""
+    die_with_parent: bool = False
+    cpu_shares: tuple[float, ...] | None = None
+    """Per worker, the share of one core it may use (1.0: no cap): a cgroup CPU quota, applied once
+    the server is healthy and removed by `down` (engine/cpu_quota.py). Makes a server slower."""
+    """Servers get SIGTERM when the process that spawned them dies (a Ray actor whose node is lost)."""
 
     def kv_tokens_of(self, index: int) -> int:
         """KV tokens of worker `index`, rounded up to whole blocks."""
@@ -128,6 +138,7 @@ class SpawnedServer:
 class PoolState:
     model_dir: str
     servers: list[SpawnedServer] = field(default_factory=list)
+    cgroups: list[str] = field(default_factory=list)   # CPU-quota groups to remove at `down`
 
     def write(self, state_dir: Path) -> None:
         tmp = state_dir / f".{STATE_FILE}.tmp"
@@ -140,7 +151,8 @@ class PoolState:
             data = json.loads((Path(state_dir) / STATE_FILE).read_text())
         except FileNotFoundError:
             return None
-        return cls(model_dir=data["model_dir"], servers=[SpawnedServer(**s) for s in data["servers"]])
+        return cls(model_dir=data["model_dir"], servers=[SpawnedServer(**s) for s in data["servers"]],
+                   cgroups=data.get("cgroups", []))
 
 
 class LocalPool:
@@ -186,6 +198,8 @@ class LocalPool:
                 state.servers = list(self.servers)
                 state.write(self.state_dir)
             self._wait_healthy()
+            state.cgroups = self._apply_quotas()
+            state.write(self.state_dir)
         except BaseException:
             self.stop()
             raise
@@ -198,6 +212,18 @@ class LocalPool:
         down(self.state_dir, timeout_s=self.config.stop_timeout_s, procs=self._procs)
         self.servers = []
         self._procs = []
+
+    def _apply_quotas(self) -> list[str]:
+        shares = self.config.cpu_shares or ()
+        groups = []
+        for server, share in zip(self.servers, shares):
+            if share < 1.0:
+                quota = CpuQuota(share)
+                try:
+                    groups.append(str(quota.apply(group_members(server.pid))))
+                except QuotaError as exc:
+                    raise PoolError(f"worker {server.index}: {exc}") from None
+        return groups
 
     def _build_model(self) -> None:
         if is_built(self.model_dir, seed=self.config.seed):
@@ -220,7 +246,10 @@ class LocalPool:
 
     def _spawn(self, index: int) -> SpawnedServer:
         cfg = self.config
-        port = _free_port(exclude={s.port for s in self.servers})
+        try:
+            port = free_port(exclude={s.port for s in self.servers}, host=cfg.host)
+        except OSError as exc:
+            raise PoolError(f"worker {index}: {exc}") from None
         kv_tokens = cfg.kv_tokens_of(index)
         cores = sorted(os.sched_getaffinity(0))
         core = cores[index % len(cores)]
@@ -228,7 +257,7 @@ class LocalPool:
         options = {
             "--model": str(self.model_dir),
             "--served-model-name": SERVED_MODEL_NAME,
-            "--host": HOST,
+            "--host": cfg.host,
             "--port": str(port),
             "--dtype": cfg.dtype,
             "--max-model-len": str(cfg.max_model_len),
@@ -242,7 +271,7 @@ class LocalPool:
         cmd = [vllm_python(cfg.python), "-m", "vllm.entrypoints.openai.api_server"]
         cmd += [item for pair in options.items() for item in pair] + switches
         cmd += list(cfg.extra_args)
-        env = _server_env(core)
+        env = _server_env(core, cfg.weight_routes)
         with open(log_path, "wb") as log:
             proc = subprocess.Popen(
                 cmd,
@@ -252,11 +281,12 @@ class LocalPool:
                 env=env,
                 start_new_session=True,
                 cwd=self.state_dir,
+                preexec_fn=term_with_parent if cfg.die_with_parent else None,
             )
         self._procs.append(proc)
         return SpawnedServer(
             index=index,
-            url=f"http://{HOST}:{port}",
+            url=f"http://{cfg.host}:{port}",
             port=port,
             pid=proc.pid,
             start_ticks=start_ticks(proc.pid) or 0,
@@ -321,32 +351,11 @@ def down(
     left = {k: v for k, v in left.items() if v}
     if left:
         raise PoolError(f"processes still alive after SIGKILL: {left}")
+    for group in state.cgroups:
+        with contextlib.suppress(OSError):
+            os.rmdir(group)           # empty now: its processes are gone
     (state_dir / STATE_FILE).unlink(missing_ok=True)
     return ours
-
-
-def _free_port(exclude: set[int]) -> int:
-    """A free loopback port *below* the kernel's ephemeral range.
-
-    vLLM's own internal sockets bind ephemeral ports while a server starts; an API port taken from
-    that range could be grabbed by a sibling server before its owner binds it.
-    """
-    try:
-        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
-    except (OSError, ValueError, IndexError):
-        low = 32768
-    rng = random.Random()
-    for _ in range(200):
-        port = rng.randrange(max(1024, low - 12000), low)
-        if port in exclude:
-            continue
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-            try:
-                sock.bind((HOST, port))
-            except OSError:
-                continue
-            return port
-    raise PoolError("no free loopback port found below the ephemeral range")
 
 
 def _pythonpath() -> str:
@@ -354,9 +363,12 @@ def _pythonpath() -> str:
     return f"{_REPO_ROOT}{os.pathsep}{existing}" if existing else str(_REPO_ROOT)
 
 
-def _server_env(core: int) -> dict[str, str]:
+def _server_env(core: int, weight_routes: bool) -> dict[str, str]:
     env = dict(os.environ)
     env.pop("VLLM_CPU_KVCACHE_SPACE", None)  # would override --kv-cache-memory-bytes
+    env.pop("VLLM_SERVER_DEV_MODE", None)
+    if weight_routes:
+        env["VLLM_SERVER_DEV_MODE"] = "1"
     env.update(
         VLLM_CPU_OMP_THREADS_BIND=str(core),
         HF_HUB_OFFLINE="1",

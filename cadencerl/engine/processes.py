@@ -7,6 +7,9 @@ file) rests on a few small functions that need no server to test.
 from __future__ import annotations
 
 import os
+import random
+import signal
+import socket
 import subprocess
 import time
 from collections.abc import Sequence
@@ -64,3 +67,32 @@ def start_ticks(pid: int) -> int | None:
     return int(stat[21]) if stat is not None else None
 
 
+def free_port(exclude: set[int], host: str) -> int:
+    """A free port on `host` *below* the kernel's ephemeral range.
+
+    vLLM's own internal sockets bind ephemeral ports while a server starts; an API port taken from
+    that range could be grabbed by a sibling server before its owner binds it.
+    """
+    try:
+        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768
+    rng = random.Random()
+    for _ in range(200):
+        port = rng.randrange(max(1024, low - 12000), low)
+        if port in exclude:
+            continue
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            try:
+                sock.bind((host, port))
+            except OSError:
+                continue
+            return port
+    raise OSError("no free port found below the ephemeral range")
+
+
+def term_with_parent() -> None:
+    """In the child: ask Linux for SIGTERM when the parent dies (prctl PR_SET_PDEATHSIG)."""
+    import ctypes
+
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)

@@ -240,18 +240,47 @@ _TINY_PARAMS = 3_412_224  # cadencerl/engine/tiny_model.py TINY_ARCH.num_params 
 MODELS["tiny"] = Model("tiny", 4, 256, 4, 2, 64, _TINY_PARAMS, _TINY_PARAMS, sources={
     "*": "cadencerl/engine/tiny_model.py TINY_ARCH (random-init Qwen2-style, bf16, served as 'tiny')"})
 
-ACCELERATORS["cpu-tiny"] = _acc(
-    "cpu-tiny", (8192 * 2048 + 2 * _TINY_PARAMS) / GB + 1e-9, 5.297, 0.005636, 0.0, None, {
-        "hbm_gb": "sized so KV = 8,192 tokens: PoolConfig default kv_tokens (16 MiB --kv-cache-memory-bytes) + weights",
-        "mem_bw_gbs": _CAL, "bf16_tflops": _CAL, "step_overhead_s": _CAL,
-        "scaleup_link_gbs": "no scale-up link (one CPU core per server, tp=1)", "price_per_hour": "local machine",
-        "bw_efficiency": "1.0: mem_bw_gbs is already the fitted effective bandwidth",
-        "compute_efficiency": "1.0: bf16_tflops is already the fitted effective rate",
-        "memory_utilization": "1.0: the KV size is set exactly by --kv-cache-memory-bytes",
-        "activation_reserve_gb": "0: activations are outside the KV budget on vLLM CPU",
-        "max_num_batched_tokens": "cadencerl/engine/local_pool.py passes no --max-num-batched-tokens, so vLLM "
-                                  "0.32.0's CPU API-server default applies: 2048 x world size 1 (" + _VLLM_BUDGET + ")",
-        "kv_block_tokens": "cadencerl/engine/local_pool.py PoolConfig.block_size = 32 (--block-size; vLLM CPU "
-                           "needs a multiple of 32)"},
-    bw_efficiency=1.0, compute_efficiency=1.0, step_overhead_s=0.006933, memory_utilization=1.0,
-    activation_reserve_gb=0.0, max_num_batched_tokens=vllm_token_budget("cpu-tiny", 0.0, cpu=True), kv_block_tokens=32)
+
+def _cpu_server(name: str, kv_tokens: int, bw: float, tflops: float, overhead: float, src: str,
+                kv_note: str = "") -> Accelerator:
+    """A local vLLM CPU server of the tiny model; the fitted numbers already are effective ones."""
+    return _acc(
+        name, (kv_tokens * 2048 + 2 * _TINY_PARAMS) / GB + 1e-9, bw, tflops, 0.0, None, {
+            "hbm_gb": f"sized so KV = {kv_tokens:,} tokens{kv_note} (--kv-cache-memory-bytes) + weights",
+            "mem_bw_gbs": src, "bf16_tflops": src, "step_overhead_s": src,
+            "scaleup_link_gbs": "no scale-up link (one CPU core per server, tp=1)", "price_per_hour": "local machine",
+            "bw_efficiency": "1.0: mem_bw_gbs is already the fitted effective bandwidth",
+            "compute_efficiency": "1.0: bf16_tflops is already the fitted effective rate",
+            "memory_utilization": "1.0: the KV size is set exactly by --kv-cache-memory-bytes",
+            "activation_reserve_gb": "0: activations are outside the KV budget on vLLM CPU",
+            "max_num_batched_tokens": "cadencerl/engine/local_pool.py passes no --max-num-batched-tokens, so vLLM "
+                                      "0.32.0's CPU API-server default applies: 2048 x world size 1 (" + _VLLM_BUDGET + ")",
+            "kv_block_tokens": "cadencerl/engine/local_pool.py PoolConfig.block_size = 32 (--block-size; vLLM CPU "
+                               "needs a multiple of 32)"},
+        bw_efficiency=1.0, compute_efficiency=1.0, step_overhead_s=overhead, memory_utilization=1.0,
+        activation_reserve_gb=0.0, max_num_batched_tokens=vllm_token_budget(name, 0.0, cpu=True), kv_block_tokens=32)
+
+
+ACCELERATORS["cpu-tiny"] = _cpu_server("cpu-tiny", 8192, 5.297, 0.005636, 0.006933, _CAL,
+                                       ": PoolConfig default kv_tokens")
+
+# -- cpu-fast / cpu-slow: a heterogeneous pair of local vLLM CPU servers (issue 15) -----------------
+# Two servers of the tiny model made to differ like a fast small-memory and a slow large-memory
+# accelerator: cpu-fast has its core and 4,096 KV tokens; cpu-slow has 16,384 KV tokens and a cgroup
+# CPU quota of 20% of a core (docs/vllm-cpu-notes.md, "A heterogeneous real pair").
+_PAIR_KV = {"cpu-fast": 4096, "cpu-slow": 16384}
+_PAIR_CAL = ("fitted by `cadencerl calibrate --workers URL --accelerator {name}` on 2026-11-29, this machine "
+             "(2 vCPU shared with other jobs, load average 6-12: noisy), the pair of `cadencerl pool up -s "
+             "cpu-hetero` up, one server measured at a time; 8 points, rms error {rms}")
+
+
+CPU_SHARES = {"cpu-slow": 0.2}
+"""The share of one core a local server of that type may use (a cgroup CPU quota; others: 1.0).
+Source: chosen for issue 15 so that the slow server decodes ~2-3x slower than the fast one even on a
+loaded machine (at 0.4 the quota hardly bound while other jobs shared the cores)."""
+
+ACCELERATORS["cpu-fast"] = _cpu_server("cpu-fast", _PAIR_KV["cpu-fast"], 1.514, 0.002655, 0.01704,
+                                       _PAIR_CAL.format(name="cpu-fast", rms="11.2%"))
+ACCELERATORS["cpu-slow"] = _cpu_server("cpu-slow", _PAIR_KV["cpu-slow"], 1.349, 0.001349, 0.04749,
+                                       _PAIR_CAL.format(name="cpu-slow", rms="28.4%: the quota's 100 ms period "
+                                                        "makes step times lumpy"))

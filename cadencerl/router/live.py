@@ -70,8 +70,12 @@ class LiveState:
     tool_waiting: dict[int, int] = field(default_factory=dict)
     completed: Counter = field(default_factory=Counter)            # finished sessions per class
     recent: deque = field(default_factory=lambda: deque(maxlen=256))  # classes of the latest finishes
-    credits: CreditModel = field(default_factory=lambda: CreditModel(UNBOUNDED, 0, UNBOUNDED))
+    batch_size: int = 1024          # the trainer's batch: MISA-T keeps each batch-sized cohort on the mix
+    credits: CreditModel = field(init=False)
     _ids: itertools.count = field(default_factory=itertools.count)
+
+    def __post_init__(self) -> None:
+        self.credits = CreditModel(self.batch_size, UNBOUNDED, UNBOUNDED)
 
     # -- events -----------------------------------------------------------------------------------
 

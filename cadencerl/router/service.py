@@ -76,7 +76,7 @@ class RouterService:
         self._t0 = clock()
         self.upstreams: list[Upstream] = []
         self.state = LiveState(build_policy(settings), [], settings.target_mix, settings.session_ttl_s,
-                               settings.max_sessions)
+                               settings.max_sessions, batch_size=settings.batch_size)
         self.metrics = RouterMetrics()
         self.waiters: dict[int, asyncio.Future] = {}
         self.groups_seen: list[OrderedDict] = []

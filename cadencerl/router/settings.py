@@ -46,6 +46,7 @@ class RouterSettings(BaseModel):
     max_body_bytes: int = Field(default=16 * 2**20, gt=0)
     kv_capacity: int = Field(default=1 << 20, gt=0)      # tokens, until a server reports its own
     max_num_seqs: int = Field(default=256, gt=0)
+    batch_size: int = Field(default=1024, gt=0)          # the trainer's batch: MISA-T sizes its cohorts by it
 
     @field_validator("workers")
     @classmethod

@@ -1,0 +1,152 @@
+"""Real policy versions on real servers: write version v of the tiny model's weights, push it in.
+
+Why this shape:
+- vLLM 0.32's RL weight-update API (`/init_weight_transfer_engine`, `/start_weight_update`,
+  `/update_weights`, `/finish_weight_update`) moves tensors over NCCL or CUDA IPC, neither of which
+  the CPU build has. The nearest path that works there uses the same server's dev-mode routes
+  (`VLLM_SERVER_DEV_MODE=1`): `/pause?mode=abort` (drop anything in flight, clear the prefix
+  cache: cached KV of the old weights must not be reused), `/collective_rpc` `reload_weights`
+  with `weights_path` (the workers reload in place from a checkpoint folder), then
+  `/update_weight_version` (what `/weight_info` reports) and `/resume`.
+- A version is a checkpoint folder the servers can read: the base model with every floating-point
+  tensor deterministically perturbed for that version (a stand-in for a trained step). It is written
+  once per version with numpy alone (safetensors is a JSON header plus raw bytes), so the caller
+  needs no torch. Servers on other nodes need the folder on a shared filesystem.
+- The push is synchronous: the controller calls it as a worker advances, when by construction the
+  worker holds no residents, so pausing that one server costs the pool nothing but the pause.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import struct
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import numpy as np
+
+WEIGHTS_FILE_SUFFIX = ".safetensors"
+_FLOAT_BITS = {"BF16": (np.uint16, 0), "F16": (np.uint16, 3), "F32": (np.uint32, 16)}
+"""dtype -> (same-width unsigned view, lowest mantissa bit flipped): four low mantissa bits change,
+a relative perturbation of at most ~12% (bf16) per weight: enough to change greedy decoding."""
+_FLIPPED_BITS = 4
+
+
+class WeightPushError(RuntimeError):
+    """A server refused a step of the weight update; the message names the server and the step."""
+
+
+def perturb_safetensors(src: Path, dst: Path, version: int, seed: int = 0) -> None:
+    """Copy one safetensors file, flipping low mantissa bits of each float tensor (seeded by version)."""
+    raw = Path(src).read_bytes()
+    (header_len,) = struct.unpack("<Q", raw[:8])
+    header = json.loads(raw[8:8 + header_len])
+    data = bytearray(raw[8 + header_len:])
+    rng = np.random.default_rng([seed, version])
+    for name in sorted(k for k in header if k != "__metadata__"):
+        info = header[name]
+        if info["dtype"] not in _FLOAT_BITS:
+            continue
+        view_type, low = _FLOAT_BITS[info["dtype"]]
+        begin, end = info["data_offsets"]
+        bits = np.frombuffer(data, dtype=view_type, count=(end - begin) // np.dtype(view_type).itemsize,
+                             offset=begin)
+        mask = rng.integers(0, 1 << _FLIPPED_BITS, size=bits.size, dtype=np.uint32).astype(view_type) << low
+        np.bitwise_xor(bits, mask, out=bits)
+    Path(dst).write_bytes(raw[:8 + header_len] + bytes(data))
+
+
+class WeightVersions:
+    """Checkpoint folders `root/v{N}`, one per policy version, written on first use (atomically)."""
+
+    def __init__(self, base_dir: Path, root: Path, *, seed: int = 0) -> None:
+        self.base_dir, self.root, self.seed = Path(base_dir).resolve(), Path(root).resolve(), seed
+        self._lock = threading.Lock()
+        if not any(self.base_dir.glob(f"*{WEIGHTS_FILE_SUFFIX}")):
+            raise FileNotFoundError(f"weights: no {WEIGHTS_FILE_SUFFIX} file in {self.base_dir}")
+
+    def path(self, version: int) -> Path:
+        """Version 0 is the base model itself; later versions are written once and reused."""
+        if version == 0:
+            return self.base_dir
+        out = self.root / f"v{version}"
+        with self._lock:
+            if not out.exists():
+                self.root.mkdir(parents=True, exist_ok=True)
+                tmp = Path(tempfile.mkdtemp(prefix=f".v{version}-", dir=self.root))
+                try:
+                    for item in self.base_dir.iterdir():
+                        if item.suffix == WEIGHTS_FILE_SUFFIX:
+                            perturb_safetensors(item, tmp / item.name, version, self.seed)
+                        elif item.is_file():
+                            shutil.copy2(item, tmp / item.name)
+                    tmp.chmod(0o755)
+                    os.replace(tmp, out)
+                finally:
+                    shutil.rmtree(tmp, ignore_errors=True)
+        return out
+
+
+@dataclass(frozen=True)
+class WeightPush:
+    """One version pushed into one server; `pause_s` is from /pause sent to /resume answered."""
+
+    worker: int
+    url: str
+    version: int
+    pause_s: float
+    reload_s: float
+
+
+class WeightPusher:
+    """A `WeightUpdate` hook: pushes each version into the server of the worker that advances."""
+
+    def __init__(self, versions: WeightVersions, *, timeout_s: float = 120.0) -> None:
+        self.versions = versions
+        self.pushes: list[WeightPush] = []
+        self._http = httpx.Client(timeout=httpx.Timeout(timeout_s), trust_env=False)
+
+    def __call__(self, worker: int, url: str, version: int) -> None:
+        path = str(self.versions.path(version))      # written before the pause, not during it
+        start = time.perf_counter()
+        self._post(url, "/pause", params={"mode": "abort", "clear_cache": "true"})
+        try:
+            before = time.perf_counter()
+            self._post(url, "/collective_rpc", json={"method": "reload_weights", "kwargs": {"weights_path": path}})
+            reload_s = time.perf_counter() - before
+            self._post(url, "/update_weight_version", json={"new_version": str(version)})
+        finally:
+            self._post(url, "/resume")
+        self.pushes.append(WeightPush(worker, url, version, time.perf_counter() - start, reload_s))
+
+    def server_version(self, url: str) -> str | None:
+        """What the server says it runs (`/weight_info`)."""
+        response = self._http.get(f"{url.rstrip('/')}/weight_info")
+        response.raise_for_status()
+        return response.json().get("weight_version")
+
+    def close(self) -> None:
+        self._http.close()
+
+    def _post(self, url: str, route: str, **kwargs) -> None:
+        try:
+            response = self._http.post(f"{url.rstrip('/')}{route}", **kwargs)
+        except httpx.HTTPError as exc:
+            raise WeightPushError(f"weights: {route} failed on {url}: {exc}") from exc
+        if response.status_code != 200:
+            hint = " (start the server with VLLM_SERVER_DEV_MODE=1)" if response.status_code == 404 else ""
+            raise WeightPushError(f"weights: {route} on {url} answered {response.status_code}{hint}: "
+                                  f"{response.text[:200]}")
+
+
+def pause_summary(pushes: list[WeightPush]) -> dict:
+    """The pause per update of a run, for its figures."""
+    pauses = sorted(1000 * p.pause_s for p in pushes)
+    return {"pushes": len(pauses), "pause_median_ms": float(np.median(pauses)) if pauses else 0.0,
+            "pause_max_ms": pauses[-1] if pauses else 0.0}

@@ -1,0 +1,125 @@
+"""Real policy versions: each version's weights pushed into the servers as workers advance.
+
+The engine tests share the session's 2-server pool; every test here puts version 0 (the base
+model) back on both servers when it ends, so the other tests see the weights they expect.
+The first test needs no server.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import struct
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+
+from cadencerl.api import RolloutPool
+from cadencerl.config import builtin_scenario
+from cadencerl.engine.local_pool import SERVED_MODEL_NAME, LocalPool
+from cadencerl.engine.weights import WeightPusher, WeightVersions, perturb_safetensors
+
+pytestmark = pytest.mark.timeout(420)
+
+
+def write_safetensors(path: Path, tensors: dict[str, np.ndarray]) -> None:
+    header, blobs, offset = {}, [], 0
+    for name, array in tensors.items():
+        raw = array.tobytes()
+        header[name] = {"dtype": {"float32": "F32", "int64": "I64"}[array.dtype.name],
+                        "shape": list(array.shape), "data_offsets": [offset, offset + len(raw)]}
+        blobs.append(raw)
+        offset += len(raw)
+    text = json.dumps(header).encode()
+    path.write_bytes(struct.pack("<Q", len(text)) + text + b"".join(blobs))
+
+
+def read_tensor(path: Path, name: str, dtype: str) -> np.ndarray:
+    raw = path.read_bytes()
+    (n,) = struct.unpack("<Q", raw[:8])
+    begin, end = json.loads(raw[8:8 + n])[name]["data_offsets"]
+    return np.frombuffer(raw[8 + n + begin: 8 + n + end], dtype=dtype)
+
+
+def test_versions_perturb_floats_only_deterministically(tmp_path: Path) -> None:
+    base = tmp_path / "base"
+    base.mkdir()
+    weights = np.linspace(-1, 1, 1000, dtype=np.float32)
+    write_safetensors(base / "model.safetensors", {"w": weights, "ids": np.arange(10, dtype=np.int64)})
+    (base / "config.json").write_text("{}")
+    versions = WeightVersions(base, tmp_path / "versions")
+    assert versions.path(0) == base.resolve()
+    v1 = versions.path(1) / "model.safetensors"
+    w1 = read_tensor(v1, "w", "float32")
+    assert (versions.path(1) / "config.json").read_text() == "{}"
+    assert np.array_equal(read_tensor(v1, "ids", "int64"), np.arange(10))
+    assert not np.array_equal(w1, weights)
+    assert np.all(np.abs(w1 - weights) <= 0.125 * np.abs(weights))   # four low mantissa bits only
+    perturb_safetensors(base / "model.safetensors", tmp_path / "again.safetensors", 1)
+    assert (tmp_path / "again.safetensors").read_bytes() == v1.read_bytes()
+    assert not np.array_equal(read_tensor(versions.path(2) / "model.safetensors", "w", "float32"), w1)
+
+
+@pytest.fixture
+def pusher(engine_pool: LocalPool, tiny_model_dir: Path, tmp_path: Path) -> Iterator[WeightPusher]:
+    push = WeightPusher(WeightVersions(tiny_model_dir, tmp_path / "versions"))
+    try:
+        yield push
+    finally:
+        for index, url in enumerate(engine_pool.urls):
+            push(index, url, 0)
+        push.close()
+
+
+def greedy(url: str, prompt: list[int]) -> list[int]:
+    body = {"model": SERVED_MODEL_NAME, "prompt": prompt, "max_tokens": 24, "temperature": 0,
+            "ignore_eos": True, "return_token_ids": True}
+    response = httpx.post(f"{url}/v1/completions", json=body, timeout=60, trust_env=False)
+    response.raise_for_status()
+    return response.json()["choices"][0]["token_ids"]
+
+
+@pytest.mark.engine
+def test_a_push_changes_greedy_decoding_and_the_reported_version(engine_pool: LocalPool,
+                                                                 pusher: WeightPusher) -> None:
+    url, prompt = engine_pool.urls[0], [11, 250, 37, 1400, 9, 88]
+    before = greedy(url, prompt)
+    pusher(0, url, 1)
+    assert pusher.server_version(url) == "1"
+    after = greedy(url, prompt)
+    assert after != before
+    assert greedy(url, prompt) == after            # the new weights decode deterministically too
+    pusher(0, url, 0)
+    assert pusher.server_version(url) == "0"
+    assert greedy(url, prompt) == before           # version 0 is the base model again
+    print(f"\npause per update: {[round(p.pause_s * 1000) for p in pusher.pushes]} ms")
+
+
+@pytest.mark.engine
+def test_a_run_pushes_every_version_and_consumes_nothing_staler_than_eta(engine_pool: LocalPool,
+                                                                         pusher: WeightPusher) -> None:
+    s = builtin_scenario("cpu-pair").with_overrides(
+        workload={"trajectories": 48, "response": {"median": 64, "sigma": 1.0, "cap": 480}},
+        trainer={"batch_size": 12})
+    eta = s.policy.eta
+    with RolloutPool.from_scenario(s, engine_pool.urls, kv_tokens=1536, deadline_s=240,
+                                   weight_update=pusher) as pool:
+        published = []
+        for batch in pool.batches():
+            assert max(batch.staleness()) <= eta
+            published.append(pool.publish())
+        result = pool.result()
+    assert result["trajectories_completed"] == 48
+    assert published == [1, 2, 3, 4]
+    pushes = list(pusher.pushes)
+    for worker, url in enumerate(engine_pool.urls):
+        mine = [p.version for p in pushes if p.worker == worker]
+        assert mine and mine == sorted(set(mine)), mine           # each version once, in order
+        assert pusher.server_version(url) == str(mine[-1])
+    assert {p.version for p in pushes} >= {1, 2, 3}
+    pauses = [p.pause_s for p in pushes]
+    print(f"\n{len(pauses)} pushes; pause median {1000 * statistics.median(pauses):.0f} ms, "
+          f"max {1000 * max(pauses):.0f} ms")
