@@ -168,13 +168,44 @@ class TrainerSpec(_Strict):
 
 
 class PolicySpec(_Strict):
-    """Knobs shared by the policies; each policy documents which it reads."""
+    """Knobs shared by the policies; each policy documents which it reads.
+
+    * eta: the admission budget (every policy): fresh work may run eta versions ahead of training.
+    * delta: CadenceRL's decode reserve, tokens kept free once per pacing placement (paper App. B).
+    * headroom_floor: CadenceRL's floor, a fraction of each worker's KV.
+    * tick_s: time between two decisions of the controller.
+    * kv_preparation: CadenceRL stages KV so compatible moves skip re-prefill (off: `cadence-no-kv-prep`).
+    * pacing: CadenceRL evicts the longest resident of a worker below the floor (off: `cadence-no-pacing`).
+    * concentration: CadenceRL drains the residual tail by affinity once a version's budget is spent
+      (off: that version keeps pacing rules; `cadence-no-concentration`).
+    * prompt_affinity: CadenceRL places samples of one prompt where the last one went, when feasible
+      (off: `cadence-no-affinity`).
+    * growth_ticks: decision ticks of KV growth the floor also covers, so pacing evicts before the
+      engine would preempt (the growth rate is observed between decisions).
+    * spread_when_underloaded: CadenceRL's tight fit only while KV binds (a version has pending work);
+      otherwise it spreads fresh work to the least-loaded feasible worker.
+    * drain_needs_fresh_ahead, drain_whole_source: gates beyond the paper's "pending set is empty"
+      (drain only when a newer version has fresh work; only if the targets can take every resident
+      of the source at once). The first is on (without it a drained worker has nowhere to go and its
+      residents come back: the ablation `cadence-eager-drain` shows the loss), the second off.
+    * concentrate_when_kv_bound: CadenceRL drains a version's workers only once KV has bound under it
+      (a worker shed below its floor): before that there is no displaced tail, and moving work up the
+      affinity order pins the stronger workers to an old version (`cadence-always-concentrate`).
+    """
 
     eta: int = Field(default=1, ge=0, le=1000)
     delta: int = Field(default=1024, ge=0, le=MAX_TOKENS)
     headroom_floor: float = Field(default=0.05, ge=0, lt=1)
     tick_s: float = Field(default=0.5, ge=0.01, le=3600)  # a control decision at most 100 times a virtual second
     kv_preparation: bool = True
+    pacing: bool = True
+    concentration: bool = True
+    prompt_affinity: bool = True
+    growth_ticks: float = Field(default=1.0, ge=0)
+    spread_when_underloaded: bool = True
+    drain_needs_fresh_ahead: bool = True
+    drain_whole_source: bool = False
+    concentrate_when_kv_bound: bool = True
 
 
 class Scenario(_Strict):

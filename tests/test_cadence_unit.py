@@ -7,13 +7,17 @@ from cadencerl.policies.cadence import Cadence
 from tests.pools import PARAMS, pool, traj, worker
 
 
-def view(workers, **state):
-    """A pool holding exactly this state, decided by CadenceRL."""
-    return pool(Cadence(PARAMS), workers, **state)
+def view(workers, policy=None, now=0.0, **state):
+    """A pool holding exactly this state, decided by `policy` (default: CadenceRL with PARAMS)."""
+    p = pool(policy or Cadence(PARAMS), workers, **state)
+    p.now = now
+    return p
 
 
-def actions(p):
-    """Run one decision, applying each action as the controller would."""
+def actions(p, **options):
+    """Run one decision (with CadenceRL's `options` changed, if any), applying each action as the controller would."""
+    if options:
+        p.policy = p.controller.policy = Cadence(PARAMS.model_copy(update=options))
     return p.decide()
 
 
@@ -24,21 +28,55 @@ def test_pacing_evicts_the_longest_resident_of_a_worker_below_the_floor():
     assert acts[0] == Evict(2)
 
 
-def test_pacing_places_shortest_first_by_tight_fit():
+def test_pacing_places_shortest_first_by_tight_fit_while_kv_binds():
     full = worker(0, cap=10_000, residents=[traj(1, 7000)])
     empty = worker(1, cap=10_000)
-    acts = actions(view([full, empty], fresh=[traj(10, 50, group=5)], admitted=100, batch=100, total=300))
+    waiting = traj(20, 9500)  # pending and fits nowhere: KV binds
+    acts = actions(view([full, empty], pending=[waiting], fresh=[traj(10, 50, group=5)], admitted=100, batch=100,
+                        total=300))
     # fresh work goes to the nearly full worker (smallest post-placement headroom that stays feasible)
     assert acts == [Admit(0, 10)]
 
 
-def test_pacing_respects_the_per_resident_decode_reserve():
-    # 20 residents x delta 100 = 2000 reserved + floor 1000: a 7000-token worker has no room left
-    residents = [traj(i, 350) for i in range(20)]
-    crowded = worker(0, cap=10_000, residents=residents)
+def test_pacing_spreads_to_the_least_loaded_worker_when_nothing_is_pending():
+    full = worker(0, cap=10_000, residents=[traj(1, 7000), traj(2, 100), traj(4, 100)])
+    light = worker(1, cap=10_000, residents=[traj(3, 100)])  # fewer residents: it takes both
+    fresh = [traj(10, 50, group=5), traj(11, 50, group=6)]
+    acts = actions(view([full, light], fresh=fresh, admitted=100, batch=100, total=300))
+    assert acts == [Admit(1, 10), Admit(1, 11)]
+    acts = actions(view([worker(0, cap=10_000, residents=[traj(1, 7000), traj(2, 100)]),
+                         worker(1, cap=10_000, residents=[traj(3, 100)])],
+                        fresh=[traj(10, 50, group=5)], admitted=100, batch=100, total=300),
+                   spread_when_underloaded=False)
+    assert acts == [Admit(0, 10)]  # the option off: tight fit always
+
+
+def test_the_decode_reserve_counts_once_per_placement_not_per_resident():
+    # 20 residents, 7000 used: headroom 3000 - 50 clears floor 1000 + delta 100 once (not 1000 + 20 x 100)
+    crowded = worker(0, cap=10_000, residents=[traj(i, 350) for i in range(20)])
     roomy = worker(1, cap=10_000, residents=[traj(99, 1000)])
-    acts = actions(view([crowded, roomy], fresh=[traj(100, 50)], admitted=100, batch=100, total=300))
+    acts = actions(view([crowded, roomy], pending=[traj(98, 9900)], fresh=[traj(100, 50)], admitted=100,
+                        batch=100, total=300))
+    assert acts == [Admit(0, 100)]
+    tight = worker(0, cap=10_000, residents=[traj(i, 445) for i in range(20)])  # 8900 used: 1100 - 50 < 1100
+    acts = actions(view([tight, worker(1, cap=10_000, residents=[traj(99, 1000)])], pending=[traj(98, 9900)],
+                        fresh=[traj(100, 50)], admitted=100, batch=100, total=300))
     assert acts == [Admit(1, 100)]
+
+
+def test_the_floor_covers_growth_until_the_next_decision():
+    # residents grow 24 tokens/s each; at a 0.5 s tick, 10 residents add 120 tokens before the next decision
+    policy = Cadence(PARAMS)
+    residents = [traj(i, 880) for i in range(10)]             # 8800 used, headroom 1200 >= floor 1000
+    w = worker(0, cap=10_000, residents=residents)
+    assert actions(view([w, worker(1)], policy, fresh=[traj(50, 10)], admitted=100, batch=100, total=300)) \
+        == [Admit(1, 50)]
+    for t in residents:
+        t.tokens += 12                                         # 0.5 s later: 120 more tokens, headroom 1080
+    w.kv_used += 120
+    acts = actions(view([w, worker(1, residents=[traj(60, 10)])], policy, now=0.5, admitted=101, batch=100,
+                        total=300))
+    assert acts and acts[0] == Evict(max(residents, key=lambda t: t.context).id)  # 1080 < 1000 + 10 x 12 growth
 
 
 def test_pacing_prefers_a_worker_holding_a_sibling():
@@ -71,20 +109,52 @@ def test_concentration_gate_blocks_draining_while_pending_is_not_empty():
 
 
 def test_concentration_drains_the_lowest_affinity_worker_once_pending_is_empty():
+    # the newer version's only worker is full: fresh work waits for a drained worker
     src = worker(0, cap=10_000, affinity=1, residents=[traj(1, 500), traj(2, 700)])
     dst = worker(1, cap=10_000, affinity=0, residents=[traj(3, 500)])
-    newer = worker(2, cap=10_000, affinity=0, version=1)
+    newer = worker(2, cap=10_000, affinity=0, version=1, residents=[traj(40, 8900, version=1)])
     v = view([src, dst, newer], fresh=[traj(50, 20)], trainer_version=1, admitted=150, batch=100, total=400)
-    acts = actions(v)
+    acts = actions(v, concentrate_when_kv_bound=False)
     assert acts[:2] == [Evict(2), Evict(1)]          # the source departs, longest first
     assert Place(2, 1) in acts and Place(1, 1) in acts  # onto the higher-affinity worker
 
 
 def test_concentration_does_not_drain_when_nothing_newer_awaits():
-    src = worker(0, cap=10_000, affinity=1, residents=[traj(1, 500)])
-    dst = worker(1, cap=10_000, affinity=0, residents=[traj(3, 500)])
-    acts = actions(view([src, dst], fresh=[traj(50, 20)], admitted=200, batch=100, total=400))  # trainer at v0
+    def pool():
+        return [worker(0, cap=10_000, affinity=1, residents=[traj(1, 500)]),
+                worker(1, cap=10_000, affinity=0, residents=[traj(3, 500)])]
+    acts = actions(view(pool(), fresh=[traj(50, 20)], admitted=200, batch=100, total=400))  # trainer at v0
     assert not any(isinstance(a, Evict) for a in acts)
+    acts = actions(view(pool(), fresh=[traj(50, 20)], admitted=200, batch=100, total=400),
+                   drain_needs_fresh_ahead=False, concentrate_when_kv_bound=False)  # the paper's gate alone
+    assert acts == [Evict(1), Place(1, 1)]
+
+
+def test_whole_source_gate_keeps_a_source_that_the_targets_cannot_absorb():
+    def pool():
+        return [worker(0, cap=10_000, affinity=1, residents=[traj(1, 5500), traj(2, 500)]),
+                worker(1, cap=10_000, affinity=0, residents=[traj(3, 4000)]),
+                worker(2, cap=10_000, affinity=0, version=1, residents=[traj(40, 8900, version=1)])]
+    def state():
+        return view(pool(), fresh=[traj(50, 20)], trainer_version=1, admitted=150, batch=100, total=400)
+    acts = actions(state(), concentrate_when_kv_bound=False)  # paper: drain, place what fits, leave the rest pending
+    assert acts[:2] == [Evict(1), Evict(2)] and Place(2, 1) in acts and Place(1, 1) not in acts
+    acts = actions(state(), drain_whole_source=True, concentrate_when_kv_bound=False)
+    assert not any(isinstance(a, Evict) for a in acts)
+
+
+def test_concentration_waits_until_kv_has_bound_under_the_version():
+    def state(policy):
+        return view([worker(0, cap=10_000, affinity=1, residents=[traj(1, 500), traj(2, 700)]),
+                     worker(1, cap=10_000, affinity=0, residents=[traj(3, 500)]),
+                     worker(2, cap=10_000, affinity=0, version=1, residents=[traj(40, 8900, version=1)])],
+                    policy, fresh=[traj(50, 20)], trainer_version=1, admitted=150, batch=100, total=400)
+    policy = Cadence(PARAMS)
+    assert not any(isinstance(a, Evict) for a in actions(state(policy)))  # never bound: workers drain by themselves
+    crowded = worker(0, cap=10_000, residents=[traj(10, 5000), traj(11, 4500)])  # 500 free < floor 1000
+    actions(view([crowded, worker(1)], policy, fresh=[traj(60, 10)], admitted=100, batch=100, total=300))
+    assert policy.kv_bound == {0}
+    assert actions(state(policy))[:2] == [Evict(2), Evict(1)]  # bound under version 0: its tail concentrates
 
 
 def test_a_drained_worker_joins_an_intermediate_version_holding_weaker_tail_work():
@@ -92,5 +162,41 @@ def test_a_drained_worker_joins_an_intermediate_version_holding_weaker_tail_work
     weak_tail = worker(1, cap=10_000, affinity=2, version=1, residents=[traj(1, 8000, version=1)])
     keeper = worker(2, cap=10_000, affinity=1, version=0, residents=[traj(2, 100)])
     # budget: versions 0 and 1 are spent, version 2 has fresh room
-    v = view([strong, weak_tail, keeper], trainer_version=2, batch=100, total=1000, tags={0: 100, 1: 200})
+    v = view([strong, weak_tail, keeper], trainer_version=2, batch=100, total=1000,
+             tags={0: 100, 1: 200})
     assert Advance(0, 1) in actions(v)
+
+
+def test_the_room_index_answers_tight_fit_and_least_loaded():
+    from cadencerl.policies.cadence_state import RoomIndex
+
+    ws = [worker(0, residents=[traj(1, 6000)]), worker(1, residents=[traj(2, 100), traj(3, 100)]), worker(2)]
+    spare = {0: 4000, 1: 9800, 2: 10_000}
+    index = RoomIndex(ws, lambda w: spare[w.id])
+    assert index.tightest(3000) is ws[0] and index.tightest(9900) is ws[2] and index.tightest(20_000) is None
+    assert index.least_loaded(100) is ws[2] and index.least_loaded(9900) is ws[2]
+    spare[2] = 50
+    ws[2].residents[9] = traj(9, 50)
+    index.update(ws[2])
+    assert index.least_loaded(100) is ws[0] and index.tightest(60) is ws[0]
+
+
+def test_group_affinity_keeps_a_prompts_samples_together_while_it_can():
+    from cadencerl.policies.base import GroupAffinity
+
+    ws = [worker(0), worker(1), worker(2)]
+    pick = GroupAffinity().wrap(lambda cands, _t: min(cands, key=lambda w: (w.load, w.id)))
+    ws[0].residents[99] = traj(99, 10)
+    first = pick(ws, traj(1, 10, group=7))
+    assert first is ws[1]
+    assert pick(ws, traj(2, 10, group=7)) is ws[1]          # the sibling follows
+    assert pick([ws[0], ws[2]], traj(3, 10, group=7)) is ws[2]  # not a candidate any more: the chooser decides
+
+
+def test_no_drain_while_the_newer_versions_workers_take_the_fresh_work():
+    src = worker(0, cap=10_000, affinity=1, residents=[traj(1, 500), traj(2, 700)])
+    dst = worker(1, cap=10_000, affinity=0, residents=[traj(3, 500)])
+    newer = worker(2, cap=10_000, affinity=0, version=1)  # empty: it admits the fresh work first
+    acts = actions(view([src, dst, newer], fresh=[traj(50, 20)], trainer_version=1, admitted=150, batch=100,
+                        total=400), concentrate_when_kv_bound=False)
+    assert acts == [Admit(2, 50)]

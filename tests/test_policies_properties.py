@@ -51,7 +51,7 @@ def check(result: dict, scenario) -> None:
     assert result["latency_p95_s"] >= result["bound_latency_p95_s"] * (1 - 1e-9)
 
 
-ASYNC = [p for p in policy_names() if p not in ("dora",)]
+ASYNC = [p for p in policy_names() if not p.startswith("dora")]
 SETTINGS = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 

@@ -12,7 +12,8 @@ from typer.testing import CliRunner
 
 from cadencerl.cli.main import app
 from cadencerl.config import load_scenario_file
-from cadencerl.report.matrix import MIXED_POLICIES, HETEROGENEOUS_POOLS, make_settings, planned_runs
+from cadencerl.report.matrix import (ABLATION_POLICIES, GROUPED_BASELINES, HETEROGENEOUS_POOLS, MIXED_POLICIES,
+                                    STEADY_ITERATIONS, make_settings, planned_runs)
 
 runner = CliRunner()
 TINY = 128  # trajectories per run: the whole matrix in a few seconds
@@ -24,6 +25,7 @@ def report_dir(tmp_path_factory) -> Path:
     r = runner.invoke(app, ["report", "--quick", "--trajectories", str(TINY), "--jobs", "2", "--out", str(out)])
     assert r.exit_code == 0, r.output
     assert "report written to" in r.output
+    assert "CadenceRL vs the best baseline" in r.output and "16a16b8h" in r.output  # the headline, in the terminal
     return out
 
 
@@ -35,7 +37,7 @@ def test_files_written(report_dir):
 
 def test_every_section_and_table(report_dir):
     text = (report_dir / "report.md").read_text()
-    for n in range(1, 11):
+    for n in range(1, 12):
         assert re.search(rf"^## {n}\. ", text, re.M), f"section {n} missing"
     assert "## Headline" in text and "### Derivation" in text
     assert "| policy | throughput tok/s |" in text
@@ -43,6 +45,7 @@ def test_every_section_and_table(report_dir):
         assert re.search(rf"^\| {pool} \| [\d,]+ \|", text, re.M), f"no ratio row for {pool}"
     assert "MISA-T" in text
     assert "*Setup:*" in text and f"{TINY} trajectories" in text
+    assert "steady window" in text and "cadence-no-pacing" in text and "laminar-grouped" in text
 
 
 def test_every_referenced_image_exists_and_has_a_caption(report_dir):
@@ -62,12 +65,15 @@ def test_results_json_has_every_run(report_dir):
     mixed = [r for r in data["runs"] if r["scenario"].startswith("mixed-")]
     runs = [r for r in data["runs"] if not r["scenario"].startswith("mixed-")]
     assert len(runs) == len(planned_runs(make_settings(True, TINY))) + 2  # + the two traced runs
-    assert {r["policy"] for r in runs} == {"cadence", "sync", "one-off", "dora", "laminar", "areal", "least-loaded"}
+    assert {r["policy"] for r in runs} == {"cadence", "sync", "one-off", "dora", "laminar", "areal", "least-loaded",
+                                           *ABLATION_POLICIES, *GROUPED_BASELINES}
     assert {r["policy"] for r in mixed} == set(MIXED_POLICIES)  # section 10: MISA-T against the routers
     assert not [r for r in runs if r["policy"] == "dora" and r["scenario"] in HETEROGENEOUS_POOLS]
     for r in runs:
         assert r["trajectories_completed"] == TINY == r["setup"]["trajectories"]
-        assert {"throughput_tok_s", "latency_p95_s", "bound_throughput_tok_s", "context_timeline"} <= set(r)
+        assert {"throughput_tok_s", "latency_p95_s", "bound_throughput_tok_s", "context_timeline",
+                "steady_throughput_tok_s", "latency_from_submit_p95_s"} <= set(r)
+        assert r["steady_iterations"] == STEADY_ITERATIONS - 2
     assert sum("traces" in r for r in runs) == 2
 
 
@@ -111,7 +117,10 @@ def test_out_that_is_a_file_is_refused(tmp_path):
     assert r.exit_code == 2 and "not a directory" in r.output
 
 
-def test_quick_keeps_the_full_batch():
-    quick, full = make_settings(quick=True), make_settings()
-    assert quick.trajectories == 8192 and quick.batch_size is None  # same in-flight load as the full report
+def test_every_run_lasts_sixteen_iterations():
+    quick, full, sized = make_settings(quick=True), make_settings(), make_settings(trajectories=1600)
+    assert full.trajectories == 16 * 4096 and full.batch_size is None  # the scenarios' own batch
+    assert quick.trajectories == 16 * quick.batch_size
+    assert sized.trajectories == 16 * sized.batch_size == 1600
     assert len(quick.etas) < len(full.etas) and len(quick.deltas) < len(full.deltas)
+    assert len(quick.ablation_pools) == 1 and set(full.ablation_pools) == set(HETEROGENEOUS_POOLS)

@@ -139,8 +139,8 @@ def scenarios() -> None:
 
 
 def report(out: Optional[Path] = typer.Option(None, "--out", "-o", help="directory for report.md, figures/, results.json"),
-           quick: bool = typer.Option(False, "--quick", help="8192 trajectories per run (batch kept), fewer sweep points"),
-           trajectories: Optional[int] = typer.Option(None, help="trajectories per run (batch = a quarter); overrides --quick's size"),
+           quick: bool = typer.Option(False, "--quick", help="16 iterations of batch 512 per run, fewer sweep points, ablation on one pool"),
+           trajectories: Optional[int] = typer.Option(None, help="trajectories per run (batch = a sixteenth); overrides --quick's size"),
            seed: Optional[int] = typer.Option(None, help="workload seed for every run (default: the scenarios' own, 0)"),
            jobs: Optional[int] = typer.Option(None, help="simulations run in parallel (default: the CPU count)")) -> None:
     """Run the evaluation matrix (the paper's section 6) and write a markdown report with tables and plots."""
@@ -157,9 +157,19 @@ def report(out: Optional[Path] = typer.Option(None, "--out", "-o", help="directo
         fail(f"jobs: must be from 1 to {MAX_JOBS}, got {jobs}")
     try:
         check_out_dir(out)
-        path = build_report(out, quick=quick, trajectories=trajectories, seed=seed, processes=jobs)
+        path, headline = build_report(out, quick=quick, trajectories=trajectories, seed=seed, processes=jobs)
     except (ConfigError, OutputError) as exc:
         fail(str(exc))
     except ReportError as exc:   # a run of the built-in matrix failed: not the user's input
         bug(exc)
+    from rich.table import Table
+
+    from cadencerl.report.sections.pools import RATIO_HEADERS
+
+    table = Table(title="CadenceRL vs the best baseline, heterogeneous pools, steady window (report.md, section 2)")
+    for h in RATIO_HEADERS:
+        table.add_column(h.replace("**", ""), justify="left" if h == "pool" else "right")
+    for row in headline:
+        table.add_row(*(str(c).replace("**", "") for c in row))
+    console().print(table)
     console().print(f"report written to {path}")

@@ -6,15 +6,22 @@ from rich.console import Console
 from rich.table import Table
 
 
+def _steady(r: dict, key: str) -> str:
+    """A steady-window figure, or '-' when the run had fewer than three iterations."""
+    v = r.get("steady_" + key) if r.get("steady_window_s") else None
+    return "-" if v is None else (f"{v:,.0f}" if key.startswith("throughput") else f"{v:.1f}")
+
+
 def run_table(results: list[dict], title: str) -> Table:
-    """One row per run; with several runs, a ratio column against the best baseline."""
+    """One row per run: whole-run figures, then the steady window's (iterations 2..n-1)."""
     table = Table(title=title)
-    for col in ("policy", "throughput tok/s", "P50 s", "P95 s", "P99 s", "preempt", "evict", "migr",
-                "non-res P95", "sim s", "wall s"):
+    for col in ("policy", "throughput tok/s", "P50 s", "P95 s", "P99 s", "steady tok/s", "steady P95 s",
+                "steady P95 from submit s", "preempt", "evict", "migr", "non-res P95", "sim s", "wall s"):
         table.add_column(col, justify="left" if col == "policy" else "right")
     for r in results:
         table.add_row(r["policy"], f"{r['throughput_tok_s']:,.0f}", f"{r['latency_p50_s']:.1f}",
-                      f"{r['latency_p95_s']:.1f}", f"{r['latency_p99_s']:.1f}", str(r["preemptions"]),
+                      f"{r['latency_p95_s']:.1f}", f"{r['latency_p99_s']:.1f}", _steady(r, "throughput_tok_s"),
+                      _steady(r, "latency_p95_s"), _steady(r, "latency_from_submit_p95_s"), str(r["preemptions"]),
                       str(r.get("evictions", 0)), str(r.get("migrations", 0)),
                       f"{100 * r.get('non_resident_p95', 0):.0f}%", f"{r['sim_time_s']:.0f}",
                       f"{r['wall_time_s']:.2f}")
@@ -37,10 +44,12 @@ def comparison_table(results: list[dict], reference: str | None) -> Table:
     table = run_table(results, f"{results[0]['scenario']}: policies compared")
     if reference and baselines and any(r["policy"] == reference for r in results):
         ref = next(r for r in results if r["policy"] == reference)
-        best_tp = max(baselines, key=lambda r: r["throughput_tok_s"])
-        best_p95 = min(baselines, key=lambda r: r["latency_p95_s"])
-        table.caption = (f"{reference}: throughput x{ref['throughput_tok_s'] / best_tp['throughput_tok_s']:.2f} vs best "
-                         f"baseline ({best_tp['policy']}); P95 x{ref['latency_p95_s'] / best_p95['latency_p95_s']:.2f} "
+        steady = all(r.get("steady_window_s") for r in results)
+        tp, p95 = ("steady_throughput_tok_s", "steady_latency_p95_s") if steady else ("throughput_tok_s", "latency_p95_s")
+        best_tp = max(baselines, key=lambda r: r[tp])
+        best_p95 = min(baselines, key=lambda r: r[p95])
+        table.caption = (f"{reference}{' (steady window)' if steady else ''}: throughput x{ref[tp] / best_tp[tp]:.2f} "
+                         f"vs best baseline ({best_tp['policy']}); P95 x{ref[p95] / best_p95[p95]:.2f} "
                          f"vs best baseline ({best_p95['policy']})")
     return table
 
@@ -58,14 +67,18 @@ def print_tables(tables: list[Table], to_stderr: bool) -> None:
 
 
 def sensitivity_table(title: str, runs: list[dict], etas: list[int], deltas: list[int]) -> Table:
-    """Throughput / P95 for each (eta, delta) run: eta down the rows, delta across the columns."""
-    table = Table(title=f"{title} throughput tok/s / P95 s by eta (rows) and delta (columns)")
+    """Throughput / P95 for each (eta, delta) run: eta down the rows, delta across the columns; the
+    steady window's figures when every run has one."""
+    steady = all(r.get("steady_window_s") for r in runs)
+    tp, p95 = ("steady_throughput_tok_s", "steady_latency_p95_s") if steady else ("throughput_tok_s", "latency_p95_s")
+    table = Table(title=f"{title} {'steady-window ' if steady else ''}throughput tok/s / P95 s by eta (rows) and "
+                        "delta (columns)")
     table.add_column("eta")
     for d in deltas:
         table.add_column(f"delta {d}", justify="right")
     for eta in etas:
         cells = [next(r for r in runs if r["eta"] == eta and r["delta"] == d) for d in deltas]
-        table.add_row(str(eta), *(f"{r['throughput_tok_s']:,.0f} / {r['latency_p95_s']:.0f}" for r in cells))
+        table.add_row(str(eta), *(f"{r[tp]:,.0f} / {r[p95]:.0f}" for r in cells))
     return table
 
 

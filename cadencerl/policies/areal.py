@@ -16,15 +16,16 @@ from cadencerl.core.actions import Action, Admit, Interrupt
 from cadencerl.core.trajectory import Trajectory
 from cadencerl.core.view import PoolView
 from cadencerl.core.worker import Worker
-from cadencerl.policies.base import fits, place_pending
+from cadencerl.policies.base import GroupAffinity, fits, grouped, place_pending
 
 
 class AReaL:
-    name = "areal"
     kv_transfer = False
 
-    def __init__(self) -> None:
+    def __init__(self, group_affinity: bool = False) -> None:
+        self.name = "areal-grouped" if group_affinity else "areal"
         self._cursor = 0
+        self._choose = grouped(lambda ws, _t: self._next(ws, lambda w: True), GroupAffinity() if group_affinity else None)
 
     def decide(self, view: PoolView) -> Iterator[Action]:
         for w in view.alive():
@@ -33,8 +34,8 @@ class AReaL:
         workers = view.alive()
         yield from place_pending(view, self._sticky)   # tool returns, lost workers
         while (nxt := view.next_fresh()) is not None:
-            w = self._next(workers, lambda w: view.admissible(w.version) > 0 and fits(w, nxt.context)
-                           and view.accepts_new(w))
+            ok = [w for w in workers if view.admissible(w.version) > 0 and fits(w, nxt.context) and view.accepts_new(w)]
+            w = self._choose(ok, nxt) if ok else None
             if w is None:
                 return
             yield Admit(w.id, nxt.id)

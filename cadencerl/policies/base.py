@@ -10,6 +10,36 @@ from cadencerl.core.view import PoolView
 from cadencerl.core.worker import Worker
 
 
+class GroupAffinity:
+    """Prefix-aware routing as real RL rollout routers do it (verl's agent loop, SGLang's router):
+    the samples of one prompt go where the previous one went while it is a candidate, so the
+    prompt is prefilled once. Wraps a policy's own chooser; bounded memory of recent groups."""
+
+    def __init__(self, size: int = 16384) -> None:
+        self.size = size
+        self._home: dict[int, int] = {}
+
+    def wrap(self, choose: Callable[[list[Worker], Trajectory], Worker | None]
+             ) -> Callable[[list[Worker], Trajectory], Worker | None]:
+        def pick(workers: list[Worker], traj: Trajectory) -> Worker | None:
+            wid = self._home.get(traj.group)
+            w = next((w for w in workers if w.id == wid), None) if wid is not None else None
+            w = w or choose(workers, traj)
+            if w is not None:
+                self._home.pop(traj.group, None)
+                self._home[traj.group] = w.id
+                if len(self._home) > self.size:
+                    del self._home[next(iter(self._home))]
+            return w
+        return pick
+
+
+def grouped(choose: Callable[[list[Worker], Trajectory], Worker | None], affinity: "GroupAffinity | None"
+            ) -> Callable[[list[Worker], Trajectory], Worker | None]:
+    """`choose`, behind group affinity when the policy runs with it."""
+    return affinity.wrap(choose) if affinity is not None else choose
+
+
 def fits(worker: Worker, tokens: int, reserve: int = 0) -> bool:
     """Room for `tokens` more KV (plus `reserve`) and a free sequence slot."""
     return worker.headroom - tokens >= reserve and worker.load < worker.max_num_seqs

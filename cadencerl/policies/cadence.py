@@ -4,21 +4,26 @@ Per policy version v, the workers at v are in one of two modes:
 
 * **Pacing**, while fresh work of v remains under the admission budget: a worker whose KV headroom
   fell below the floor evicts its longest resident to the pending set P_v (long out); then pending
-  and fresh trajectories are placed shortest-first (short in), on a worker holding a sibling of
-  the same prompt if one is feasible, else by tight fit: the feasible worker with the smallest
-  post-placement headroom, feasible meaning post-placement headroom >= floor + delta per resident
-  (delta is a per-trajectory decode reserve: each resident keeps room to grow by delta tokens).
+  and fresh trajectories are placed shortest-first (short in), where the last sample of the same
+  prompt went if feasible, else by tight fit: the feasible worker with the smallest post-placement
+  headroom. Feasible: post-placement headroom clears the floor plus delta, a per-trajectory decode
+  reserve counted once per placement (App. B).
 * **Concentration**, once the budget for v is exhausted: pending trajectories are placed
-  longest-first on workers ordered by descending affinity, then headroom (feasible: headroom >=
-  floor, no delta). Only when P_v is empty (the gate) does the lowest-affinity worker drain: its
-  residents depart to P_v and are placed the same way. A drained worker advances to the newest
-  version, or first to an intermediate version whose weaker-affinity workers still hold tail work.
+  longest-first on workers ordered by descending affinity, then headroom (feasible: headroom clears
+  the floor, no delta). Only when P_v is empty (the gate) does the lowest-affinity worker drain: its
+  residents depart to P_v and are placed the same way; what does not fit stays pending, and its
+  growth throttles the next drain. A drained worker advances to the newest version, or first to an
+  intermediate version whose weaker-affinity workers still hold tail work.
 
-Where the paper is silent: a source drains only when a newer version has fresh work for it to
-advance to (draining earlier would leave it idle), and only if the workers above it in the
-affinity order (or equal but fuller) have the headroom to absorb its KV, so residents never
-bounce back; pacing never evicts a worker's last resident; the floor is a fraction of each
-worker's KV capacity.
+Where the paper is silent (each a named option in `PolicySpec`):
+
+* The floor is `headroom_floor` of the KV plus the growth of the worker's residents until the next
+  decision (`growth_ticks`, rate observed between decisions), so pacing evicts before the engine
+  would have to preempt. Pacing never evicts a worker's last resident.
+* Tight fit serves to keep large gaps for long pending work; while a version has nothing pending,
+  KV does not bind and fresh work is spread to the least-loaded feasible worker
+  (`spread_when_underloaded`), so CadenceRL never trails the least-loaded floor on a light load.
+* `drain_needs_fresh_ahead` and `drain_whole_source` add the gates an earlier version had.
 """
 
 from __future__ import annotations
@@ -27,145 +32,172 @@ from collections.abc import Iterator
 
 from cadencerl.config import PolicySpec
 from cadencerl.core.actions import Action, Admit, Advance, Evict, Place
+from cadencerl.core.trajectory import Trajectory
 from cadencerl.core.view import PoolView
 from cadencerl.core.worker import Worker
-from cadencerl.policies.base import fits
-
+from cadencerl.policies.cadence_state import GrowthMeter, PromptHomes, RoomIndex
 
 class Cadence:
-    name = "cadence"
-
-    def __init__(self, params: PolicySpec) -> None:
+    def __init__(self, params: PolicySpec, name: str = "cadence") -> None:
+        self.name = name
+        self.params = params
         self.delta = params.delta
         self.floor_frac = params.headroom_floor
         self.kv_transfer = params.kv_preparation
+        self.growth = GrowthMeter(params.tick_s * params.growth_ticks)
+        self.homes = PromptHomes() if params.prompt_affinity else None
+        self.kv_bound: set[int] = set()   # versions under which a worker had to shed below its floor
         self.kv_staging = params.kv_preparation   # late-bound: staged on relays at departure (section 4.4)
 
-    def floor(self, w: Worker) -> int:
-        return int(self.floor_frac * w.kv_capacity)
+    def floor(self, w: Worker, residents: int | None = None) -> int:
+        """Headroom to keep: the base floor plus the growth of `residents` until the next decision."""
+        n = len(w.residents) if residents is None else residents
+        return int(self.floor_frac * w.kv_capacity) + self.growth.tokens(w, n)
 
-    def _reserve(self, w: Worker, per_resident: int) -> int:
-        """The headroom a placement must leave on `w`: the floor, plus `per_resident` decode tokens
-        for every resident it would then hold."""
-        return self.floor(w) + per_resident * (w.load + 1)
-
-    def _feasible(self, w: Worker, tokens: int, per_resident: int) -> bool:
-        return fits(w, tokens, self._reserve(w, per_resident))
+    def _room(self, w: Worker, tokens: int, reserve: int) -> int:
+        """Post-placement headroom above the floor (with growth) and `reserve`; negative (or no slot):
+        infeasible. `floor` inlined: this is the hot path of every placement."""
+        load = len(w.residents)
+        if load >= w.max_num_seqs:
+            return -1
+        growth = int((load + 1) * self.growth.per_resident(w))
+        return w.kv_capacity - w.kv_used - tokens - reserve - int(self.floor_frac * w.kv_capacity) - growth
 
     # -- the decision ---------------------------------------------------------------------------
 
     def decide(self, view: PoolView) -> Iterator[Action]:
+        self.growth.observe(view)
         groups: dict[int, list[Worker]] = {}
-        for w in view.alive():
-            groups.setdefault(w.version, []).append(w)
-        for v in sorted(groups):
-            if view.admissible(v) > 0:
+        for w in view.workers:
+            if w.alive:
+                groups.setdefault(w.version, []).append(w)
+        # Newest first: fresh work goes to the workers already at its version, so an older version's
+        # drain sees only the fresh work they could not take (what a drained worker would run).
+        for v in sorted(groups, reverse=self.params.drain_needs_fresh_ahead):
+            if view.admissible(v) > 0 or not self.params.concentration:
                 yield from self._pace(view, v, groups[v])
             else:
                 yield from self._concentrate(view, v, groups[v])
         yield from self._advance(view)
 
+    def _shed(self, workers: list[Worker]) -> Iterator[Action]:
+        """Long out: a worker below its floor evicts its longest resident, never its last one."""
+        if not self.params.pacing:
+            return
+        for w in workers:
+            while w.load > 1 and w.headroom < self.floor(w):
+                self.kv_bound.add(w.version)
+                yield Evict(max(w.residents.values(), key=lambda t: t.context).id)
+
     # -- pacing ---------------------------------------------------------------------------------
 
     def _pace(self, view: PoolView, v: int, workers: list[Worker]) -> Iterator[Action]:
-        for w in workers:
-            while w.headroom < self.floor(w) and w.load > 1:
-                yield Evict(max(w.residents.values(), key=lambda t: t.context).id)
-        # Shortest first over fresh and pending work. Feasibility is monotone in length, so the
-        # first trajectory that fits nowhere ends its stream.
+        yield from self._shed(workers)
         pending = sorted(view.pending.at(v), key=lambda t: t.context)
-        i = 0
-        fresh_open = True
-        siblings: dict[int, set[int]] | None = None
-        last_fresh: tuple[int, int] | None = None   # (group, worker) of the last admission
+        spread = self.params.spread_when_underloaded and not pending
+        every = RoomIndex(workers, self._spare)
+        newcomers = RoomIndex([w for w in workers if view.accepts_new(w)], self._spare) if view.gate else every
+        # Shortest first over fresh and pending work; feasibility is monotone in length, so the first
+        # trajectory that fits nowhere ends its stream.
+        # The budget falls by one per admission (every credit constraint at or above v does); it is
+        # re-read when it reaches zero, and every time when an admission layer holds its own count.
+        i, budget = 0, view.admissible(v)
         while True:
-            fresh = view.next_fresh() if fresh_open and view.admissible(v) > 0 else None
+            if budget == 0 or (view.gate is not None and budget > 0):
+                budget = view.admissible(v) or -1  # -1: no more fresh work this decision
+            fresh = view.next_fresh() if budget > 0 else None
             nxt = pending[i] if i < len(pending) else None
             if fresh is None and nxt is None:
                 return
-            if fresh is not None and (nxt is None or fresh.context <= nxt.context):
-                w = None
-                if last_fresh and last_fresh[0] == fresh.group:
-                    cand = view.workers[last_fresh[1]]
-                    w = cand if self._feasible(cand, fresh.context, self.delta) and view.accepts_new(cand) else None
-                w = w or self._tight_fit([x for x in workers if view.accepts_new(x)] if view.gate else workers,
-                                         fresh.context)
-                if w is None:
-                    fresh_open = False
-                    continue
-                last_fresh = (fresh.group, w.id)
-                yield Admit(w.id, fresh.id)
+            is_fresh = fresh is not None and (nxt is None or fresh.context <= nxt.context)
+            traj, index = (fresh, newcomers) if is_fresh else (nxt, every)
+            need = traj.context + self.delta
+            w = self._home(view, traj, index, need)
+            w = w or (index.least_loaded(need) if spread else index.tightest(need))
+            if w is None:
+                if is_fresh:
+                    budget = -1
+                else:
+                    pending = pending[:i]  # nothing longer fits either
                 continue
-            tight = self._tight_fit(workers, nxt.context)
-            if tight is None:
-                pending = pending[:i]  # nothing longer fits either
-                continue
-            if siblings is None:
-                siblings = _sibling_index(workers, {t.group for t in pending[i:]})
-            home = next((view.workers[wid] for wid in sorted(siblings.get(nxt.group, ()))
-                         if self._feasible(view.workers[wid], nxt.context, self.delta)), None)
-            w = home or tight
-            siblings.setdefault(nxt.group, set()).add(w.id)
-            i += 1
-            yield Place(nxt.id, w.id)
+            self._note(traj, w)
+            if is_fresh:
+                budget -= 1
+                yield Admit(w.id, traj.id)
+            else:
+                i += 1
+                yield Place(traj.id, w.id)
+            for idx in {id(every): every, id(newcomers): newcomers}.values():
+                if w in idx:
+                    idx.update(w)
 
-    def _tight_fit(self, workers: list[Worker], tokens: int) -> Worker | None:
-        """The feasible worker (decode reserve delta) left with the least spare room after the placement."""
-        best, best_room = None, None
-        for w in workers:
-            reserve = self._reserve(w, self.delta)
-            if fits(w, tokens, reserve):
-                room = w.headroom - tokens - reserve
-                if best_room is None or room < best_room:
-                    best, best_room = w, room
-        return best
+    def _spare(self, w: Worker) -> int:
+        """Room for one more trajectory above the floor (with its growth); -1 without a free slot."""
+        return self._room(w, 0, 0)
+
+    def _home(self, view: PoolView, traj: Trajectory, index: RoomIndex, need: int) -> Worker | None:
+        """Prompt affinity: the worker the last sample of this prompt went to, if it is a feasible candidate."""
+        if self.homes is None:
+            return None
+        wid = self.homes.get(traj.group)
+        if wid is None:
+            return None
+        w = view.workers[wid]
+        return w if w in index and self._spare(w) >= need else None
+
+    def _note(self, traj: Trajectory, w: Worker) -> None:
+        if self.homes is not None:
+            self.homes.note(traj.group, w.id)
 
     # -- concentration --------------------------------------------------------------------------
 
     def _concentrate(self, view: PoolView, v: int, workers: list[Worker]) -> Iterator[Action]:
+        yield from self._shed(workers)
         yield from self._place_longest_first(view, v, workers)
         if view.pending.count(v):
             return  # the gate: a cascade resolves before another begins
-        if not self._fresh_ahead(view, v):
-            return  # a drained worker would idle: nothing newer to advance to yet
+        if self.params.drain_needs_fresh_ahead and not _fresh_ahead(view, v):
+            return
+        if self.params.concentrate_when_kv_bound and v not in self.kv_bound:
+            return  # KV never bound under v: no displaced tail to concentrate, its workers drain by themselves
         for src in sorted((w for w in workers if w.residents), key=lambda w: (-w.affinity, w.kv_used, w.id)):
             # Work only moves up the affinity order; between equals it consolidates onto fuller workers.
             targets = [w for w in workers if w.affinity < src.affinity
                        or (w.affinity == src.affinity and w is not src and (w.kv_used, w.id) > (src.kv_used, src.id))]
-            room = sum(max(0, w.headroom - self.floor(w)) for w in targets)
-            slots = sum(w.max_num_seqs - w.load for w in targets)
-            if not targets or room < src.kv_used or slots < src.load:
+            if not targets or (self.params.drain_whole_source and not self._absorbs(targets, src)):
                 continue
             for traj in sorted(src.residents.values(), key=lambda t: -t.context):
                 yield Evict(traj.id)
             yield from self._place_longest_first(view, v, targets)
             return
 
-    @staticmethod
-    def _fresh_ahead(view: PoolView, v: int) -> bool:
-        return any(view.admissible(u) > 0 for u in range(v + 1, view.trainer_version + 1))
+    def _absorbs(self, targets: list[Worker], src: Worker) -> bool:
+        room = sum(max(0, self._room(w, 0, 0)) for w in targets)
+        slots = sum(w.max_num_seqs - w.load for w in targets)
+        return room >= src.kv_used and slots >= src.load
 
     def _place_longest_first(self, view: PoolView, v: int, workers: list[Worker]) -> Iterator[Action]:
-        targets = sorted(workers, key=lambda w: (w.affinity, -w.headroom, w.id))
+        order = lambda w: (w.affinity, -w.headroom, w.id)  # noqa: E731
+        targets = sorted(workers, key=order)
         largest = self._largest_room(targets)
         for traj in sorted(view.pending.at(v), key=lambda t: -t.context):
-            ctx = traj.context
-            if ctx > largest:
+            if traj.context > largest:
                 continue  # fits nowhere: skip without scanning
-            w = next(w for w in targets if self._feasible(w, ctx, 0))
+            w = next(w for w in targets if self._room(w, traj.context, 0) >= 0)
+            self._note(traj, w)
             yield Place(traj.id, w.id)
-            targets.sort(key=lambda w: (w.affinity, -w.headroom, w.id))
+            targets.sort(key=order)
             largest = self._largest_room(targets)
 
     def _largest_room(self, workers: list[Worker]) -> int:
         """The longest context any of `workers` could take right now (floor kept, no reserve)."""
-        return max((w.headroom - self.floor(w) for w in workers if w.load < w.max_num_seqs), default=-1)
+        return max((self._room(w, 0, 0) for w in workers if w.load < w.max_num_seqs), default=-1)
 
     # -- advancing ------------------------------------------------------------------------------
 
     def _advance(self, view: PoolView) -> Iterator[Action]:
-        for w in view.alive():
-            if not view.may_advance(w) or view.admissible(w.version) > 0:
+        for w in view.workers:
+            if not w.alive or not view.may_advance(w) or view.admissible(w.version) > 0:
                 continue
             yield Advance(w.id, self._next_version(view, w))
 
@@ -179,12 +211,5 @@ class Cadence:
         return view.trainer_version
 
 
-def _sibling_index(workers: list[Worker], groups: set[int]) -> dict[int, set[int]]:
-    """Which workers hold a resident of each prompt group in `groups`."""
-    index: dict[int, set[int]] = {}
-    for w in workers:
-        for t in w.residents.values():
-            g = t.spec.group
-            if g in groups:
-                index.setdefault(g, set()).add(w.id)
-    return index
+def _fresh_ahead(view: PoolView, v: int) -> bool:
+    return any(view.admissible(u) > 0 for u in range(v + 1, view.trainer_version + 1))

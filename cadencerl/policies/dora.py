@@ -16,15 +16,16 @@ from cadencerl.config import ConfigError, Scenario
 from cadencerl.core.actions import Action, Advance
 from cadencerl.core.view import PoolView
 from cadencerl.core.worker import Worker
-from cadencerl.policies.base import admit_fresh, advance_idle, move, pack, place_pending
+from cadencerl.policies.base import GroupAffinity, admit_fresh, advance_idle, grouped, move, pack, place_pending
 from cadencerl.policies.least_loaded import least_loaded
 
 
 class Dora:
-    name = "dora"
     kv_transfer = True
 
-    def __init__(self) -> None:
+    def __init__(self, group_affinity: bool = False) -> None:
+        self.name = "dora-grouped" if group_affinity else "dora"
+        self._choose = grouped(least_loaded, GroupAffinity() if group_affinity else None)
         self._seen_version = 0
         self._shares: dict[int, int] = {}
 
@@ -35,7 +36,7 @@ class Dora:
             self._seen_version = view.trainer_version
             self._shares = self._partition(view)
         yield from self._reallocate(view)             # carried out as room allows
-        yield from admit_fresh(view, least_loaded)
+        yield from admit_fresh(view, self._choose)
 
     @staticmethod
     def _partition(view: PoolView) -> dict[int, int]:
@@ -65,10 +66,10 @@ class Dora:
                     yield Advance(src.id, newest)
 
 
-def dora_for(scenario: Scenario) -> Dora:
+def dora_for(scenario: Scenario, group_affinity: bool = False) -> Dora:
     """DORA* for a pool; it refuses a heterogeneous one."""
     kinds = {(g.accelerator, g.tp) for g in scenario.pool}
     if len(kinds) > 1:
         raise ConfigError("policy: dora (DORA*) assumes homogeneous hardware and refuses a heterogeneous pool "
                           f"({', '.join(sorted(f'{a} TP={tp}' for a, tp in kinds))}), as the CadenceRL paper excludes it")
-    return Dora()
+    return Dora(group_affinity)

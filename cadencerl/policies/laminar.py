@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from cadencerl.core.actions import Action
 from cadencerl.core.view import PoolView
 from cadencerl.core.worker import Worker
-from cadencerl.policies.base import admit_fresh, advance_idle, move, pack, place_pending
+from cadencerl.policies.base import GroupAffinity, admit_fresh, advance_idle, grouped, move, pack, place_pending
 from cadencerl.policies.least_loaded import least_loaded
 
 REPACK_UTILIZATION = 0.25
@@ -27,16 +27,19 @@ TARGET_MARGIN = 0.10
 
 
 class Laminar:
-    name = "laminar"
     kv_transfer = True
     weight_sync = "prefetch"   # relays hold each new version; a worker pulls it when ready
+
+    def __init__(self, group_affinity: bool = False) -> None:
+        self.name = "laminar-grouped" if group_affinity else "laminar"
+        self._choose = grouped(least_loaded, GroupAffinity() if group_affinity else None)
 
     def decide(self, view: PoolView) -> Iterator[Action]:
         yield from advance_idle(view)
         yield from place_pending(view, lambda ws, _t: max(ws, key=lambda w: (w.load, -w.id)), _margin)
         yield from self._repack(view)
         yield from advance_idle(view)
-        yield from admit_fresh(view, least_loaded)
+        yield from admit_fresh(view, self._choose)
 
     def _repack(self, view: PoolView) -> Iterator[Action]:
         groups: dict[int, list[Worker]] = {}

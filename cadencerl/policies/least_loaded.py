@@ -7,17 +7,20 @@ from collections.abc import Iterator
 from cadencerl.core.actions import Action
 from cadencerl.core.view import PoolView
 from cadencerl.core.worker import Worker
-from cadencerl.policies.base import admit_fresh, advance_idle, place_pending
+from cadencerl.policies.base import GroupAffinity, admit_fresh, advance_idle, grouped, place_pending
 
 
 class LeastLoaded:
-    name = "least-loaded"
     kv_transfer = False
+
+    def __init__(self, group_affinity: bool = False) -> None:
+        self.name = "least-loaded-grouped" if group_affinity else "least-loaded"
+        self._choose = grouped(least_loaded, GroupAffinity() if group_affinity else None)
 
     def decide(self, view: PoolView) -> Iterator[Action]:
         yield from advance_idle(view)
         yield from place_pending(view, least_loaded)   # lost workers, tool returns
-        yield from admit_fresh(view, least_loaded)
+        yield from admit_fresh(view, self._choose)
 
 
 def least_loaded(workers: list[Worker], _traj=None) -> Worker:

@@ -14,16 +14,17 @@ from collections.abc import Iterator
 
 from cadencerl.core.actions import Action, Admit, Advance
 from cadencerl.core.view import PoolView
-from cadencerl.policies.base import fits, place_pending
+from cadencerl.policies.base import GroupAffinity, fits, grouped, place_pending
 from cadencerl.policies.least_loaded import least_loaded
 
 
 class Synchronous:
     kv_transfer = False
 
-    def __init__(self, overlap: bool) -> None:
+    def __init__(self, overlap: bool, group_affinity: bool = False) -> None:
         self.overlap = overlap
-        self.name = "one-off" if overlap else "sync"
+        self.name = ("one-off" if overlap else "sync") + ("-grouped" if group_affinity else "")
+        self._choose = grouped(least_loaded, GroupAffinity() if group_affinity else None)
         # Sync takes the new weights at its barrier; One-off ships them while the next batch rolls out.
         self.weight_sync = "prefetch" if overlap else "on-demand"
 
@@ -47,4 +48,4 @@ class Synchronous:
                   and view.accepts_new(w)]
             if not ws:
                 return
-            yield Admit(min(ws, key=lambda w: (w.load, w.id)).id, nxt.id)
+            yield Admit(self._choose(ws, nxt).id, nxt.id)

@@ -23,20 +23,20 @@ import time
 from pathlib import Path
 
 from cadencerl.report.context import Report
-from cadencerl.report.matrix import DETAIL_POOL, make_settings, planned_runs, pool_scenario
+from cadencerl.report.matrix import DETAIL_POOL, STEADY_ITERATIONS, make_settings, planned_runs, pool_scenario
 from cadencerl.report.runner import ReportError, Runner, progress_bar
 from cadencerl.report.sections import EXPERIMENTS
 from cadencerl.report.sections.pools import HETEROGENEOUS_RATIO_TABLE_HEADER
 
 
 def _common_setup(ctx: Report) -> str:
-    s, sweep = pool_scenario(DETAIL_POOL, ctx.settings), pool_scenario(DETAIL_POOL, ctx.settings, sweep=True)
+    s = pool_scenario(DETAIL_POOL, ctx.settings)
     w, t, p = s.workload, s.trainer, s.policy
-    mode = ("quick (`--quick`): a smaller workload than the full report, with the same trainer batch so as many "
-            "trajectories are in flight; its numbers differ from the full report's, quote those instead"
+    mode = (f"quick (`--quick`): every run keeps the full report's {STEADY_ITERATIONS} iterations but with a trainer "
+            f"batch of {t.batch_size} instead of 4096, to stay under 5 minutes; fewer trajectories are in flight, so "
+            "the pools are less loaded than in the full report: quote the full report's numbers"
             if ctx.settings.quick else "full")
-    sweep_note = "." if sweep == s else (f"; the section-6 sweeps excepted ({sweep.workload.trajectories} "
-                                         f"trajectories, batch {sweep.trainer.batch_size}).")
+    sweep_note = "."
     return "\n".join([
         "## Setup common to every experiment\n",
         f"- Mode: {mode}. Every run: {w.trajectories} trajectories, trainer batch {t.batch_size} "
@@ -50,7 +50,13 @@ def _common_setup(ctx: Report) -> str:
         f"{p.headroom_floor:g}, decision tick {p.tick_s:g} s, KV preparation {'on' if p.kv_preparation else 'off'}.",
         "- Simulator: the closed-form discrete-event pool simulator (`cadencerl/sim`), each worker a vLLM V1 "
         "engine (max_num_seqs 256, preemption by recompute); roofline step times from `cadencerl/hardware`.",
-        "- Latency = admission to completion (waiting included). Throughput = generated tokens / makespan.",
+        f"- Steady state: every figure in the tables is measured over the steady window, from the end of the first "
+        f"training iteration to the start of the last ({STEADY_ITERATIONS - 2} of {STEADY_ITERATIONS} iterations: the "
+        "pool filling up and the final drain are left out). Throughput = tokens decoded in the window / its length; "
+        "latency and non-resident time over the trajectories completed in it. Whole-run figures are in `results.json`.",
+        "- Latency = admission to completion (waiting included); latency from submission starts when the trajectory "
+        "became available to the controller (the eta budget let it start: trajectory i of batch B once version "
+        "i // B - eta is published), so a policy cannot look faster by holding work back.",
         "- Reproduce: every table gives the `cadencerl sim` / `cadencerl compare` command for its rows; scenario "
         "files that are not built-ins are written to `scenarios/`. `results.json` holds every run's full figures "
         "with the setup it ran under (key `setup`).\n"])
@@ -109,8 +115,9 @@ def _replace_dir(staging: Path, out: Path) -> None:
 
 
 def build_report(out: str | Path, *, quick: bool = False, trajectories: int | None = None, seed: int | None = None,
-                 progress: bool = True, processes: int | None = None) -> Path:
-    """Run the matrix and write out/report.md, out/results.json, out/figures/ and out/scenarios/; returns report.md.
+                 progress: bool = True, processes: int | None = None) -> tuple[Path, list[list]]:
+    """Run the matrix and write out/report.md, out/results.json, out/figures/ and out/scenarios/; returns
+    report.md and the headline table's rows (headers: `sections.pools.RATIO_HEADERS`), for the terminal.
 
     The report is built in a staging directory beside `out` and swapped in whole at the end, so an
     earlier report in `out` is replaced, not mixed with (no stale figures), and a failed run leaves
@@ -143,4 +150,4 @@ def build_report(out: str | Path, *, quick: bool = False, trajectories: int | No
             raise OutputError(f"out: cannot write to {str(out)!r}: {exc.strerror or exc}") from None
     finally:
         shutil.rmtree(staging, ignore_errors=True)
-    return out / "report.md"
+    return out / "report.md", ctx.headline_rows

@@ -23,6 +23,7 @@ class Report:
     losses: list[str] = field(default_factory=list)  # CadenceRL measured worse than some baseline
     mismatches: list[str] = field(default_factory=list)  # a paper claim this simulator does not reproduce
     headline: str = ""  # the heterogeneous ratio table, set by `heterogeneous`
+    headline_rows: list[list] = field(default_factory=list)  # its rows, for the terminal
     shown_out: Path | None = None  # the directory the report ends up in, as commands in it name it
 
     def figure(self, name: str) -> tuple[Path, str]:

@@ -31,12 +31,21 @@ MIXED_SCENARIOS = ("mixed-h200", "mixed-h100", "mixed-16a8h", "mixed-h200-235b")
 MIXED_POLICIES = ("misa+cache-aware-tuned", "cache-aware-tuned", "round-robin", "least-loaded-router")
 
 
+ABLATION_POLICIES = ("cadence", "cadence-no-pacing", "cadence-no-concentration", "cadence-no-affinity",
+                     "cadence-no-kv-prep", "cadence-no-spread", "cadence-always-concentrate", "cadence-eager-drain",
+                     "cadence-whole-drain")
+GROUPED_BASELINES = ("sync-grouped", "one-off-grouped", "laminar-grouped", "areal-grouped", "least-loaded-grouped")
+STEADY_ITERATIONS = 16  # every run: figures over iterations 2..15 (the first and the last are left out)
+QUICK_BATCH = 512       # --quick: 16 iterations of 512 (8192 trajectories) to stay under 5 minutes
+
+
 @dataclass(frozen=True)
 class Settings:
-    """How big each run is. `None` keeps the scenario's own value (16384 trajectories, batch 4096, seed 0).
+    """How big each run is. `None` keeps the scenario's own value (batch 4096, seed 0).
 
-    The eta / delta sweeps (cadence only, cheap) have their own size: with only two iterations an
-    eta sweep says nothing, so --quick runs them at the scenario's own size.
+    Every run lasts STEADY_ITERATIONS iterations and is judged over its steady window. --quick
+    shrinks the batch (not the iteration count) and runs the ablation and the grouped baselines
+    on DETAIL_POOL only.
     """
 
     quick: bool = False
@@ -45,26 +54,34 @@ class Settings:
     seed: int | None = None
     etas: tuple[int, ...] = (1, 2, 3, 4, 6)
     deltas: tuple[int, ...] = (512, 1024, 2048, 4096)
-    sweep_trajectories: int | None = None
-    sweep_batch_size: int | None = None
+    ablation_pools: tuple[str, ...] = ("32a", "32b", "16a16b", "16a8h", "16b8h", "16a16b8h")
 
+    def __post_init__(self) -> None:
+        if self.trajectories is None:  # 16 iterations of the scenarios' batch
+            object.__setattr__(self, "trajectories", STEADY_ITERATIONS * (self.batch_size or 4096))
 
-QUICK_TRAJECTORIES = 8192  # with the full batch (4096): as many trajectories in flight as the full report, half the work
-FULL_SWEEP_TRAJECTORIES = 32768  # 8 iterations of the built-in batch
+    # the sweeps run at the size of every other run (kept as fields for the sections that ask)
+    @property
+    def sweep_trajectories(self) -> int | None:
+        return self.trajectories
+
+    @property
+    def sweep_batch_size(self) -> int | None:
+        return self.batch_size
 
 
 def make_settings(quick: bool = False, trajectories: int | None = None, seed: int | None = None) -> Settings:
-    """--quick: 8192 trajectories (batch kept), three sweep points; `trajectories` overrides (batch = a quarter)."""
+    """Full: 16 x 4096 trajectories per run. --quick: 16 x 512, three sweep points, ablation on one pool.
+    `trajectories` overrides the size (batch = a sixteenth, so the iterations stay 16)."""
     if trajectories is not None:
-        batch = max(1, trajectories // 4)
-        sized = dict(trajectories=trajectories, batch_size=batch, sweep_trajectories=trajectories,
-                     sweep_batch_size=batch)
+        sized = dict(trajectories=trajectories, batch_size=max(1, trajectories // STEADY_ITERATIONS))
     elif quick:
-        sized = dict(trajectories=QUICK_TRAJECTORIES)
-    else:  # the full report sweeps over 8 iterations, so that eta up to 6 still leaves work to pace
-        sized = dict(sweep_trajectories=FULL_SWEEP_TRAJECTORIES)
+        sized = dict(batch_size=QUICK_BATCH)
+    else:
+        sized = {}
     sweeps = dict(etas=(1, 3, 6), deltas=(512, 1024, 4096)) if quick else {}
-    return Settings(quick=quick, seed=seed, **sized, **sweeps)
+    pools = dict(ablation_pools=(DETAIL_POOL,)) if quick else {}
+    return Settings(quick=quick, seed=seed, **sized, **sweeps, **pools)
 
 
 def _scaled(s: Scenario, settings: Settings, sweep: bool = False) -> Scenario:
@@ -109,6 +126,9 @@ def planned_runs(settings: Settings) -> list[tuple[Scenario, str]]:
     detail = pool_scenario(DETAIL_POOL, settings, sweep=True)
     runs += [(detail.with_overrides(policy={"eta": e}), "cadence") for e in settings.etas]
     runs += [(detail.with_overrides(policy={"delta": d}), "cadence") for d in settings.deltas]
+    for name in settings.ablation_pools:
+        s = pool_scenario(name, settings)
+        runs += [(s, p) for p in (*ABLATION_POLICIES, *GROUPED_BASELINES)]
     return list({(s.model_dump_json(), p): (s, p) for s, p in runs}.values())
 
 
@@ -119,10 +139,12 @@ def all_pools(settings: Settings) -> list[Scenario]:
 
 
 def mixed_scenario(name: str, settings: Settings) -> Scenario:
-    """The built-in mixed scenario, sized like the other runs (--quick: 8192 sessions) in four batches,
-    so that as in the full run (12288 in batches of 2048) the pool is under load, where MISA-T matters."""
+    """The built-in mixed scenario for STEADY_ITERATIONS iterations of its own batch (--quick and
+    --trajectories: sized like the other runs)."""
     s = builtin_scenario(name)
-    if settings.trajectories is not None:
+    if settings.quick or settings.batch_size is not None:
         n = settings.trajectories
-        s = s.with_overrides(workload={"trajectories": n}, trainer={"batch_size": max(1, n // 4)})
+        s = s.with_overrides(workload={"trajectories": n}, trainer={"batch_size": max(1, n // STEADY_ITERATIONS)})
+    else:
+        s = s.with_overrides(workload={"trajectories": STEADY_ITERATIONS * s.trainer.batch_size})
     return s.with_overrides(seed=settings.seed) if settings.seed is not None else s

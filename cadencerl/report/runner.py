@@ -9,6 +9,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from cadencerl.config import Scenario
+from cadencerl.runs.steady import steady_view
 
 
 class ReportError(RuntimeError):
@@ -39,7 +40,8 @@ class Runner:
     """Runs simulate() once per (scenario, policy, trace), caching, with a rich progress bar on stderr.
 
     `prefetch` runs a list of jobs on several processes up front; `run` serves from the cache or runs
-    in this process (with a per-run bar).
+    in this process (with a per-run bar). `run` returns the steady window's figures in place of the
+    whole run's (`runs.steady.steady_view`); `records` (results.json) keep both, as simulate gave them.
     """
 
     def __init__(self, progress: Progress | None = None, planned: int = 0) -> None:
@@ -79,7 +81,7 @@ class Runner:
     def run(self, scenario: Scenario, policy: str, trace: tuple[int, ...] = ()) -> dict:
         key = self.key(scenario, policy, trace)
         if key in self.cache:
-            return self.cache[key]
+            return steady_view(self.cache[key])
         task = None
         if self.progress:
             task = self.progress.add_task(f"  {scenario.name} / {policy}", total=scenario.workload.trajectories)
@@ -90,7 +92,7 @@ class Runner:
             if task is not None:
                 self.progress.remove_task(task)
         self._advance()
-        return self._store(scenario, policy, trace, result)
+        return steady_view(self._store(scenario, policy, trace, result))
 
     def _store(self, scenario: Scenario, policy: str, trace: tuple[int, ...], result: dict) -> dict:
         self.cache[self.key(scenario, policy, trace)] = result

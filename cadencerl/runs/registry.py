@@ -30,14 +30,38 @@ def _tuned_cache_aware(scenario: Scenario) -> Policy:
     return router
 
 
+def _cadence(name: str, **options: bool) -> Callable[[Scenario], Policy]:
+    """CadenceRL with some of its mechanisms switched off (the ablation), under its own name."""
+    return lambda s: Cadence(s.policy.model_copy(update=options), name=name)
+
+
+CADENCE_ABLATIONS = {
+    "cadence-no-pacing": dict(pacing=False),
+    "cadence-no-concentration": dict(concentration=False),
+    "cadence-no-affinity": dict(prompt_affinity=False),
+    "cadence-no-kv-prep": dict(kv_preparation=False),
+    "cadence-no-spread": dict(spread_when_underloaded=False),
+    "cadence-whole-drain": dict(drain_whole_source=True),
+    "cadence-eager-drain": dict(drain_needs_fresh_ahead=False),
+    "cadence-always-concentrate": dict(concentrate_when_kv_bound=False),
+}
+
 FACTORIES: dict[str, Callable[[Scenario], Policy]] = {
-    "cadence": lambda s: Cadence(s.policy),
+    "cadence": _cadence("cadence"),
+    **{name: _cadence(name, **opts) for name, opts in CADENCE_ABLATIONS.items()},
     "sync": lambda s: Synchronous(overlap=False),
     "one-off": lambda s: Synchronous(overlap=True),
     "dora": dora_for,
     "laminar": lambda s: Laminar(),
     "areal": lambda s: AReaL(),
     "least-loaded": lambda s: LeastLoaded(),
+    # the baselines with the prefix-aware group routing of their real deployments
+    "sync-grouped": lambda s: Synchronous(overlap=False, group_affinity=True),
+    "one-off-grouped": lambda s: Synchronous(overlap=True, group_affinity=True),
+    "dora-grouped": lambda s: dora_for(s, group_affinity=True),
+    "laminar-grouped": lambda s: Laminar(group_affinity=True),
+    "areal-grouped": lambda s: AReaL(group_affinity=True),
+    "least-loaded-grouped": lambda s: LeastLoaded(group_affinity=True),
     "round-robin": lambda s: RoundRobin(),
     "least-loaded-router": lambda s: LeastLoadedRouter(),
     "consistent-hash": lambda s: ConsistentHash(),

@@ -52,11 +52,19 @@ def simulate(scenario: Scenario, policy: Policy, *, exact: bool = False,
                          traj.id, src, dst, traj.context, backend.now(),
                          backend.engines[dst.id].reprefill_estimate(traj.context)),
                      kv_bytes_per_token=catalog.model(scenario.model).kv_bytes_per_token)
-    ctl.on_progress = progress
+    generated: list[tuple[float, int]] = []
+
+    def on_finish(done: int, total: int) -> None:
+        # decoded tokens so far, for the steady window (engines not synced lag by under one tick)
+        generated.append((ctl.now, sum(e.tokens_generated + len(e.running) * e.lag for e in backend.engines)))
+        if progress is not None:
+            progress(done, total)
+
+    ctl.on_progress = on_finish
     ctl.traced = {tid: [] for tid in trace}
     ctl.run()
     result = summarize(scenario.name, policy.name, ctl, backend.engines, time.perf_counter() - started,
-                       backend.events_processed, scenario.workload.target_mix())
+                       backend.events_processed, scenario.workload.target_mix(), generated)
     add_bounds(result, specs, workers, perfs, key, scenario)
     result.update(link_bytes=links.bytes_by_link(), weight_sync=weights.style, weight_updates=weights.updates,
                   weight_wait_s=weights.waited_s, kv_staging=kv is not None and kv.staging,

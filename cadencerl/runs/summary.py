@@ -10,6 +10,7 @@ import numpy as np
 from cadencerl.core.backend import EngineFigures
 from cadencerl.core.controller import Controller
 from cadencerl.core.trajectory import State
+from cadencerl.runs.steady import steady_figures
 
 
 def _pct(values, q: float) -> float:
@@ -49,9 +50,11 @@ def per_class(trajs, engines: Sequence[EngineFigures], makespan: float, batches:
 
 
 def summarize(scenario_name: str, policy_name: str, ctl: Controller, engines: Sequence[EngineFigures],
-              wall_time_s: float, events: int, target_mix: dict[str, float] | None = None) -> dict:
+              wall_time_s: float, events: int, target_mix: dict[str, float] | None = None,
+              generated: list[tuple[float, int]] | None = None) -> dict:
     """The run's figures from the controller's record and each engine's totals (`engines[i]` is
-    worker i's), the same for a simulated and a real run."""
+    worker i's), the same for a simulated and a real run. `generated`: cumulative decoded tokens
+    over time, for the steady window's throughput (without it: tokens of trajectories completed in it)."""
     trajs = [t for t in ctl.trajectories.values() if t.state is State.DONE]
     latency = np.array([t.completed_at - t.admitted_at for t in trajs])
     nonres = np.array([max(0.0, 1.0 - t.resident_time / max(t.completed_at - t.admitted_at, 1e-12)) for t in trajs])
@@ -100,6 +103,8 @@ def summarize(scenario_name: str, policy_name: str, ctl: Controller, engines: Se
         "migrated_token_bytes": c.migrated_token_bytes,
         "interrupts": c.interrupts,
         "prefill_tokens": int(sum(e.prefill_tokens for e in engines)),
+        **steady_figures(trajs, {tid: i for i, tid in enumerate(ctl.trajectories)}, ctl.credits.batch_size,
+                         ctl.credits.eta, publish, generated),
         "non_resident_p50": _pct(nonres, 50),
         "non_resident_p95": _pct(nonres, 95),
         "staleness_histogram": {str(k): v for k, v in sorted(ctl.trainer.staleness.items())},

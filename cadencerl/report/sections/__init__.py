@@ -1,5 +1,6 @@
-"""The report's ten sections, in order: each takes the `Report` context and returns its markdown."""
+"""The report's eleven sections, in order: each takes the `Report` context and returns its markdown."""
 
+from cadencerl.report.sections.ablation import ablation
 from cadencerl.report.sections.bound import physical_bound
 from cadencerl.report.sections.composability import composability
 from cadencerl.report.sections.cost import cost
@@ -12,4 +13,4 @@ from cadencerl.report.sections.trace import kv_share_trace
 
 
 EXPERIMENTS = (homogeneous, heterogeneous, composability, specialization, kv_share_trace, sensitivity, non_resident,
-               physical_bound, cost, misa_t)
+               physical_bound, cost, misa_t, ablation)
