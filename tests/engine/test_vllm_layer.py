@@ -186,18 +186,24 @@ def test_generate_returns_exactly_max_tokens(engine_pool: LocalPool) -> None:
 @pytest.mark.timeout(240)
 def test_abort_then_resume_on_other_server(engine_pool: LocalPool) -> None:
     """However many tokens the abort lets through (a busy machine decides), the resumed ids continue
-    exactly where the aborted stream stopped: the reference is taken afterwards, at that length."""
-    limit, more = 1500, 64
+    exactly where the aborted stream stopped: the reference is taken afterwards, at that length. On a
+    starved machine the whole request can finish before the abort reaches the server; that attempt
+    is retried with a new id (three tries), since the race is not what is under test."""
+    limit, more = 2000, 64
 
     async def scenario() -> None:
         url_a, url_b = engine_pool.urls
         async with VLLMClient(url_a, model=MODEL) as a, VLLMClient(url_b, model=MODEL) as b:
-            streamed: list[int] = []
-            task = asyncio.create_task(a.generate("job-42", PROMPT, limit, streamed.extend))
-            await wait_for_tokens(streamed, 16)
-            await a.abort("job-42")
-            first = await task
-            assert first.finish_reason == "aborted"
+            for attempt in range(3):
+                streamed: list[int] = []
+                task = asyncio.create_task(a.generate(f"job-42-{attempt}", PROMPT, limit, streamed.extend))
+                await wait_for_tokens(streamed, 16)
+                await a.abort(f"job-42-{attempt}")
+                first = await task
+                if first.finish_reason == "aborted":
+                    break
+                assert first.finish_reason == "length", first
+            assert first.finish_reason == "aborted", "three requests finished before their abort landed"
             assert 16 <= len(first.token_ids) < limit
             assert first.token_ids == streamed
 
@@ -206,7 +212,7 @@ def test_abort_then_resume_on_other_server(engine_pool: LocalPool) -> None:
             reference = await b.generate("ref-1", PROMPT, len(first.token_ids) + more)
             assert first.token_ids + second.token_ids == reference.token_ids  # greedy: exact
 
-    run(scenario(), 90)
+    run(scenario(), 180)
 
 
 @pytest.mark.engine
