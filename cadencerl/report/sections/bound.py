@@ -26,7 +26,7 @@ def physical_bound(ctx: Report) -> str:
     return "\n".join([
         "## 8. Distance from the physical bound\n",
         "`bound_throughput_tok_s` and `bound_latency_p95_s` come from an explicitly named oracle "
-        "(`cadencerl/bounds.py`) that reads the sealed target lengths; no policy can beat them on the same pool "
+        "(`cadencerl/runs/bounds.py`) that reads the sealed target lengths; no policy can beat them on the same pool "
         "and workload. Runs and setups as in sections 1-3; `-` = not run (DORA* on heterogeneous pools).\n",
         "### Derivation\n", derivation, "",
         "### Throughput as a fraction of the bound\n",
