@@ -76,13 +76,16 @@ class FakeVLLM:
 
     def __init__(self, *, model: str = "tiny", max_model_len: int = 2048, kv_tokens: int = 8192,
                  token_interval_s: float = 0.002, die_after_tokens: int | None = None,
-                 break_after_tokens: int | None = None, hold_after_tokens: int | None = None) -> None:
+                 break_after_tokens: int | None = None, hold_after_tokens: int | None = None,
+                 slow_health_probes: int = 0, reject_status: int | None = None) -> None:
         self.model, self.max_model_len, self.kv_tokens = model, max_model_len, kv_tokens
         self.token_interval_s = token_interval_s
         # Faults at a token count, not a time, so a test on a busy machine sees the same run.
         self.die_after_tokens = die_after_tokens      # die once this many tokens were streamed in all
         self.break_after_tokens = break_after_tokens  # break one stream once, at this many in all
         self.hold_after_tokens = hold_after_tokens    # a request stalls after this many of its tokens
+        self.slow_health_probes = slow_health_probes  # this many /health calls answer only after 2 s
+        self.reject_status = reject_status            # answer every generate with this 4xx status
         self.state = FakeState()
         self.dead = False
         self._break_once = False
@@ -132,6 +135,9 @@ class FakeVLLM:
     # -- endpoints (on the server's thread) -----------------------------------------------------
 
     async def _health(self, _request: Request) -> Response:
+        if self.slow_health_probes > 0:
+            self.slow_health_probes -= 1
+            await asyncio.sleep(2.0)
         return Response(status_code=503 if self.dead else 200)
 
     async def _models(self, _request: Request) -> Response:
@@ -173,6 +179,10 @@ class FakeVLLM:
         if body.get("model") != self.model:
             return JSONResponse({"error": {"message": f"The model `{body.get('model')}` does not exist.",
                                            "code": 404}}, status_code=404)
+        if self.reject_status is not None:
+            self.state.requests.append((body["request_id"], [], 0))
+            return JSONResponse({"error": {"message": "bad request: token id out of range",
+                                           "code": self.reject_status}}, status_code=self.reject_status)
         prompt = [int(t) for t in body["token_ids"]]
         max_tokens = min(int(body["sampling_params"]["max_tokens"]), self.max_model_len - len(prompt))
         rid = PREFIX + body["request_id"]

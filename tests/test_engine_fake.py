@@ -22,7 +22,10 @@ from cadencerl.core.backend import Backend, Finished, Restore, ToolReturned, Tur
 from cadencerl.core.spec import HiddenLength, TrajectorySpec, Turn
 from cadencerl.core.trajectory import Trajectory
 from cadencerl.core.worker import Worker
+from cadencerl.core.controller import StallError
 from cadencerl.engine.backend import EngineBackend
+from cadencerl.engine.clock import EngineRunError
+from cadencerl.engine.streams import Streams
 from cadencerl.engine.client import EngineHTTPError, VLLMClient
 from cadencerl.engine.prompts import synthetic_observation, synthetic_prompt
 from tests.fake_vllm import PREFIX, FakeVLLM, reference
@@ -166,6 +169,31 @@ def test_dead_server_is_one_lost_worker_and_its_trajectory_finishes_elsewhere() 
         ((_, sent, max_tokens),) = a.state.requests   # the survivor continues from the last token
         assert sent == expected_ids()[: PROMPT_LEN + kept] and max_tokens == TARGET - kept
         assert backend.token_ids(0) == expected_ids() and backend.verify() == []
+
+
+def test_a_slow_health_answer_is_not_a_dead_server(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A starved machine answers /health late: probe again, re-issue the stream, lose nothing."""
+    monkeypatch.setattr(Streams, "PROBE_TIMEOUT_S", 0.3)
+    with FakeVLLM(break_after_tokens=20, slow_health_probes=2) as a, streaming([a.url], 0, 0) as (backend, traj):
+        advance_until(backend, finished)
+        assert a.slow_health_probes == 0            # both slow probes were made and outwaited
+        assert backend.lost == [] and backend.counts.retries == 1
+        assert backend.token_ids(0) == expected_ids() and backend.verify() == []
+
+
+def test_a_rejected_request_ends_the_run_and_loses_no_worker() -> None:
+    """A 4xx is a bad request, not a dead server: re-sending it to every worker would lose them all."""
+    with FakeVLLM(reject_status=400) as a, FakeVLLM() as b:
+        with pytest.raises(EngineRunError, match=r"worker 0 .*rejected trajectory 0's request: HTTP 400.*out of range"):
+            with streaming([a.url, b.url], 0, 1):
+                pass
+        assert len(a.state.requests) == 1 and b.state.requests == []
+
+
+def test_every_worker_lost_says_so_and_why() -> None:
+    with FakeVLLM(die_after_tokens=150) as a, FakeVLLM(die_after_tokens=150) as b:
+        with pytest.raises(StallError, match=r"every worker is lost.*worker \d: its /health answered an error"):
+            run_pool([a.url, b.url], kv_tokens=1024)
 
 
 def one_tool_turn(key: object) -> tuple[Turn, ...]:

@@ -121,6 +121,8 @@ def engine_table(result: dict) -> Table:
     table.caption = (f"makespan {result['makespan_wall_s']:.1f} s, set-up {result['setup_wall_s']:.1f} s; "
                      f"resumes {result['resumes']} (accepted {result['resumes_accepted']}), aborts {result['aborts']}, "
                      f"lost workers {result['lost_workers'] or 'none'}")
+    for w, why in result.get("lost_why", {}).items():
+        table.caption += f"\nworker {w} lost: {why}"
     return table
 
 

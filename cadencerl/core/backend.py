@@ -49,6 +49,7 @@ class Timer:
 class WorkerLost:
     worker: int
     time: float
+    why: str = ""                # what the backend saw (refused, unhealthy, no answer, ...)
 
 
 Event = Finished | TurnEnded | ToolReturned | Timer | WorkerLost

@@ -66,6 +66,7 @@ class Controller:
         self.active_by_class: dict[str, int] = {}   # admitted, unfinished sessions per workload class
         self.tool_waiting: dict[int, int] = {}   # version -> trajectories off-worker on a tool call
         self.now = 0.0
+        self.lost_why: dict[int, str] = {}    # lost worker -> what the backend saw
         self.recorder = Recorder(sample_every_s, self.counters.samples)
         self.on_progress: Callable[[int, int], None] | None = None
 
@@ -120,11 +121,14 @@ class Controller:
         return self.done == len(self.trajectories) and self.trainer.all_consumed
 
     def _stalled(self) -> None:
-        raise StallError(f"policy {self.policy.name!r} stalled at t={self.now:.1f}s: {len(self.fresh)} fresh, "
-            f"{len(self.pending)} pending, {self.done}/{len(self.trajectories)} done, trainer at version "
-            f"{self.trainer.version}, worker versions {sorted({w.version for w in self.workers})}; knobs eta "
-            f"{self.params.eta}, delta {self.params.delta} tokens, largest worker KV "
-            f"{max(w.kv_capacity for w in self.workers)} tokens")
+        pending = {v: self.pending.count(v) for v in self.pending.versions()}
+        lost = [w.id for w in self.workers if not w.alive] or "none"
+        raise StallError(
+            f"policy {self.policy.name!r} stalled at t={self.now:.1f}s: {len(self.fresh)} fresh, "
+            f"{len(self.pending)} pending (by version {pending}), {self.done}/{len(self.trajectories)} done, "
+            f"trainer at version {self.trainer.version}, worker versions {sorted({w.version for w in self.workers})}, "
+            f"workers lost: {lost}; knobs eta {self.params.eta}, delta {self.params.delta} tokens, largest worker "
+            f"KV {max(w.kv_capacity for w in self.workers)} tokens")
 
     def _handle(self, ev) -> bool:
         """Apply one backend event; True when it warrants an immediate decision."""
@@ -153,6 +157,11 @@ class Controller:
             return True
         if isinstance(ev, WorkerLost):
             self._lose_worker(ev.worker, ev.time)
+            self.lost_why[ev.worker] = ev.why
+            if not any(w.alive for w in self.workers):
+                raise StallError(f"every worker is lost at t={ev.time:.1f}s, {self.done}/{len(self.trajectories)} "
+                                 f"done: " + "; ".join(f"worker {w}: {why or 'no reason given'}"
+                                                         for w, why in self.lost_why.items()))
             return True
         return False
 

@@ -28,6 +28,8 @@ import httpx
 
 from cadencerl.engine.server_metrics import EngineMetrics, MetricsFormatError, parse_metrics
 
+Liveness = Literal["healthy", "unhealthy", "refused", "slow"]
+
 FinishReason = Literal["length", "stop", "aborted", "error"]
 """`stop` only appears if a stop condition was set server-side; requests here use ignore_eos."""
 
@@ -150,31 +152,33 @@ class VLLMClient:
             except httpx.TimeoutException as exc:
                 raise EngineTimeoutError(f"timed out: {_describe(exc)}", url=url) from exc
             except httpx.TransportError as exc:
-                raise EngineConnectionError(
-                    f"connection failed: {_describe(exc)}", url=url
-                ) from exc
+                raise EngineConnectionError(f"connection failed: {_describe(exc)}", url=url) from exc
         raise AssertionError("unreachable")
 
     async def _request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
-        response = await self._with_retries(
-            path, lambda: self._http.request(method, path, **kwargs)
-        )
+        response = await self._with_retries(path, lambda: self._http.request(method, path, **kwargs))
         _raise_for_status(response, self._url(path))
         return response
 
     async def health(self, *, refused_is_final: bool = False) -> bool:
-        """True when GET /health answers 200 within the connect/request timeouts; never raises,
-        unless `refused_is_final` and the connection is refused (nothing listens at the URL)."""
+        """True when GET /health answers 200 within the request timeout; never raises, unless
+        `refused_is_final` and the connection is refused (nothing listens at the URL)."""
+        verdict = await self.liveness(self.timeouts.request)
+        if verdict == "refused" and refused_is_final:
+            raise EngineConnectionError("connection refused (no server listens there)", url=self._url("/health"))
+        return verdict == "healthy"
+
+    async def liveness(self, timeout_s: float) -> Liveness:
+        """One /health probe that tells a dead server from a slow one: `refused` (nothing listens),
+        `unhealthy` (it answered, not 200: vLLM's engine died), `slow` (no answer in `timeout_s`
+        or a transport error: a starved machine looks like this), or `healthy`."""
         try:
-            response = await self._http.get("/health", timeout=self.timeouts.request)
+            response = await asyncio.wait_for(self._http.get("/health", timeout=timeout_s), timeout_s)
         except httpx.ConnectError as exc:
-            if refused_is_final and _refused(exc):
-                raise EngineConnectionError("connection refused (no server listens there)",
-                                            url=self._url("/health")) from exc
-            return False
-        except httpx.HTTPError:
-            return False
-        return response.status_code == 200
+            return "refused" if _refused(exc) else "slow"
+        except (httpx.HTTPError, TimeoutError):
+            return "slow"
+        return "healthy" if response.status_code == 200 else "unhealthy"
 
     async def wait_healthy(self, timeout_s: float, *, poll_s: float = 0.5, refused_is_final: bool = False) -> None:
         """Poll /health until it answers 200; raise `EngineTimeoutError` after `timeout_s`, or
@@ -185,9 +189,7 @@ class VLLMClient:
         while True:
             remaining = deadline - loop.time()
             if remaining <= 0:
-                raise EngineTimeoutError(
-                    f"not healthy after {timeout_s:.0f} s", url=self._url("/health")
-                )
+                raise EngineTimeoutError(f"not healthy after {timeout_s:.0f} s", url=self._url("/health"))
             try:
                 if await asyncio.wait_for(self.health(refused_is_final=refused_is_final), timeout=remaining):
                     return
@@ -285,12 +287,8 @@ class VLLMClient:
             return GenerationOutcome(received, "error", exc)
         return GenerationOutcome(received, finish)
 
-    async def _stream_generate(
-        self,
-        body: dict[str, Any],
-        received: list[int],
-        on_tokens: Callable[[list[int]], None] | None,
-    ) -> FinishReason:
+    async def _stream_generate(self, body: dict[str, Any], received: list[int],
+                               on_tokens: Callable[[list[int]], None] | None) -> FinishReason:
         path = "/inference/v1/generate"
         url = self._url(path)
         timeout = httpx.Timeout(self.timeouts.stream_read, connect=self.timeouts.connect)
@@ -302,11 +300,8 @@ class VLLMClient:
                 _raise_for_status(response, url)
             finish = await _read_stream(response, url, received, on_tokens)
         except httpx.TimeoutException as exc:
-            raise EngineTimeoutError(
-                f"no stream data for {self.timeouts.stream_read:.0f} s "
-                f"after {len(received)} tokens",
-                url=url,
-            ) from exc
+            raise EngineTimeoutError(f"no stream data for {self.timeouts.stream_read:.0f} s after "
+                                     f"{len(received)} tokens", url=url) from exc
         except httpx.TransportError as exc:
             raise EngineConnectionError(
                 f"stream broke after {len(received)} tokens: {_describe(exc)}", url=url

@@ -4,9 +4,12 @@ Why this shape:
 - Every trajectory's token ids (prompt, generated, tool observations) are kept here, so an evicted
   or lost trajectory resumes on any worker from its last received token (token transfer +
   re-prefill; the prefix cache makes a return to the same worker cheap).
-- A broken stream is not a broken run: the worker is probed once; a dead server is lost (its
-  residents go back to pending), a live one gets the request re-issued from its last token, a
-  bounded number of times.
+- A broken stream is not a broken run: the worker is probed; a dead server (refused, or answering
+  unhealthy) is lost (its residents go back to pending), a live one gets the request re-issued from
+  its last token, a bounded number of times. A server that is only slow to answer (a starved
+  machine) is probed again for a while before it counts as lost, and every loss says why.
+- A request the server rejects (HTTP 4xx) is a bug or bad input, not a dead worker: it ends the run
+  with the server's message instead of re-sending it to every worker in turn.
 - Each placement is the trajectory's meter while it runs: policies read its live context.
 """
 
@@ -18,7 +21,7 @@ from dataclasses import dataclass, field
 
 from cadencerl.core.backend import WorkerLost
 from cadencerl.core.trajectory import Trajectory
-from cadencerl.engine.client import EngineError, VLLMClient
+from cadencerl.engine.client import EngineError, EngineHTTPError, VLLMClient
 from cadencerl.engine.clock import EngineRunError, WallClock
 from cadencerl.engine.records import WorkerRecord
 
@@ -35,6 +38,7 @@ class Placement:
     live: bool = True            # False once evicted or completed: later tokens are dropped
     failed: bool = False         # the stream broke; awaiting the worker's probe
     attempts: int = 0
+    error: str = ""              # why the stream last broke
     request_id: str = ""
     task: asyncio.Task | None = None
 
@@ -54,7 +58,8 @@ class Streams:
     """The placements in flight, one client per worker; `on_turn_end` hears each completed turn."""
 
     MAX_ATTEMPTS = 3            # stream failures on a healthy worker before it counts as lost
-    PROBE_TIMEOUT_S = 5.0
+    PROBE_TIMEOUT_S = 5.0        # one /health probe
+    PROBE_WINDOW_S = 30.0        # a server that answers no probe for this long counts as lost
     ABORT_TIMEOUT_S = 5.0
 
     def __init__(self, clock: WallClock, clients: list[VLLMClient], tag: str,
@@ -70,6 +75,7 @@ class Streams:
         self.probing: set[int] = set()
         self.dead: set[int] = set()
         self.lost: list[int] = []
+        self.lost_reasons: dict[int, str] = {}
         self.problems: list[str] = []
         self.counts = StreamCounts()
 
@@ -132,8 +138,12 @@ class Streams:
                                                              on_tokens)
             if not p.live:
                 return
-            if outcome.finish_reason in ("error", "aborted"):   # nobody here asked for an abort
-                self._failed(p)
+            if _rejected(outcome.error):
+                url = self._clients[p.worker].base_url
+                self._clock.fail(EngineRunError(f"worker {p.worker} ({url}) rejected trajectory {p.traj.id}'s "
+                                                f"request: {outcome.error}"))
+            elif outcome.finish_reason in ("error", "aborted"):   # nobody here asked for an abort
+                self._failed(p, str(outcome.error) if outcome.error else "the server aborted the request")
             else:
                 self.problems.append(f"trajectory {p.traj.id}: stream ended ({outcome.finish_reason}) at "
                                      f"{p.generated()} of {p.target} tokens")
@@ -171,8 +181,8 @@ class Streams:
 
     # -- failures ----------------------------------------------------------------------------------
 
-    def _failed(self, p: Placement) -> None:
-        p.failed = True
+    def _failed(self, p: Placement, why: str) -> None:
+        p.failed, p.error = True, why
         if p.worker not in self.probing and p.worker not in self.dead:
             self.probing.add(p.worker)
             self._clock.spawn(self._probe(p.worker))
@@ -180,33 +190,53 @@ class Streams:
     async def _probe(self, worker: int) -> None:
         """A stream broke: is the server alive? Re-issue its broken streams, or report it lost."""
         try:
-            try:
-                ok = await asyncio.wait_for(self._clients[worker].health(), self.PROBE_TIMEOUT_S)
-            except TimeoutError:
-                ok = False
+            verdict = await self._liveness(worker)
             broken = [p for p in self.by_worker[worker].values() if p.failed]
-            if ok and all(p.attempts < self.MAX_ATTEMPTS for p in broken):
+            worn = [p for p in broken if p.attempts >= self.MAX_ATTEMPTS]
+            if verdict == "healthy" and not worn:
                 for p in broken:
                     self.counts.retries += 1
                     self._launch(p)
+            elif verdict == "healthy":
+                self.lose(worker, f"{self.MAX_ATTEMPTS} streams of trajectory {worn[0].traj.id} broke on a healthy "
+                                  f"server, the last: {worn[0].error}")
             else:
-                self.lose(worker)
+                self.lose(worker, {"refused": "its /health refused the connection",
+                                   "unhealthy": "its /health answered an error (the engine is down)",
+                                   "slow": f"no /health answer for {self.PROBE_WINDOW_S:.0f} s"}[verdict]
+                          + f" after a stream broke ({broken[0].error if broken else 'no stream left'})")
         finally:
             self.probing.discard(worker)
             self._clock.poke()
 
-    def lose(self, worker: int) -> None:
+    async def _liveness(self, worker: int) -> str:
+        """Probe until the server answers one way or the other, for at most PROBE_WINDOW_S."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.PROBE_WINDOW_S
+        while True:
+            verdict = await self._clients[worker].liveness(self.PROBE_TIMEOUT_S)
+            if verdict != "slow" or loop.time() >= deadline:
+                return verdict
+            await asyncio.sleep(0.5)
+
+    def lose(self, worker: int, why: str) -> None:
         """The worker is gone: one WorkerLost event (the controller evicts its residents)."""
         if worker in self.dead:
             return
         self.dead.add(worker)
         self.lost.append(worker)
+        self.lost_reasons[worker] = why
         if self.records:
             self.records[worker].alive = False
-        self._clock.emit(WorkerLost(worker, self._clock.now()))
+        self._clock.emit(WorkerLost(worker, self._clock.now(), why))
 
     async def _abort(self, worker: int, request_id: str) -> None:
         try:
             await asyncio.wait_for(self._clients[worker].abort(request_id), self.ABORT_TIMEOUT_S)
         except (EngineError, TimeoutError):
             pass  # the disconnect aborts it anyway
+
+
+def _rejected(error: EngineError | None) -> bool:
+    """The server refused the request itself (4xx other than a timeout or back-pressure)."""
+    return isinstance(error, EngineHTTPError) and 400 <= error.status_code < 500 and error.status_code not in (408, 429)

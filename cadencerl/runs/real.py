@@ -152,6 +152,7 @@ def summarize_real(run: RealRun, wall_s: float) -> dict:
         makespan_wall_s=result["sim_time_s"],
         setup_wall_s=run.setup_s,
         lost_workers=list(backend.lost),
+        lost_why={str(w): why for w, why in backend.streams.lost_reasons.items()},
         resumes=backend.counts.resumes,
         resumes_accepted=backend.counts.resumes_accepted,
         aborts=backend.counts.aborts,

@@ -14,6 +14,22 @@ import pytest
 from cadencerl.engine.local_pool import LocalPool, PoolConfig, vllm_available
 
 
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Iterator[None]:
+    """A failed test on the shared pool shows the end of each server's log: on CI that log is the
+    only witness of what the server did."""
+    outcome = yield
+    report = outcome.get_result()
+    pool = getattr(item, "funcargs", {}).get("engine_pool")
+    if report.failed and isinstance(pool, LocalPool):
+        for server in pool.servers:
+            try:
+                tail = Path(server.log_path).read_text(errors="replace").splitlines()[-40:]
+            except OSError as exc:
+                tail = [f"(cannot read {server.log_path}: {exc})"]
+            report.sections.append((f"server {server.url} log (last 40 lines)", "\n".join(tail)))
+
+
 @pytest.fixture(scope="session")
 def tiny_model_dir(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
