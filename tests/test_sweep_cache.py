@@ -65,3 +65,23 @@ def test_sweep_of_a_big_batch_scenario_keeps_a_valid_batch(monkeypatch):
         sw.sweep(small("h800-16", trajectories=5000, batch=4500), GRID)
     assert calls[0].workload.trajectories == sw.TUNE_TRAJECTORIES
     assert calls[0].trainer.batch_size == sw.TUNE_TRAJECTORIES
+
+
+def test_the_cache_key_changes_with_the_simulating_code(scenario, monkeypatch):
+    """A cached best point is only valid for the code that measured it."""
+    before = sw.cache_path(scenario, GRID)
+    monkeypatch.setattr(sw, "code_fingerprint", lambda: "another-simulator")
+    assert sw.cache_path(scenario, GRID) != before
+    assert sw.code_fingerprint() == "another-simulator"
+
+
+def test_the_fingerprint_follows_every_simulating_source(tmp_path):
+    (tmp_path / "sim").mkdir()
+    (tmp_path / "sim" / "engine.py").write_text("STEP = 1\n")
+    (tmp_path / "config.py").write_text("")
+    (tmp_path / "cli.py").write_text("")
+    first = sw.source_fingerprint(tmp_path, ("sim",))
+    (tmp_path / "cli.py").write_text("changed = True\n")        # not simulating code
+    assert sw.source_fingerprint(tmp_path, ("sim",)) == first
+    (tmp_path / "sim" / "engine.py").write_text("STEP = 2\n")
+    assert sw.source_fingerprint(tmp_path, ("sim",)) != first

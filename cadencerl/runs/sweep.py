@@ -1,7 +1,8 @@
 """Tune the cache-aware router the way its users do: a grid over its three thresholds.
 
 The best setting per scenario (highest throughput) is cached on disk, keyed by the scenario's
-content, so `cache-aware-tuned` is the sweep-tuned router the MISA-T paper compares against.
+content and by the source of the code that decides a simulated result (a changed simulator or
+router re-tunes), so `cache-aware-tuned` is the sweep-tuned router the MISA-T paper compares against.
 Tuning runs use at most `TUNE_TRAJECTORIES` trajectories of the scenario to stay quick.
 
 The grid holds both of vllm-router's documented defaults, which disagree (reference/routers.md):
@@ -18,6 +19,7 @@ import logging
 import os
 import re
 from collections.abc import Callable
+from functools import cache
 from pathlib import Path
 
 from cadencerl.config import Scenario
@@ -39,8 +41,26 @@ def cache_dir() -> Path:
     return Path(os.environ.get("CADENCERL_CACHE_DIR", Path.home() / ".cache" / "cadencerl")) / "sweeps"
 
 
+SIMULATED_BY = ("hardware", "core", "workload", "routing", "sim", "runs")   # packages a sweep's result depends on
+
+
+def source_fingerprint(root: Path, packages: tuple[str, ...] = SIMULATED_BY) -> str:
+    """A hash of every `.py` file under `root/<package>` and of `root/config.py`."""
+    digest = hashlib.sha256()
+    files = sorted(p for pkg in packages for p in (root / pkg).rglob("*.py")) + [root / "config.py"]
+    for path in files:
+        digest.update(str(path.relative_to(root)).encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()[:16]
+
+
+@cache
+def code_fingerprint() -> str:
+    """This installation's simulating code, hashed once per process: a cached best point never outlives it."""
+    return source_fingerprint(Path(__file__).resolve().parents[1])
+
+
 def scenario_key(scenario: Scenario, grid: dict) -> str:
-    text = json.dumps([scenario.model_dump(), grid], sort_keys=True, default=str)
+    text = json.dumps([scenario.model_dump(), grid, code_fingerprint()], sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
