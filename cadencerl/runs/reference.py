@@ -16,6 +16,9 @@ from cadencerl.runs.simulate import simulate
 from cadencerl.workload.generate import generate
 
 
+REFERENCE = Clairvoyant.name   # the policy name its results carry; the report's runner asks for it by this name
+
+
 def clairvoyant_reference(scenario: Scenario, progress: Callable[[int, int], None] | None = None) -> dict:
     """Simulate the clairvoyant oracle on `scenario`; its result, like any run's."""
     key = object()
