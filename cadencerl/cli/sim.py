@@ -28,8 +28,8 @@ from cadencerl.config import ConfigError, Scenario
 REFERENCE_HELP = ("also simulate the clairvoyant reference (an oracle that sees every length) and show each run's "
                   "throughput as a % of it")
 # The clairvoyant reference is off unless asked for: its run costs about four policy runs (it measures
-# every resident at every decision). Measured on 16a16b8h, 16,384 trajectories: sim -p cadence 7.2 s ->
-# 13.8 s with --reference, compare (4 policies) 12.8 s -> 27.2 s; on by default it would double both.
+# every resident at every decision). Measured on 16a16b8h, 16,384 trajectories, on a shared 2-core machine:
+# sim -p cadence 7.2 s -> 13.8 to 21.7 s with --reference, compare (4 policies) 12.8 s -> 27.2 s.
 SIM_REFERENCE = False
 COMPARE_REFERENCE = False
 MAX_JOBS = 256   # simulations in parallel: processes, so a bound keeps `report` from exhausting the machine
