@@ -5,9 +5,10 @@ Usage: python benchmarks/simulator_change.py [--old REV] [--new REV] [--scenario
            [--timeout S] [--out benchmarks/results/simulator_change.json]
 
 Each revision is checked out into a temporary `git worktree` (removed afterwards) and runs its own
-`cadencerl compare` (flags as that revision's CLI has them: `--batch-size` keeps the scenario's batch
-when `--trajectories` shrinks a run, since older CLIs did not scale it; `--no-reference` where the
-clairvoyant reference exists, as it is not what is compared). It writes the revisions, the command
+`cadencerl compare` (`--no-reference` where that CLI has the clairvoyant reference: it is not what is
+compared). `--trajectories N` shrinks the built-in scenario with the batch scaled alike (the same
+number of iterations); older CLIs cannot scale the batch, so each revision writes that scenario to a
+file with its own config code and runs `compare --config FILE`. It writes the revisions, the command
 each ran, per-policy throughput and P95 latency and the bound to `--out` (JSON, read by the report's
 section 12) and prints a table.
 
@@ -35,6 +36,10 @@ REPO = Path(__file__).resolve().parent.parent
 DEFAULT_OLD = "c3998628a730674cc1e395ab059dd4f86d072d4a"
 DEFAULT_POLICIES = "cadence,sync,one-off,laminar,areal,least-loaded"
 DEFAULT_OUT = REPO / "benchmarks" / "results" / "simulator_change.json"
+# the built-in scenario resized (trajectories, batch), written by the revision's own config code
+RESIZE = ("import sys, yaml; from cadencerl.config import builtin_scenario; s = builtin_scenario(sys.argv[1]); "
+          "s = s.with_overrides(workload={'trajectories': int(sys.argv[2])}, trainer={'batch_size': int(sys.argv[3])}); "
+          "open(sys.argv[4], 'w').write(yaml.safe_dump(s.model_dump(mode='json', exclude_none=True), sort_keys=False))")
 FIGURES = ("throughput_tok_s", "latency_p95_s", "preemptions", "sim_time_s", "wall_time_s")
 BOUND = ("bound_throughput_tok_s", "bound_latency_p95_s")
 # what the checked-out revision says its built-in scenario is (and that its own package was imported)
@@ -75,11 +80,16 @@ def run_revision(rev: dict, scenario: str, policies: list[str], trajectories: in
         if not Path(probe["package"]).resolve().is_relative_to(tree.resolve()):
             raise SystemExit(f"revision {rev['revision'][:8]}: imported {probe['package']}, not its own checkout")
         flags = call([sys.executable, "-m", "cadencerl.cli", "compare", "--help"], 120).stdout
-        args = ["compare", "-s", scenario, "--policies", ",".join(policies)]
+        args = ["compare", "-s", scenario]
         if trajectories is not None:
-            args += ["--trajectories", str(trajectories)]
-            if "--batch-size" in flags:   # keep the scenario's batch, as CLIs without the flag did
-                args += ["--batch-size", str(probe["batch_size"])]
+            batch = max(1, min(trajectories, round(probe["batch_size"] * trajectories / probe["trajectories"])))
+            probe.update(trajectories=trajectories, batch_size=batch)
+            made = call([sys.executable, "-c", RESIZE, scenario, str(trajectories), str(batch), str(tmp / "s.yaml")], 120)
+            if made.returncode != 0:
+                raise SystemExit(f"revision {rev['revision'][:8]}: cannot write the resized scenario: {made.stderr[-300:]}")
+            args = ["compare", "--config", f"{scenario}-{trajectories}.yaml"]
+            (tmp / "s.yaml").rename(tree / args[-1])
+        args += ["--policies", ",".join(policies)]
         if "--no-reference" in flags:
             args.append("--no-reference")
         started = time.perf_counter()
@@ -94,8 +104,7 @@ def run_revision(rev: dict, scenario: str, policies: list[str], trajectories: in
         shutil.rmtree(tmp, ignore_errors=True)
     first = results[0]
     return {**rev, "command": "cadencerl " + shlex.join(args), "wall_s": round(wall, 1),
-            "scenario": {k: v for k, v in probe.items() if k != "package"} | (
-                {"trajectories": trajectories} if trajectories is not None else {}),
+            "scenario": {k: v for k, v in probe.items() if k != "package"},
             "results": {r["policy"]: {k: r[k] for k in FIGURES if k in r} for r in results},
             **{k: first[k] for k in BOUND if k in first}}
 
