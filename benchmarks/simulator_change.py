@@ -16,7 +16,8 @@ The default old revision, c3998628, is main just before the simulator changes of
 (`git log --oneline -- cadencerl/sim`: merge 1e8b3f1 "Merge sim: chunked prefill, weight sync, KV
 staging ..., tighter bound, clairvoyant reference" has it as first parent). Everything else merged
 between the two revisions is listed in the JSON (`between`), so a move is not read as the
-simulator's when a policy changed too.
+simulator's when a policy changed too. `--new 1e8b3f1 --out benchmarks/results/simulator_change_isolated.json`
+measures the simulator change alone (that merge's diff from the old revision is the simulator branch).
 """
 
 from __future__ import annotations

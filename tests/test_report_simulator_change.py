@@ -42,3 +42,15 @@ def test_a_checkout_without_the_results_says_how_to_make_them(monkeypatch, tmp_p
 
 def test_it_is_in_the_report():
     assert EXPERIMENTS[-1] is section.simulator_change
+
+
+def test_the_simulator_change_alone_is_one_more_line():
+    data = json.loads(FIXTURE.read_text())
+    iso = json.loads(FIXTURE.read_text())
+    iso["new"]["results"]["laminar"]["throughput_tok_s"] = 10500.0
+    iso["command"] = "python benchmarks/simulator_change.py --new 2222222"
+    text = section.render(data, iso)
+    line = next(x for x in text.splitlines() if x.startswith("- **The simulator change alone**"))
+    assert "laminar +5.0% (10,000 -> 10,500)" in line and "cadence +0.5% (20,000 -> 20,100)" in line
+    assert "--new 2222222" in line
+    assert text.count("| laminar |") == 1   # still one table

@@ -26,7 +26,7 @@ def physical_bound(ctx: Report) -> str:
     plots.bound_scatter(path, [r for rs in by_pool.values() for r in rs.values()])
     derivation = bounds.__doc__.split("Derivation (also in the report):", 1)[-1].strip()
     return "\n".join([
-        "## 8. Distance from the physical bound\n",
+        "## 8. Distance from the physical bound and from the clairvoyant reference\n",
         "`bound_throughput_tok_s` and `bound_latency_p95_s` come from an explicitly named oracle "
         "(`cadencerl/runs/bounds.py`) that reads the sealed target lengths; no policy can beat them on the same pool "
         "and workload. Runs and setups as in sections 1-3; `-` = not run (DORA* on heterogeneous pools).\n",

@@ -2,7 +2,9 @@
 
 The report does not run these: `benchmarks/simulator_change.py` runs one scenario under two git
 revisions, each through its own CLI, and writes `benchmarks/results/simulator_change.json`; this
-section renders that file as measured, with the revisions and the commands.
+section renders that file as measured, with the revisions and the commands. The default new revision
+is the current code, so policy changes made since ride along; `simulator_change_isolated.json`, the
+same run with `--new` at the merge that brought the simulator change, says what it alone moved.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from cadencerl.report.context import Report
 from cadencerl.report.markdown import change, md_table, sec, tok
 
 RESULTS = Path(__file__).resolve().parents[3] / "benchmarks" / "results" / "simulator_change.json"
+ISOLATED = RESULTS.with_name("simulator_change_isolated.json")   # the same, new = the merge of the change alone
 MOVED = 0.01   # runs are deterministic, so every difference is real; under 1% is called unchanged
 HEADING = "## 12. What moved with the simulator change (issue 11)\n"
 
@@ -23,7 +26,8 @@ def simulator_change(ctx: Report) -> str:
     if not RESULTS.is_file():
         return "\n".join([HEADING, f"Not measured in this checkout (`{RESULTS.name}` is missing): run "
                           "`python benchmarks/simulator_change.py`.\n"])
-    return render(json.loads(RESULTS.read_text()))
+    isolated = json.loads(ISOLATED.read_text()) if ISOLATED.is_file() else None
+    return render(json.loads(RESULTS.read_text()), isolated)
 
 
 def _moves(name: str, unit: str, old: float, new: float) -> tuple[bool, str]:
@@ -31,8 +35,9 @@ def _moves(name: str, unit: str, old: float, new: float) -> tuple[bool, str]:
     return abs(new / old - 1) >= MOVED if old else new != old, f"{name} {change(new, old)} ({fmt(old)} -> {fmt(new)} {unit})"
 
 
-def render(data: dict) -> str:
-    """The table of both revisions' figures, then in words what moved by 1% or more and what did not."""
+def render(data: dict, isolated: dict | None = None) -> str:
+    """The table of both revisions' figures, then in words what moved by 1% or more and what did not
+    (and, from `isolated`, how much of each throughput move the simulator change alone makes)."""
     old, new = data["old"], data["new"]
     rows, moved, still = [], [], []
     for p in data["policies"]:
@@ -60,7 +65,18 @@ def render(data: dict) -> str:
         f"- **Moved by {100 * MOVED:.0f}% or more:** " + ("; ".join(moved) if moved else "nothing") + ".",
         f"- **Within {100 * MOVED:.0f}%:** " + ("; ".join(still) if still else "nothing") + ".",
         f"- **Bound:** {bound}; it is the tightened bound in the new revision (`runs/bounds.py`).",
-        _between(data.get("between", {})), ""])
+        _between(data.get("between", {})), *([_alone(isolated)] if isolated else []), ""])
+
+
+def _alone(iso: dict) -> str:
+    """One line: each policy's throughput move with the simulator change alone (no other change between)."""
+    old, new = iso["old"], iso["new"]
+    moves = [f"{p} {change(new['results'][p]['throughput_tok_s'], old['results'][p]['throughput_tok_s'])} "
+             f"({tok(old['results'][p]['throughput_tok_s'])} -> {tok(new['results'][p]['throughput_tok_s'])})"
+             for p in iso["policies"]]
+    return (f"- **The simulator change alone** (`{old['revision'][:10]}` -> `{new['revision'][:10]}`, {new['subject']}; "
+            f"`{iso['command']}`), throughput in tok/s: {'; '.join(moves)}. A move in the table that is not here "
+            "comes from the other changes.")
 
 
 def _between(between: dict) -> str:
