@@ -116,3 +116,28 @@ def test_every_builtin_scenario_builds_its_pool():
     for name in builtin_names():
         workers, _ = build_pool(builtin_scenario(name))
         assert workers, name
+
+
+def test_compare_shows_distance_from_bound_and_reference(tmp_path):
+    """Every run's row has '% bound'; with --reference also '% ref', and the JSON carries both fractions."""
+    out = tmp_path / "r.json"
+    r = run("compare", "-s", "16a8h", "--policies", "cadence,least-loaded", "--trajectories", "48", "--reference",
+            "--json", str(out))
+    assert r.exit_code == 0, r.output
+    runs = json.loads(out.read_text())
+    for x in runs:
+        assert 0 < x["throughput_fraction_of_bound"] <= 1
+        assert x["throughput_fraction_of_reference"] == pytest.approx(
+            x["throughput_tok_s"] / x["reference_throughput_tok_s"])
+        assert f"{100 * x['throughput_fraction_of_reference']:.0f}%" in r.output
+    assert "clairvoyant reference" in r.output and "% bound" in r.output
+
+
+def test_sim_says_how_to_get_the_reference_when_it_is_off(tmp_path):
+    out = tmp_path / "r.json"
+    r = run("sim", "-s", "16a8h", "-p", "least-loaded", "--trajectories", "48", "--json", str(out))
+    assert r.exit_code == 0, r.output
+    data = json.loads(out.read_text())
+    assert "throughput_fraction_of_reference" not in data
+    assert f"{100 * data['throughput_fraction_of_bound']:.0f}%" in r.output
+    assert "--reference" in " ".join(r.output.split())

@@ -14,6 +14,7 @@ from cadencerl.cli.main import app
 from cadencerl.config import load_scenario_file
 from cadencerl.report.matrix import (ABLATION_POLICIES, GROUPED_BASELINES, HETEROGENEOUS_POOLS, MIXED_POLICIES,
                                     STEADY_ITERATIONS, make_settings, planned_runs)
+from cadencerl.runs.reference import REFERENCE
 
 runner = CliRunner()
 TINY = 128  # trajectories per run: the whole matrix in a few seconds
@@ -66,7 +67,7 @@ def test_results_json_has_every_run(report_dir):
     runs = [r for r in data["runs"] if not r["scenario"].startswith("mixed-")]
     assert len(runs) == len(planned_runs(make_settings(True, TINY))) + 2  # + the two traced runs
     assert {r["policy"] for r in runs} == {"cadence", "sync", "one-off", "dora", "laminar", "areal", "least-loaded",
-                                           *ABLATION_POLICIES, *GROUPED_BASELINES}
+                                           *ABLATION_POLICIES, *GROUPED_BASELINES, REFERENCE}
     assert {r["policy"] for r in mixed} == set(MIXED_POLICIES)  # section 10: MISA-T against the routers
     assert not [r for r in runs if r["policy"] == "dora" and r["scenario"] in HETEROGENEOUS_POOLS]
     for r in runs:

@@ -12,20 +12,42 @@ def _steady(r: dict, key: str) -> str:
     return "-" if v is None else (f"{v:,.0f}" if key.startswith("throughput") else f"{v:.1f}")
 
 
+def _share(r: dict, key: str) -> str:
+    """A fraction as a percentage, or '-' when the run has none (no reference run)."""
+    v = r.get(key)
+    return "-" if v is None else f"{100 * v:.0f}%"
+
+
 def run_table(results: list[dict], title: str) -> Table:
-    """One row per run: whole-run figures, then the steady window's (iterations 2..n-1)."""
+    """One row per run: whole-run figures (throughput also as % of the bound and of the clairvoyant
+    reference), then the steady window's (iterations 2..n-1)."""
     table = Table(title=title)
-    for col in ("policy", "throughput tok/s", "P50 s", "P95 s", "P99 s", "steady tok/s", "steady P95 s",
-                "steady P95 from submit s", "preempt", "evict", "migr", "non-res P95", "sim s", "wall s"):
+    for col in ("policy", "throughput tok/s", "% bound", "% ref", "P50 s", "P95 s", "P99 s", "steady tok/s",
+                "steady P95 s", "steady P95 from submit s", "preempt", "evict", "migr", "non-res P95", "sim s",
+                "wall s"):
         table.add_column(col, justify="left" if col == "policy" else "right")
     for r in results:
-        table.add_row(r["policy"], f"{r['throughput_tok_s']:,.0f}", f"{r['latency_p50_s']:.1f}",
+        table.add_row(r["policy"], f"{r['throughput_tok_s']:,.0f}", _share(r, "throughput_fraction_of_bound"),
+                      _share(r, "throughput_fraction_of_reference"), f"{r['latency_p50_s']:.1f}",
                       f"{r['latency_p95_s']:.1f}", f"{r['latency_p99_s']:.1f}", _steady(r, "throughput_tok_s"),
                       _steady(r, "latency_p95_s"), _steady(r, "latency_from_submit_p95_s"), str(r["preemptions"]),
                       str(r.get("evictions", 0)), str(r.get("migrations", 0)),
                       f"{100 * r.get('non_resident_p95', 0):.0f}%", f"{r['sim_time_s']:.0f}",
                       f"{r['wall_time_s']:.2f}")
     return table
+
+
+def distance_note(results: list[dict], reference: dict | None) -> str:
+    """What '% bound' and '% ref' are measured against, or how to get '% ref' and why it is off."""
+    r = results[0]
+    bound = (f"% bound: whole-run throughput / the tightened bound, {r['bound_throughput_tok_s']:,.0f} tok/s "
+             f"(bound by {r['bound_makespan_by']}; P95 bound {r['bound_latency_p95_s']:.1f} s)")
+    if reference is None:
+        return (f"{bound}. % ref: off by default, as it about doubles the wall time (one more simulation, of an "
+                "oracle that measures every resident at every decision); --reference adds the clairvoyant reference")
+    return (f"{bound}. % ref: / the clairvoyant reference (an oracle that sees every length), "
+            f"{reference['throughput_tok_s']:,.0f} tok/s, P95 {reference['latency_p95_s']:.1f} s, "
+            f"its run {reference['wall_time_s']:.1f} s wall")
 
 
 def per_accelerator_table(result: dict) -> Table:

@@ -1,7 +1,9 @@
 """Fresh trajectories not yet admitted, in arrival order, with per-class queues.
 
 Per-class queues let an admission layer hold back one workload class (MISA-T's HOLD) while the
-others go ahead, without scanning the whole backlog.
+others go ahead, without scanning the whole backlog. Any waiting trajectory can be taken, not only
+the head (the clairvoyant reference takes longest first): a taken one leaves the index at once and
+its queue entry is dropped when it reaches the head, so every operation is O(1) amortized.
 """
 
 from __future__ import annotations
@@ -13,50 +15,55 @@ from cadencerl.core.trajectory import Trajectory
 
 class FreshQueue:
     def __init__(self, trajectories: list[Trajectory]) -> None:
-        self._by_class: dict[str, deque[tuple[int, Trajectory]]] = {}
-        for i, t in enumerate(trajectories):
-            self._by_class.setdefault(t.workload_class, deque()).append((i, t))
-        self._taken: set[int] = set()
-        self._count = len(trajectories)
+        self._by_class: dict[str, deque[tuple[int, Trajectory]]] = {}   # (arrival, trajectory), taken ones too
+        self._waiting: dict[int, Trajectory] = {}                        # id -> trajectory not yet taken
+        self._counts: dict[str, int] = {}
+        self._arrivals = 0
+        for t in trajectories:
+            self.push(t)
+
+    def push(self, traj: Trajectory) -> None:
+        """Queue `traj` behind every trajectory already here."""
+        if traj.id in self._waiting:
+            raise ValueError(f"trajectory {traj.id} is already waiting")
+        cls = traj.workload_class
+        self._by_class.setdefault(cls, deque()).append((self._arrivals, traj))
+        self._waiting[traj.id] = traj
+        self._counts[cls] = self._counts.get(cls, 0) + 1
+        self._arrivals += 1
 
     def __len__(self) -> int:
-        return self._count
+        return len(self._waiting)
 
     def __bool__(self) -> bool:
-        return self._count > 0
+        return bool(self._waiting)
 
     def classes(self) -> list[str]:
-        return [c for c in self._by_class if self.count(c)]
+        return [c for c, n in self._counts.items() if n]
 
     def count(self, cls: str) -> int:
-        self._skip(cls)
-        return len(self._by_class.get(cls, ()))
+        return self._counts.get(cls, 0)
 
     def peek(self, classes: set[str] | None = None) -> Trajectory | None:
         """The earliest-arrived fresh trajectory (of one of `classes`, if given)."""
         best = None
-        for cls in self._by_class:
+        for cls, q in self._by_class.items():
             if classes is not None and cls not in classes:
                 continue
-            self._skip(cls)
-            q = self._by_class[cls]
+            self._skip(q)
             if q and (best is None or q[0][0] < best[0]):
                 best = q[0]
         return best[1] if best else None
 
     def take(self, traj: Trajectory) -> None:
-        if traj.id in self._taken or traj.workload_class not in self._by_class:
+        """Remove `traj`, wherever it waits; KeyError if it is not waiting here."""
+        if self._waiting.get(traj.id) is not traj:
             raise KeyError(traj.id)
-        q = self._by_class[traj.workload_class]
-        if q and q[0][1] is traj:
-            q.popleft()
-        elif not any(t is traj for _i, t in q):
-            raise KeyError(traj.id)
-        else:
-            self._taken.add(traj.id)
-        self._count -= 1
+        del self._waiting[traj.id]
+        self._counts[traj.workload_class] -= 1
+        self._skip(self._by_class[traj.workload_class])
 
-    def _skip(self, cls: str) -> None:
-        q = self._by_class.get(cls)
-        while q and q[0][1].id in self._taken:
-            self._taken.discard(q.popleft()[1].id)
+    def _skip(self, q: deque[tuple[int, Trajectory]]) -> None:
+        """Drop taken trajectories from the head of `q`."""
+        while q and self._waiting.get(q[0][1].id) is not q[0][1]:
+            q.popleft()

@@ -86,6 +86,8 @@ class Trainer:
             return None
         if self.ready_since is None:
             self.ready_since = now
+        if not self._room_after(self._oldest_tags(n)):
+            return None   # the oldest n free every staleness constraint most: no other batch of n can do better
         oldest = [t for tag in sorted(self.completed) for t in self.completed[tag]][:n]
         batch = oldest
         if self.mix is not None:
@@ -103,8 +105,21 @@ class Trainer:
 
     def _keeps_bound(self, batch: list[Trajectory]) -> bool:
         """After this batch the next one is k+1: every staleness constraint must still hold then."""
-        taken = Counter(t.tag for t in batch)
+        return self._room_after(Counter(t.tag for t in batch))
+
+    def _room_after(self, taken: dict[int, int]) -> bool:
+        """Whether every staleness constraint still holds at batch k+1 once `taken` (tag -> count) is consumed."""
         return self.credits.room(min(self.credits.outstanding_by_tag), self.next_batch + 1, taken) >= 0
+
+    def _oldest_tags(self, n: int) -> dict[int, int]:
+        """Tag -> count of the n oldest-tagged completed trajectories, without listing them."""
+        taken: dict[int, int] = {}
+        for tag in sorted(self.completed):
+            if n <= 0:
+                break
+            taken[tag] = min(n, len(self.completed[tag]))
+            n -= taken[tag]
+        return taken
 
     @property
     def wake_at(self) -> float | None:

@@ -35,8 +35,8 @@ class Clairvoyant:
     def __init__(self, key: object, specs: list[TrajectorySpec], perfs: list[WorkerPerf]) -> None:
         self._final = {s.id: total_tokens(s, key) for s in specs}     # final context of each trajectory
         self._length = {s.id: self._final[s.id] - s.prompt_len for s in specs}
-        self._order = [s.id for s in specs]                            # arrival order, as the fresh queue's
-        self._next = 0
+        self._waiting = [s.id for s in specs]     # not yet admitted, in arrival order (the fresh queue's)
+        self._looked = 0                          # the last window's size: admissions happen only in it
         self._min_prompt = min((s.prompt_len for s in specs), default=0)
         self._admitted: set[int] = set()
         self._perfs = perfs
@@ -71,26 +71,29 @@ class Clairvoyant:
         """The worker's residents as this decision sees them, measured on first use."""
         st = self._state.get(w.id)
         if st is None:
-            rems = [max(1, self._length[t.id] - t.generated) for t in w.residents.values()]
-            st = self._state[w.id] = [[t.context for t in w.residents.values()], rems, max(rems, default=0),
-                                      w.kv_used]
+            ctxs, rems, length = [], [], self._length
+            for tid, t in w.residents.items():        # the hot loop of a reference run: each figure read once
+                generated = t.generated
+                ctxs.append(t.spec.prompt_len + t.observation_tokens + generated)   # t.context
+                rems.append(length[tid] - generated)   # at least 1 where used (_peak, _finish)
+            st = self._state[w.id] = [ctxs, rems, max(1, max(rems)) if rems else 0, w.kv_used]
         return st
+
+    def _load(self, w: Worker) -> tuple[int, int]:
+        """(residents, KV used) as this decision sees them, without measuring the residents."""
+        st = self._state.get(w.id)
+        return (w.load, w.kv_used) if st is None else (len(st[1]), st[3])
 
     def _window(self, n: int) -> list[int]:
         """The next `n` fresh trajectories in arrival order."""
-        out, i = [], self._next
-        while len(out) < n and i < len(self._order):
-            if self._order[i] not in self._admitted:
-                out.append(self._order[i])
-            i += 1
-        while self._next < len(self._order) and self._order[self._next] in self._admitted:
-            self._next += 1
-        return out
+        self._waiting[:self._looked] = [t for t in self._waiting[:self._looked] if t not in self._admitted]
+        self._looked = n
+        return self._waiting[:n]
 
     def _best(self, workers: list[Worker], tid: int) -> Worker | None:
         """The worker where `tid` would finish soonest, among those whose peak KV stays in capacity."""
         ctx = self._final[tid] - self._length[tid]
-        fits = [w for w in workers if len(self._of(w)[1]) < w.max_num_seqs and self._of(w)[3] + ctx < w.kv_capacity]
+        fits = [w for w in workers if (load := self._load(w))[0] < w.max_num_seqs and load[1] + ctx < w.kv_capacity]
         for w in sorted(fits, key=lambda w: (self._finish(w, tid), w.id)):
             if self._peak(w, ctx, self._length[tid]) <= w.kv_capacity:
                 return w
@@ -100,7 +103,7 @@ class Clairvoyant:
         """The most KV `w` will hold if it takes a trajectory of context `ctx` with `rem` tokens to go:
         just before each departure, every resident still there has grown by that many tokens."""
         ctxs, rems, _longest, _kv = self._of(w)
-        r = np.array(rems + [rem])
+        r = np.maximum(np.array(rems + [rem]), 1)
         order = np.argsort(r)
         c = np.array(ctxs + [ctx])[order]
         r = r[order]

@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from cadencerl.config import Scenario, builtin_scenario
+from cadencerl.runs.reference import REFERENCE
 
 
 HOMOGENEOUS_POLICIES = ("cadence", "sync", "one-off", "dora", "laminar", "areal", "least-loaded")
@@ -129,6 +130,7 @@ def planned_runs(settings: Settings) -> list[tuple[Scenario, str]]:
     for name in settings.ablation_pools:
         s = pool_scenario(name, settings)
         runs += [(s, p) for p in (*ABLATION_POLICIES, *GROUPED_BASELINES)]
+    runs += [(s, REFERENCE) for s in all_pools(settings)]   # section 8: the clairvoyant reference per pool
     return list({(s.model_dump_json(), p): (s, p) for s, p in runs}.values())
 
 

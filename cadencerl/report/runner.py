@@ -27,10 +27,13 @@ def simulate_one(scenario: Scenario, policy: str, trace: tuple[int, ...] = (), p
     from cadencerl.config import ConfigError
     from cadencerl.core.actions import ActionError
     from cadencerl.core.controller import StallError
+    from cadencerl.runs.reference import REFERENCE, clairvoyant_reference
     from cadencerl.runs.registry import make_policy
     from cadencerl.runs.simulate import simulate
 
     try:
+        if policy == REFERENCE:   # the clairvoyant reference: no registered name resolves to it
+            return clairvoyant_reference(scenario, progress)
         return simulate(scenario, make_policy(policy, scenario), trace=trace, progress=progress)
     except (ConfigError, StallError, ActionError) as exc:
         raise ReportError(f"{scenario.name} / {policy}: {exc}") from None

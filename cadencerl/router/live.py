@@ -36,12 +36,6 @@ class HoldQueue(FreshQueue):
 
     def __init__(self) -> None:
         super().__init__([])
-        self._seq = 0
-
-    def push(self, traj: Trajectory) -> None:
-        self._by_class.setdefault(traj.workload_class, deque()).append((self._seq, traj))
-        self._seq += 1
-        self._count += 1
 
 
 @dataclass

@@ -7,6 +7,8 @@ nowhere else. A reference run costs one more simulation of the scenario.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from cadencerl.config import Scenario
 from cadencerl.policies.oracle import Clairvoyant
 from cadencerl.runs.assemble import build_pool
@@ -14,12 +16,15 @@ from cadencerl.runs.simulate import simulate
 from cadencerl.workload.generate import generate
 
 
-def clairvoyant_reference(scenario: Scenario) -> dict:
+REFERENCE = Clairvoyant.name   # the policy name its results carry; the report's runner asks for it by this name
+
+
+def clairvoyant_reference(scenario: Scenario, progress: Callable[[int, int], None] | None = None) -> dict:
     """Simulate the clairvoyant oracle on `scenario`; its result, like any run's."""
     key = object()
     specs = generate(scenario.workload, scenario.seed, key)
     _workers, perfs = build_pool(scenario)
-    return simulate(scenario, Clairvoyant(key, specs, perfs), key=key)
+    return simulate(scenario, Clairvoyant(key, specs, perfs), key=key, progress=progress)
 
 
 def distance(result: dict, reference: dict) -> dict:
@@ -34,9 +39,10 @@ def distance(result: dict, reference: dict) -> dict:
     }
 
 
-def with_reference(results: list[dict], scenario: Scenario) -> dict:
+def with_reference(results: list[dict], scenario: Scenario,
+                   progress: Callable[[int, int], None] | None = None) -> dict:
     """Add each result's distance from one clairvoyant run of `scenario` (in place); return that run."""
-    reference = clairvoyant_reference(scenario)
+    reference = clairvoyant_reference(scenario, progress)
     for r in results:
         r.update(distance(r, reference))
     return reference
