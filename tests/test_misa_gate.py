@@ -159,6 +159,25 @@ def test_a_class_too_far_ahead_waits_but_some_class_always_may_go():
     assert misa.open_classes(p.view) == set()          # rlhf capped, agent far ahead: both wait
 
 
+def test_a_class_that_used_its_places_in_the_cohort_waits_for_the_capped_class_behind_it():
+    """Under eta 1 a full cohort is one consumed batch: a place lent to another class would stay in
+    it. The cohort holds what it admitted plus the room the eta budget leaves (here 10 of 2 x 1000)."""
+    misa = MisaT(MIX)
+    admit_n(misa, "agent", 1000)
+    admit_n(misa, "rlhf", 990)
+    p = gate_pool(misa, [worker(0, cap=1_000_000)], fresh(20, "agent") + fresh(20, "rlhf", start=300),
+                  batch=1000, tags={0: 1990}, total=10_000)
+    misa.observe(p.view)
+    assert p.view.credits.admissible(0, 0) == 10
+    assert misa.cohort_places(p.view, ["agent", "rlhf"]) == {"agent": 1000, "rlhf": 1000}
+    misa.class_caps = {"agent": 10**6, "rlhf": 5}
+    p.controller.active_by_class.update({"agent": 10**6, "rlhf": 5})   # rlhf at its cap, nothing to lend
+    # agent is within the ahead bound (20) of its share, but its places are used: both wait
+    assert misa.open_classes(p.view) == set()
+    p.controller.active_by_class["rlhf"] = 4                            # an rlhf session finished
+    assert misa.open_classes(p.view) == {"rlhf"}
+
+
 # -- quota lending ---------------------------------------------------------------------------------
 
 def test_a_class_borrows_the_quota_the_others_leave_unused_and_a_class_under_its_own_always_passes():
