@@ -178,6 +178,23 @@ def test_a_class_that_used_its_places_in_the_cohort_waits_for_the_capped_class_b
     assert misa.open_classes(p.view) == {"rlhf"}
 
 
+def test_in_front_of_a_router_new_sessions_join_the_oldest_cohort_with_budget_left_and_only_its_workers_take_them():
+    """A router fills an older version's eta budget before its workers move on: the gate balances
+    that cohort, not the trainer's, and sends its new sessions only to that version's workers."""
+    misa = MisaT(MIX)
+    admit_n(misa, "agent", 50, version=0)
+    admit_n(misa, "rlhf", 40, version=0)
+    old, new = worker(0, cap=1_000_000, version=0), worker(1, cap=1_000_000, version=1)
+    p = pool(Admitted(misa, LeastLoadedRouter()), [old, new], fresh=fresh(20, "agent") + fresh(20, "rlhf", start=300),
+             trainer_version=1, batch=100, tags={0: 90}, total=10_000)
+    misa.observe(p.view)
+    assert misa.open_classes(p.view) == {"rlhf"}        # cohort 0: 100 places, agent used its 50
+    assert misa.cohort_version == 0 and misa.accepts(old) and not misa.accepts(new)
+    p.controller.credits.record(0, 10)                  # cohort 0's budget is spent
+    assert len(misa.open_classes(p.view)) == 1          # cohort 1, empty: either class may start it
+    assert misa.cohort_version == 1 and misa.accepts(new) and not misa.accepts(old)
+
+
 # -- quota lending ---------------------------------------------------------------------------------
 
 def test_a_class_borrows_the_quota_the_others_leave_unused_and_a_class_under_its_own_always_passes():

@@ -34,7 +34,10 @@ Three mechanisms (MISA-T abstract; reference/hardware.md), every figure observab
   Under eta 1 a cohort that fills its room is consumed whole by one batch (the staleness bound
   forces it), so a lent place would be a permanent deviation of that batch. Deficits are taken
   among the classes with places left: one of them is always at or below its share, so only the
-  caps ever close the gate, and they open as sessions finish.
+  caps ever close the gate, and they open as sessions finish. In front of a router the cohort
+  being filled is the oldest version a live worker is on that still has eta budget (the router
+  fills it before that worker moves on), and only that version's workers take new sessions:
+  otherwise sessions balanced for the trainer's cohort would land in an older one.
 
 In front of a placement policy that never over-commits KV (CadenceRL), full KV is that policy's
 packing, not pressure: only preemptions and engine queues shrink the caps there.
@@ -78,6 +81,8 @@ class MisaT:
     admitted: dict[str, int] = field(default_factory=dict)     # sessions admitted so far, per class
     cohorts: dict[int, dict[str, int]] = field(default_factory=dict)   # per policy version, per class
     learner: Learner = field(default_factory=Learner)
+    one_cohort: bool = False        # new sessions only into the cohort being balanced (see Admitted)
+    cohort_version: int = 0         # the cohort the gate balances
     kv_is_pressure: bool = True   # False in front of a policy that never over-commits KV (see Admitted)
     _next_adapt: float = 0.0
 
@@ -185,10 +190,18 @@ class MisaT:
         plus the room the eta budget leaves it. A class that used its places waits even when a class
         still behind is held by its cap: the cohort is what the next batches consume (under eta 1 a
         full cohort is exactly one batch), so a session lent another class's place stays in it."""
-        counts = self.cohorts.get(view.trainer_version, {})
-        room = min(len(view.fresh), view.credits.admissible(view.trainer_version, view.next_batch))
+        counts = self.cohorts.get(self.cohort_version, {})
+        room = min(len(view.fresh), view.credits.admissible(self.cohort_version, view.next_batch))
         size = sum(counts.get(c, 0) for c in waiting) + room
         return target_counts({c: self.target_mix.get(c, 0.0) for c in waiting}, size)
+
+    def _filling(self, view: PoolView) -> int:
+        """The cohort new sessions join: the trainer's, or in front of a router the oldest version
+        a live worker is on that has eta budget left (the router fills it before its workers move)."""
+        if not self.one_cohort:
+            return view.trainer_version
+        open_ = [w.version for w in view.alive() if view.credits.admissible(w.version, view.next_batch) > 0]
+        return min(open_, default=view.trainer_version)
 
     def open_classes(self, view: PoolView) -> set[str]:
         """The class to admit next: among waiting classes with a place left in the cohort, under their
@@ -198,7 +211,8 @@ class MisaT:
         active = view.active_by_class
         waiting = view.fresh.classes()
         unused = {c: max(0, cap - active.get(c, 0)) for c, cap in self.class_caps.items()}
-        cohort = self.cohorts.get(view.trainer_version, {})
+        self.cohort_version = self._filling(view)
+        cohort = self.cohorts.get(self.cohort_version, {})
         places = self.cohort_places(view, waiting)
         left = [c for c in waiting if cohort.get(c, 0) < places[c]]    # never empty while there is room
         deficit = self.deficits(left, view.credits.batch_size, cohort)
@@ -211,7 +225,8 @@ class MisaT:
         return {max(open_, key=lambda c: (deficit[c], c))}
 
     def accepts(self, w: Worker) -> bool:
-        return w.sessions < int(self.caps.get(w.id, 1))
+        current = not self.one_cohort or w.version == self.cohort_version
+        return current and w.sessions < int(self.caps.get(w.id, 1))
 
     def remaining(self, view: PoolView) -> int:
         return sum(max(0, int(self.caps[w.id]) - w.sessions) for w in view.alive() if w.id in self.caps)
@@ -239,6 +254,7 @@ class Admitted:
         # set) keeps it full on purpose: there only preemptions and engine queues are pressure, and
         # the caps step aside when there is none.
         misa.kv_is_pressure = self.queues_at_engine
+        misa.one_cohort = self.queues_at_engine
 
     def decide(self, view: PoolView) -> Iterator[Action]:
         self.misa.observe(view)
