@@ -185,7 +185,7 @@ class MisaT:
         return {c: mix[c] * (done + lead[c]) - counts.get(c, 0) for c in waiting}
 
     def cohort_places(self, view: PoolView, waiting: list[str]) -> dict[str, int]:
-        """Each waiting class's places in the current version's cohort: its target share (rounded
+        """Each waiting class's places in the cohort being filled: its target share (rounded
         as the trainer rounds a batch) of what the cohort will hold, the sessions it admitted so far
         plus the room the eta budget leaves it. A class that used its places waits even when a class
         still behind is held by its cap: the cohort is what the next batches consume (under eta 1 a
@@ -200,8 +200,8 @@ class MisaT:
         a live worker is on that has eta budget left (the router fills it before its workers move)."""
         if not self.one_cohort:
             return view.trainer_version
-        open_ = [w.version for w in view.alive() if view.credits.admissible(w.version, view.next_batch) > 0]
-        return min(open_, default=view.trainer_version)
+        versions = {w.version for w in view.alive()}
+        return min((v for v in versions if view.credits.admissible(v, view.next_batch) > 0), default=view.trainer_version)
 
     def open_classes(self, view: PoolView) -> set[str]:
         """The class to admit next: among waiting classes with a place left in the cohort, under their
