@@ -159,6 +159,42 @@ def test_a_class_too_far_ahead_waits_but_some_class_always_may_go():
     assert misa.open_classes(p.view) == set()          # rlhf capped, agent far ahead: both wait
 
 
+def test_a_class_that_used_its_places_in_the_cohort_waits_for_the_capped_class_behind_it():
+    """Under eta 1 a full cohort is one consumed batch: a place lent to another class would stay in
+    it. The cohort holds what it admitted plus the room the eta budget leaves (here 10 of 2 x 1000)."""
+    misa = MisaT(MIX)
+    admit_n(misa, "agent", 1000)
+    admit_n(misa, "rlhf", 990)
+    p = gate_pool(misa, [worker(0, cap=1_000_000)], fresh(20, "agent") + fresh(20, "rlhf", start=300),
+                  batch=1000, tags={0: 1990}, total=10_000)
+    misa.observe(p.view)
+    assert p.view.credits.admissible(0, 0) == 10
+    assert misa.cohort_places(p.view, ["agent", "rlhf"]) == {"agent": 1000, "rlhf": 1000}
+    misa.class_caps = {"agent": 10**6, "rlhf": 5}
+    p.controller.active_by_class.update({"agent": 10**6, "rlhf": 5})   # rlhf at its cap, nothing to lend
+    # agent is within the ahead bound (20) of its share, but its places are used: both wait
+    assert misa.open_classes(p.view) == set()
+    p.controller.active_by_class["rlhf"] = 4                            # an rlhf session finished
+    assert misa.open_classes(p.view) == {"rlhf"}
+
+
+def test_in_front_of_a_router_new_sessions_join_the_oldest_cohort_with_budget_left_and_only_its_workers_take_them():
+    """A router fills an older version's eta budget before its workers move on: the gate balances
+    that cohort, not the trainer's, and sends its new sessions only to that version's workers."""
+    misa = MisaT(MIX)
+    admit_n(misa, "agent", 50, version=0)
+    admit_n(misa, "rlhf", 40, version=0)
+    old, new = worker(0, cap=1_000_000, version=0), worker(1, cap=1_000_000, version=1)
+    p = pool(Admitted(misa, LeastLoadedRouter()), [old, new], fresh=fresh(20, "agent") + fresh(20, "rlhf", start=300),
+             trainer_version=1, batch=100, tags={0: 90}, total=10_000)
+    misa.observe(p.view)
+    assert misa.open_classes(p.view) == {"rlhf"}        # cohort 0: 100 places, agent used its 50
+    assert misa.cohort_version == 0 and misa.accepts(old) and not misa.accepts(new)
+    p.controller.credits.record(0, 10)                  # cohort 0's budget is spent
+    assert len(misa.open_classes(p.view)) == 1          # cohort 1, empty: either class may start it
+    assert misa.cohort_version == 1 and misa.accepts(new) and not misa.accepts(old)
+
+
 # -- quota lending ---------------------------------------------------------------------------------
 
 def test_a_class_borrows_the_quota_the_others_leave_unused_and_a_class_under_its_own_always_passes():

@@ -135,3 +135,28 @@ def test_the_gate_starves_no_class_and_keeps_admissions_near_the_target(mix, dur
         assert misa.admitted.get(c, 0) > 0
         # a lead is clipped to a batch, then re-centred (at most one more batch)
         assert abs(misa.admitted[c] - m * n) <= 2 * m * batch + MAX_AHEAD * batch + 2
+
+
+@settings(max_examples=15, deadline=None)
+@given(mix=mixes, caps=st.lists(st.integers(1, 30), min_size=4, max_size=4), seed=st.integers(0, 10_000))
+def test_a_cohort_that_fills_its_room_holds_the_target_counts_whatever_the_caps(mix, caps, seed):
+    """Classes held by their caps at random (whenever the gate is closed a running session of a
+    random class finishes): the gate closes only on caps, and the cohort ends on the target counts
+    of the room the eta budget gave it (two batches here), so no held class loses its places."""
+    rng = random.Random(seed)
+    batch = 50
+    misa = MisaT(mix)
+    fresh_ = [traj(10_000 + i * len(mix) + j, 10, cls=c) for i in range(2 * batch) for j, c in enumerate(mix)]
+    p = pool(LeastLoaded(), [worker(0, cap=10**9)], fresh=fresh_, batch=batch, total=10**6)
+    misa.class_caps = dict(zip(mix, caps))
+    active = p.controller.active_by_class
+    while p.view.credits.admissible(0, 0) > 0:
+        chosen = misa.open_classes(p.view)
+        if not chosen:
+            active[rng.choice([c for c in mix if active.get(c, 0) > 0])] -= 1
+            continue
+        cls = chosen.pop()
+        misa.record(cls, 0)
+        p.controller.credits.record(0)
+        active[cls] = active.get(cls, 0) + 1
+    assert {c: misa.cohorts[0].get(c, 0) for c in mix} == target_counts(mix, 2 * batch)

@@ -86,40 +86,39 @@ class Trainer:
             return None
         if self.ready_since is None:
             self.ready_since = now
-        if not self._room_after(self._oldest_tags(n)):
-            return None   # the oldest n free every staleness constraint most: no other batch of n can do better
+        # The n oldest take the most of every tag <= t, for every t: if they strand a straggler, every
+        # batch does. Checked on counts first, so waiting for stragglers costs no batch composition.
+        if not self._keeps_bound(self._oldest_tags(n)):
+            return None
         oldest = [t for tag in sorted(self.completed) for t in self.completed[tag]][:n]
-        batch = oldest
-        if self.mix is not None:
-            waited = now - self.ready_since >= self.mix.wait_s
-            picked = compose(self.completed, n, self.mix.target, self.next_batch - self.eta, fill=waited)
-            if picked is None:
-                return None
-            batch, short = picked
-            if not self._keeps_bound(batch):
-                batch, short = oldest, 0
-            if short and batch is not oldest:
-                self.mix_shortfall += short
-                self.mix_short_batches += 1
-        return batch if self._keeps_bound(batch) else None
+        if self.mix is None:
+            return oldest
+        waited = now - self.ready_since >= self.mix.wait_s
+        picked = compose(self.completed, n, self.mix.target, self.next_batch - self.eta, fill=waited)
+        if picked is None:
+            return None
+        batch, short = picked
+        if not self._keeps_bound(Counter(t.tag for t in batch)):
+            return oldest
+        if short:
+            self.mix_shortfall += short
+            self.mix_short_batches += 1
+        return batch
 
-    def _keeps_bound(self, batch: list[Trajectory]) -> bool:
-        """After this batch the next one is k+1: every staleness constraint must still hold then."""
-        return self._room_after(Counter(t.tag for t in batch))
-
-    def _room_after(self, taken: dict[int, int]) -> bool:
-        """Whether every staleness constraint still holds at batch k+1 once `taken` (tag -> count) is consumed."""
-        return self.credits.room(min(self.credits.outstanding_by_tag), self.next_batch + 1, taken) >= 0
-
-    def _oldest_tags(self, n: int) -> dict[int, int]:
-        """Tag -> count of the n oldest-tagged completed trajectories, without listing them."""
-        taken: dict[int, int] = {}
+    def _oldest_tags(self, n: int) -> Counter:
+        """How many trajectories of each tag the n oldest completed ones hold."""
+        taken: Counter = Counter()
         for tag in sorted(self.completed):
             if n <= 0:
                 break
             taken[tag] = min(n, len(self.completed[tag]))
             n -= taken[tag]
         return taken
+
+    def _keeps_bound(self, taken: Counter) -> bool:
+        """After a batch taking `taken` (per tag) the next one is k+1: every staleness constraint
+        must still hold then."""
+        return self.credits.room(min(self.credits.outstanding_by_tag), self.next_batch + 1, taken) >= 0
 
     @property
     def wake_at(self) -> float | None:

@@ -27,9 +27,17 @@ Three mechanisms (MISA-T abstract; reference/hardware.md), every figure observab
   where each class's share is moved ahead by the sessions the pool admits while one of its
   sessions runs longer than the mix's mean (rate x (d_c - mean d)), fading to zero as the cohort
   fills: slow agentic sessions start first in their cohort, early enough to land in the batch
-  that wants them, and the cohort still ends on the target. A class more than MAX_AHEAD of a
-  batch ahead of its share waits (some waiting class is always at or below its share, so this
-  never stalls).
+  that wants them. A class more than MAX_AHEAD of a batch ahead of its share waits. Each class
+  has its places in the cohort, its target share of what the cohort will hold (admitted so far
+  plus the room the eta budget leaves this version): a class that used them waits even while a
+  class behind it is held by its cap, so quota lending never trades a held class's places away.
+  Under eta 1 a cohort that fills its room is consumed whole by one batch (the staleness bound
+  forces it), so a lent place would be a permanent deviation of that batch. Deficits are taken
+  among the classes with places left: one of them is always at or below its share, so only the
+  caps ever close the gate, and they open as sessions finish. In front of a router the cohort
+  being filled is the oldest version a live worker is on that still has eta budget (the router
+  fills it before that worker moves on), and only that version's workers take new sessions:
+  otherwise sessions balanced for the trainer's cohort would land in an older one.
 
 In front of a placement policy that never over-commits KV (CadenceRL), full KV is that policy's
 packing, not pressure: only preemptions and engine queues shrink the caps there.
@@ -46,6 +54,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from cadencerl.core.actions import Action, Admit, Place
+from cadencerl.core.mix import target_counts
 from cadencerl.core.trajectory import Trajectory
 from cadencerl.core.view import AdmissionGate, Policy, PoolView
 from cadencerl.core.worker import Worker
@@ -72,6 +81,8 @@ class MisaT:
     admitted: dict[str, int] = field(default_factory=dict)     # sessions admitted so far, per class
     cohorts: dict[int, dict[str, int]] = field(default_factory=dict)   # per policy version, per class
     learner: Learner = field(default_factory=Learner)
+    one_cohort: bool = False        # new sessions only into the cohort being balanced (see Admitted)
+    cohort_version: int = 0         # the cohort the gate balances
     kv_is_pressure: bool = True   # False in front of a policy that never over-commits KV (see Admitted)
     _next_adapt: float = 0.0
 
@@ -173,23 +184,49 @@ class MisaT:
             lead = {c: x - shift for c, x in lead.items()}     # sum to 1, so some class is always behind
         return {c: mix[c] * (done + lead[c]) - counts.get(c, 0) for c in waiting}
 
+    def cohort_places(self, view: PoolView, waiting: list[str]) -> dict[str, int]:
+        """Each waiting class's places in the cohort being filled: its target share (rounded
+        as the trainer rounds a batch) of what the cohort will hold, the sessions it admitted so far
+        plus the room the eta budget leaves it. A class that used its places waits even when a class
+        still behind is held by its cap: the cohort is what the next batches consume (under eta 1 a
+        full cohort is exactly one batch), so a session lent another class's place stays in it."""
+        counts = self.cohorts.get(self.cohort_version, {})
+        room = min(len(view.fresh), view.credits.admissible(self.cohort_version, view.next_batch))
+        size = sum(counts.get(c, 0) for c in waiting) + room
+        return target_counts({c: self.target_mix.get(c, 0.0) for c in waiting}, size)
+
+    def _filling(self, view: PoolView) -> int:
+        """The cohort new sessions join: the trainer's, or in front of a router the oldest version
+        a live worker is on that has eta budget left (the router fills it before its workers move)."""
+        if not self.one_cohort:
+            return view.trainer_version
+        versions = {w.version for w in view.alive()}
+        return min((v for v in versions if view.credits.admissible(v, view.next_batch) > 0), default=view.trainer_version)
+
     def open_classes(self, view: PoolView) -> set[str]:
-        """The class to admit next: among waiting classes under their cap (plus the quota the other
-        classes leave unused, lent) and not too far ahead, the one furthest behind."""
+        """The class to admit next: among waiting classes with a place left in the cohort, under their
+        cap (plus the quota the other classes leave unused, lent) and not too far ahead of their
+        share, the one furthest behind. Deficits are taken among the classes with places left, so
+        one of them is always at or below its share: only the caps can close the gate."""
         active = view.active_by_class
         waiting = view.fresh.classes()
         unused = {c: max(0, cap - active.get(c, 0)) for c, cap in self.class_caps.items()}
-        deficit = self.deficits(waiting, view.credits.batch_size, self.cohorts.get(view.trainer_version, {}))
+        self.cohort_version = self._filling(view)
+        cohort = self.cohorts.get(self.cohort_version, {})
+        places = self.cohort_places(view, waiting)
+        left = [c for c in waiting if cohort.get(c, 0) < places[c]]    # never empty while there is room
+        deficit = self.deficits(left, view.credits.batch_size, cohort)
         bound = MAX_AHEAD * view.credits.batch_size
         spare = sum(unused.values())
-        open_ = [c for c in waiting if active.get(c, 0) < self.class_caps.get(c, 1) + spare - unused.get(c, 0)
+        open_ = [c for c in left if active.get(c, 0) < self.class_caps.get(c, 1) + spare - unused.get(c, 0)
                  and deficit[c] > -bound]
         if not open_:
             return set()
         return {max(open_, key=lambda c: (deficit[c], c))}
 
     def accepts(self, w: Worker) -> bool:
-        return w.sessions < int(self.caps.get(w.id, 1))
+        current = not self.one_cohort or w.version == self.cohort_version
+        return current and w.sessions < int(self.caps.get(w.id, 1))
 
     def remaining(self, view: PoolView) -> int:
         return sum(max(0, int(self.caps[w.id]) - w.sessions) for w in view.alive() if w.id in self.caps)
@@ -217,6 +254,7 @@ class Admitted:
         # set) keeps it full on purpose: there only preemptions and engine queues are pressure, and
         # the caps step aside when there is none.
         misa.kv_is_pressure = self.queues_at_engine
+        misa.one_cohort = self.queues_at_engine
 
     def decide(self, view: PoolView) -> Iterator[Action]:
         self.misa.observe(view)

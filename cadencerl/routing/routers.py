@@ -49,7 +49,7 @@ class Router:
                 if ok:
                     yield Place(traj.id, self.route(view, traj, ok).id)
         while (nxt := view.next_fresh()) is not None:
-            open_versions = {w.version for w in view.alive() if view.admissible(w.version) > 0}
+            open_versions = {v for v in {w.version for w in view.alive()} if view.admissible(v) > 0}
             ok = [w for w in view.alive() if w.version in open_versions and view.accepts_new(w)
                   and nxt.context < w.kv_capacity]
             if not ok:
