@@ -57,14 +57,18 @@ class Cadence:
         n = len(w.residents) if residents is None else residents
         return int(self.floor_frac * w.kv_capacity) + self.growth.tokens(w, n)
 
-    def _room(self, w: Worker, tokens: int, reserve: int) -> int:
-        """Post-placement headroom above the floor (with growth) and `reserve`; negative (or no slot):
-        infeasible. `floor` inlined: this is the hot path of every placement."""
+    def _spare(self, w: Worker) -> int:
+        """Room for one more trajectory above the floor (with its growth); -1 without a free slot.
+        `floor` inlined: this is the hot path of every placement."""
         load = len(w.residents)
         if load >= w.max_num_seqs:
             return -1
         growth = int((load + 1) * self.growth.per_resident(w))
-        return w.kv_capacity - w.kv_used - tokens - reserve - int(self.floor_frac * w.kv_capacity) - growth
+        return w.kv_capacity - w.kv_used - int(self.floor_frac * w.kv_capacity) - growth
+
+    def _room(self, w: Worker, tokens: int) -> int:
+        """Post-placement headroom above the floor (with growth); negative (or no slot): infeasible."""
+        return self._spare(w) - tokens if len(w.residents) < w.max_num_seqs else -1
 
     # -- the decision ---------------------------------------------------------------------------
 
@@ -143,10 +147,6 @@ class Cadence:
             if newcomers is not every and w in newcomers:
                 newcomers.update(w)
 
-    def _spare(self, w: Worker) -> int:
-        """Room for one more trajectory above the floor (with its growth); -1 without a free slot."""
-        return self._room(w, 0, 0)
-
     def _home(self, view: PoolView, traj: Trajectory, index: RoomIndex, need: int) -> Worker | None:
         """Prompt affinity: the worker the last sample of this prompt went to, if it is a feasible candidate."""
         if self.homes is None:
@@ -184,7 +184,7 @@ class Cadence:
             return
 
     def _absorbs(self, targets: list[Worker], src: Worker) -> bool:
-        room = sum(max(0, self._room(w, 0, 0)) for w in targets)
+        room = sum(max(0, self._spare(w)) for w in targets)
         slots = sum(w.max_num_seqs - w.load for w in targets)
         return room >= src.kv_used and slots >= src.load
 
@@ -195,7 +195,7 @@ class Cadence:
         for traj in view.pending.by_context(v, longest_first=True):
             if traj.context > largest:
                 continue  # fits nowhere: skip without scanning
-            w = next(w for w in targets if self._room(w, traj.context, 0) >= 0)
+            w = next(w for w in targets if self._room(w, traj.context) >= 0)
             self._note(traj, w)
             yield Place(traj.id, w.id)
             targets.sort(key=order)
@@ -203,7 +203,7 @@ class Cadence:
 
     def _largest_room(self, workers: list[Worker]) -> int:
         """The longest context any of `workers` could take right now (floor kept, no reserve)."""
-        return max((self._room(w, 0, 0) for w in workers if w.load < w.max_num_seqs), default=-1)
+        return max((self._spare(w) for w in workers if w.load < w.max_num_seqs), default=-1)
 
     # -- advancing ------------------------------------------------------------------------------
 
