@@ -1,8 +1,9 @@
 """What CadenceRL remembers between decisions, all of it observable: how fast residents grow, and
 where each prompt's samples went.
 
-Both cost O(workers) or O(1) per decision, never a scan of every resident, so a decision stays
-well under a millisecond at 64 workers x 256 residents (benchmarks/decision_latency.py).
+Both cost O(workers) or O(1) per decision, never a scan of every resident; with the room index
+below, a decision costs O(workers) plus a few microseconds per action it takes
+(benchmarks/decision_latency.py measures it at 64 workers x 256 residents).
 """
 
 from __future__ import annotations
