@@ -86,6 +86,10 @@ class Trainer:
             return None
         if self.ready_since is None:
             self.ready_since = now
+        # The oldest n take the most of every tag <= t, so if they break the bound every batch does:
+        # wait without listing the completions or composing a mix (counts per tag are enough).
+        if not self._room_left(self._oldest_tags(n)):
+            return None
         oldest = [t for tag in sorted(self.completed) for t in self.completed[tag]][:n]
         batch = oldest
         if self.mix is not None:
@@ -103,8 +107,21 @@ class Trainer:
 
     def _keeps_bound(self, batch: list[Trajectory]) -> bool:
         """After this batch the next one is k+1: every staleness constraint must still hold then."""
-        taken = Counter(t.tag for t in batch)
+        return self._room_left(Counter(t.tag for t in batch))
+
+    def _room_left(self, taken: dict[int, int]) -> bool:
+        """Would every staleness constraint still hold at batch k+1 once `taken` (tag -> count) is consumed?"""
         return self.credits.room(min(self.credits.outstanding_by_tag), self.next_batch + 1, taken) >= 0
+
+    def _oldest_tags(self, n: int) -> dict[int, int]:
+        """Tag -> count of the n oldest completions (the batch `_take` falls back to)."""
+        counts, left = {}, n
+        for tag in sorted(self.completed):
+            if left == 0:
+                break
+            counts[tag] = min(left, len(self.completed[tag]))
+            left -= counts[tag]
+        return counts
 
     @property
     def wake_at(self) -> float | None:
