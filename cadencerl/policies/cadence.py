@@ -126,7 +126,8 @@ class Cadence:
             is_fresh = fresh is not None and (nxt is None or context <= nxt_context)
             traj, index = (fresh, newcomers) if is_fresh else (nxt, every)
             need = (context if is_fresh else nxt_context) + self.delta
-            w = self._home(view, traj, index, need) or pick(index, need)
+            w = self._spread_pick(view, traj, index, need) if spread else None
+            w = w or self._home(view, traj, index, need) or pick(index, need)
             if w is None:
                 if is_fresh:
                     budget = -1
@@ -146,6 +147,15 @@ class Cadence:
                 every.update(w)
             if newcomers is not every and w in newcomers:
                 newcomers.update(w)
+
+    def _spread_pick(self, view: PoolView, traj: Trajectory, index: RoomIndex, need: int) -> Worker | None:
+        """Without `home_first_when_spreading`: the least-loaded feasible worker, the prompt's home
+        if it is one of them; None leaves the choice to the home-first rule."""
+        if self.params.home_first_when_spreading:
+            return None
+        w = index.least_loaded(need)
+        home = self._home(view, traj, index, need)
+        return home if home is not None and w is not None and len(home.residents) == len(w.residents) else w
 
     def _home(self, view: PoolView, traj: Trajectory, index: RoomIndex, need: int) -> Worker | None:
         """Prompt affinity: the worker the last sample of this prompt went to, if it is a feasible candidate."""
