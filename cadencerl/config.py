@@ -188,6 +188,9 @@ class PolicySpec(_Strict):
       (drain only when a newer version has fresh work; only if the targets can take every resident
       of the source at once). The first is on (without it a drained worker has nowhere to go and its
       residents come back: the ablation `cadence-eager-drain` shows the loss), the second off.
+    * home_first_when_spreading: while CadenceRL spreads (KV does not bind), a prompt's home is taken
+      whenever it is feasible; off, the least-loaded feasible worker is taken and the home only
+      among the equally loaded (`cadence-balanced-spread`).
     * concentrate_when_kv_bound: CadenceRL drains a version's workers only once KV has bound under it
       (a worker shed below its floor): before that there is no displaced tail, and moving work up the
       affinity order pins the stronger workers to an old version (`cadence-always-concentrate`).
@@ -206,6 +209,7 @@ class PolicySpec(_Strict):
     drain_needs_fresh_ahead: bool = True
     drain_whole_source: bool = False
     concentrate_when_kv_bound: bool = True
+    home_first_when_spreading: bool = True
 
 
 class Scenario(_Strict):

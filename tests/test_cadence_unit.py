@@ -200,3 +200,17 @@ def test_no_drain_while_the_newer_versions_workers_take_the_fresh_work():
     acts = actions(view([src, dst, newer], fresh=[traj(50, 20)], trainer_version=1, admitted=150, batch=100,
                         total=400), concentrate_when_kv_bound=False)
     assert acts == [Admit(2, 50)]
+
+
+def test_a_balanced_spread_takes_the_prompts_home_only_among_the_least_loaded():
+    def decide(**options):
+        busy = worker(0, cap=10_000, residents=[traj(1, 100), traj(2, 100)])
+        light = worker(1, cap=10_000, residents=[traj(3, 100)])
+        siblings = [traj(10, 50, group=5), traj(11, 50, group=5), traj(12, 50, group=5)]
+        return actions(view([busy, light], fresh=siblings, admitted=100, batch=100, total=300), **options)
+
+    # home first: the first sample goes to the lighter worker, and its siblings follow it there
+    assert decide() == [Admit(1, 10), Admit(1, 11), Admit(1, 12)]
+    # balanced: the second sample finds both at two residents (the home breaks the tie); the third
+    # would make its home the busier one, so it goes to the least-loaded worker
+    assert decide(home_first_when_spreading=False) == [Admit(1, 10), Admit(1, 11), Admit(0, 12)]

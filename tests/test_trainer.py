@@ -100,3 +100,32 @@ def test_no_batch_starts_while_training():
     tr.publish(10.0)
     assert tr.version == 1 and tr.publish_times == [10.0]
     assert tr.try_start(10.0) is not None
+
+
+def test_no_batch_keeps_the_bound_when_the_oldest_completions_do_not():
+    """`_take` waits without composing a mix when the oldest n break the bound: exact only if the
+    oldest n take at least as much of every tag <= t as any batch the mix could compose."""
+    from collections import Counter
+    from itertools import combinations
+
+    tr = trainer(batch=2, eta=1, total=8)
+    first = start(tr, 0, range(0, 4))
+    tr.finished(first[0])
+    tr.finished(first[1])
+    tr.try_start(0.0)
+    tr.publish(10.0)                        # batch 0 consumed; tag 0 has two stragglers out
+    late = start(tr, 1, range(10, 12))
+    done = [first[2], *late]                # one straggler back, the other still out
+    for t in done:
+        tr.finished(t)
+    def keeps(batch) -> bool:
+        return tr._keeps_bound(Counter(t.tag for t in batch))
+
+    oldest = [t for tag in sorted(tr.completed) for t in tr.completed[tag]][:2]
+    assert tr._oldest_tags(2) == Counter(t.tag for t in oldest) == {0: 1, 1: 1}
+    for batch in combinations(done, 2):     # every batch a mix could compose
+        assert keeps(batch) <= keeps(oldest)
+    assert not keeps(oldest) and tr._take(11.0) is None
+    tr.finished(first[3])
+    assert keeps([t for tag in sorted(tr.completed) for t in tr.completed[tag]][:2])
+    assert tr._take(12.0) is not None

@@ -51,6 +51,7 @@ class Controller:
                  kv_bytes_per_token: float = 0.0, sample_every_s: float = 5.0, mix: MixRule | None = None) -> None:
         self.policy = policy
         self.gate: AdmissionGate | None = getattr(policy, "gate", None)   # handed to every view
+        self.queues_at_engine: bool = getattr(policy, "queues_at_engine", False)
         self.backend = backend
         self.workers = workers
         self.trajectories = {t.id: t for t in trajectories}
@@ -209,7 +210,7 @@ class Controller:
     def _check_fits(self, w: Worker, traj: Trajectory) -> None:
         """No placement exceeds KV capacity. A router may queue work at an engine (vLLM's waiting
         queue holds no KV), but never a trajectory larger than the engine's whole KV."""
-        if getattr(self.policy, "queues_at_engine", False):
+        if self.queues_at_engine:
             if traj.context + 1 > w.kv_capacity:
                 raise ActionError(f"trajectory {traj.id} ({traj.context} tokens) exceeds worker {w.id}'s KV")
             return
@@ -222,15 +223,16 @@ class Controller:
         traj = self._traj(a.traj)
         if traj.state is not State.FRESH:
             raise ActionError(f"trajectory {traj.id} is not fresh")
-        if self.credits.admissible(w.version, self.trainer.next_batch) < 1:
-            raise ActionError(f"admit on worker {w.id} at version {w.version}: the eta budget is spent")
+        v = w.version
+        if self.credits.admissible(v, self.trainer.next_batch) < 1:
+            raise ActionError(f"admit on worker {w.id} at version {v}: the eta budget is spent")
         self._check_fits(w, traj)
         self.fresh.take(traj)
-        traj.tag = w.version
-        traj.versions.append(w.version)
+        traj.tag = v
+        traj.versions.append(v)
         traj.admitted_at = now
-        self.credits.record(w.version)
-        cls = traj.workload_class
+        self.credits.record(v)
+        cls = traj.spec.workload_class
         self.active_by_class[cls] = self.active_by_class.get(cls, 0) + 1
         self._attach(traj, w, Restore.PREFILL, 0.0, now)
 

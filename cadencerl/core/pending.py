@@ -1,33 +1,58 @@
 """The policy-version-indexed pending set P_v: departed trajectories waiting for a destination.
 
 Departure is separated from placement, so its size is the backpressure signal the paper uses.
+Each version's trajectories are also kept in context order, so a policy that places shortest
+(or longest) first reads that order instead of sorting the whole set at every decision. A pending
+trajectory is on no worker, so its context does not change until it is placed or removed.
 """
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Iterator
+from itertools import count
 
 from cadencerl.core.trajectory import Trajectory
+
+_Entry = tuple[int, int, Trajectory]   # (context, arrival number, trajectory): arrival breaks ties
 
 
 class PendingSet:
     def __init__(self) -> None:
         self._by_version: dict[int, dict[int, Trajectory]] = {}
+        self._ordered: dict[int, list[_Entry]] = {}       # version -> entries by (context, arrival)
+        self._entry: dict[int, _Entry] = {}               # trajectory id -> its entry
+        self._arrivals = count()
 
     def add(self, traj: Trajectory) -> None:
-        self._by_version.setdefault(traj.version, {})[traj.id] = traj
+        v = traj.version
+        self._by_version.setdefault(v, {})[traj.id] = traj
+        entry = self._entry[traj.id] = (traj.context, next(self._arrivals), traj)
+        bisect.insort(self._ordered.setdefault(v, []), entry)
 
     def remove(self, traj: Trajectory) -> None:
-        bucket = self._by_version[traj.version]
+        v = traj.version
+        bucket = self._by_version[v]
         del bucket[traj.id]
+        ordered = self._ordered[v]
+        del ordered[bisect.bisect_left(ordered, self._entry.pop(traj.id))]
         if not bucket:
-            del self._by_version[traj.version]
+            del self._by_version[v]
+            del self._ordered[v]
 
     def __contains__(self, traj: Trajectory) -> bool:
         return traj.id in self._by_version.get(traj.version, ())
 
     def at(self, version: int) -> list[Trajectory]:
+        """In the order they departed."""
         return list(self._by_version.get(version, {}).values())
+
+    def by_context(self, version: int, longest_first: bool = False) -> list[Trajectory]:
+        """Shortest first (or longest first); equal contexts in the order they departed."""
+        entries = self._ordered.get(version, ())
+        if longest_first:   # a stable sort on the context alone keeps departure order among equals
+            entries = sorted(entries, key=lambda e: e[0], reverse=True)
+        return [e[2] for e in entries]
 
     def versions(self) -> list[int]:
         return sorted(self._by_version)

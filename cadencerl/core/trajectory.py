@@ -66,8 +66,10 @@ class Trajectory:
 
     @property
     def context(self) -> int:
-        """Tokens of KV this trajectory needs now: prompt + observations + generated."""
-        return self.spec.prompt_len + self.observation_tokens + self.generated
+        """Tokens of KV this trajectory needs now: prompt + observations + generated. (`generated`
+        inlined: policies read this for every resident they compare.)"""
+        meter = self.meter
+        return self.spec.prompt_len + self.observation_tokens + (self.tokens if meter is None else meter.generated())
 
     @property
     def version(self) -> int | None:

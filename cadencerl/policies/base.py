@@ -77,7 +77,7 @@ def place_pending(view: PoolView, choose: Callable[[list[Worker], Trajectory], W
         by_version.setdefault(w.version, []).append(w)
     for v in view.pending.versions():
         workers = by_version.get(v, [])
-        for traj in sorted(view.pending.at(v), key=lambda t: t.context):
+        for traj in view.pending.by_context(v):
             ctx = traj.context
             ws = [w for w in workers if fits(w, ctx, margin(w))]
             if not ws:

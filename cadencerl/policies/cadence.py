@@ -29,6 +29,7 @@ Where the paper is silent (each a named option in `PolicySpec`):
 from __future__ import annotations
 
 from collections.abc import Iterator
+from operator import attrgetter
 
 from cadencerl.config import PolicySpec
 from cadencerl.core.actions import Action, Admit, Advance, Evict, Place
@@ -36,6 +37,8 @@ from cadencerl.core.trajectory import Trajectory
 from cadencerl.core.view import PoolView
 from cadencerl.core.worker import Worker
 from cadencerl.policies.cadence_state import GrowthMeter, PromptHomes, RoomIndex
+
+_context = attrgetter("context")
 
 class Cadence:
     def __init__(self, params: PolicySpec, name: str = "cadence") -> None:
@@ -54,14 +57,18 @@ class Cadence:
         n = len(w.residents) if residents is None else residents
         return int(self.floor_frac * w.kv_capacity) + self.growth.tokens(w, n)
 
-    def _room(self, w: Worker, tokens: int, reserve: int) -> int:
-        """Post-placement headroom above the floor (with growth) and `reserve`; negative (or no slot):
-        infeasible. `floor` inlined: this is the hot path of every placement."""
+    def _spare(self, w: Worker) -> int:
+        """Room for one more trajectory above the floor (with its growth); -1 without a free slot.
+        `floor` inlined: this is the hot path of every placement."""
         load = len(w.residents)
         if load >= w.max_num_seqs:
             return -1
         growth = int((load + 1) * self.growth.per_resident(w))
-        return w.kv_capacity - w.kv_used - tokens - reserve - int(self.floor_frac * w.kv_capacity) - growth
+        return w.kv_capacity - w.kv_used - int(self.floor_frac * w.kv_capacity) - growth
+
+    def _room(self, w: Worker, tokens: int) -> int:
+        """Post-placement headroom above the floor (with growth); negative (or no slot): infeasible."""
+        return self._spare(w) - tokens if len(w.residents) < w.max_num_seqs else -1
 
     # -- the decision ---------------------------------------------------------------------------
 
@@ -85,40 +92,47 @@ class Cadence:
         if not self.params.pacing:
             return
         for w in workers:
+            longest = None
             while w.load > 1 and w.headroom < self.floor(w):
                 self.kv_bound.add(w.version)
-                yield Evict(max(w.residents.values(), key=lambda t: t.context).id)
+                longest = longest or _longest_first(w)
+                yield Evict(next(longest).id)
 
     # -- pacing ---------------------------------------------------------------------------------
 
     def _pace(self, view: PoolView, v: int, workers: list[Worker]) -> Iterator[Action]:
         yield from self._shed(workers)
-        pending = sorted(view.pending.at(v), key=lambda t: t.context)
+        pending = view.pending.by_context(v)
         spread = self.params.spread_when_underloaded and not pending
-        every = RoomIndex(workers, self._spare)
-        newcomers = RoomIndex([w for w in workers if view.accepts_new(w)], self._spare) if view.gate else every
+        every = RoomIndex(workers, self._spare, by_load=spread)
+        newcomers = every
+        if view.gate is not None:
+            newcomers = RoomIndex([w for w in workers if view.accepts_new(w)], self._spare, by_load=spread)
+        pick = RoomIndex.least_loaded if spread else RoomIndex.tightest
         # Shortest first over fresh and pending work; feasibility is monotone in length, so the first
         # trajectory that fits nowhere ends its stream.
         # The budget falls by one per admission (every credit constraint at or above v does); it is
         # re-read when it reaches zero, and every time when an admission layer holds its own count.
         i, budget = 0, view.admissible(v)
+        nxt = pending[0] if pending else None
+        nxt_context = nxt.context if nxt is not None else 0
         while True:
             if budget == 0 or (view.gate is not None and budget > 0):
                 budget = view.admissible(v) or -1  # -1: no more fresh work this decision
             fresh = view.next_fresh() if budget > 0 else None
-            nxt = pending[i] if i < len(pending) else None
             if fresh is None and nxt is None:
                 return
-            is_fresh = fresh is not None and (nxt is None or fresh.context <= nxt.context)
+            context = fresh.context if fresh is not None else 0
+            is_fresh = fresh is not None and (nxt is None or context <= nxt_context)
             traj, index = (fresh, newcomers) if is_fresh else (nxt, every)
-            need = traj.context + self.delta
-            w = self._home(view, traj, index, need)
-            w = w or (index.least_loaded(need) if spread else index.tightest(need))
+            need = (context if is_fresh else nxt_context) + self.delta
+            w = self._spread_pick(view, traj, index, need) if spread else None
+            w = w or self._home(view, traj, index, need) or pick(index, need)
             if w is None:
                 if is_fresh:
                     budget = -1
                 else:
-                    pending = pending[:i]  # nothing longer fits either
+                    nxt = None  # nothing longer fits either
                 continue
             self._note(traj, w)
             if is_fresh:
@@ -126,14 +140,22 @@ class Cadence:
                 yield Admit(w.id, traj.id)
             else:
                 i += 1
+                nxt = pending[i] if i < len(pending) else None
+                nxt_context = nxt.context if nxt is not None else 0
                 yield Place(traj.id, w.id)
-            for idx in {id(every): every, id(newcomers): newcomers}.values():
-                if w in idx:
-                    idx.update(w)
+            if w in every:
+                every.update(w)
+            if newcomers is not every and w in newcomers:
+                newcomers.update(w)
 
-    def _spare(self, w: Worker) -> int:
-        """Room for one more trajectory above the floor (with its growth); -1 without a free slot."""
-        return self._room(w, 0, 0)
+    def _spread_pick(self, view: PoolView, traj: Trajectory, index: RoomIndex, need: int) -> Worker | None:
+        """Without `home_first_when_spreading`: the least-loaded feasible worker, the prompt's home
+        if it is one of them; None leaves the choice to the home-first rule."""
+        if self.params.home_first_when_spreading:
+            return None
+        w = index.least_loaded(need)
+        home = self._home(view, traj, index, need)
+        return home if home is not None and w is not None and len(home.residents) == len(w.residents) else w
 
     def _home(self, view: PoolView, traj: Trajectory, index: RoomIndex, need: int) -> Worker | None:
         """Prompt affinity: the worker the last sample of this prompt went to, if it is a feasible candidate."""
@@ -143,7 +165,7 @@ class Cadence:
         if wid is None:
             return None
         w = view.workers[wid]
-        return w if w in index and self._spare(w) >= need else None
+        return w if w in index and index.spare(w) >= need else None
 
     def _note(self, traj: Trajectory, w: Worker) -> None:
         if self.homes is not None:
@@ -172,7 +194,7 @@ class Cadence:
             return
 
     def _absorbs(self, targets: list[Worker], src: Worker) -> bool:
-        room = sum(max(0, self._room(w, 0, 0)) for w in targets)
+        room = sum(max(0, self._spare(w)) for w in targets)
         slots = sum(w.max_num_seqs - w.load for w in targets)
         return room >= src.kv_used and slots >= src.load
 
@@ -180,10 +202,10 @@ class Cadence:
         order = lambda w: (w.affinity, -w.headroom, w.id)  # noqa: E731
         targets = sorted(workers, key=order)
         largest = self._largest_room(targets)
-        for traj in sorted(view.pending.at(v), key=lambda t: -t.context):
+        for traj in view.pending.by_context(v, longest_first=True):
             if traj.context > largest:
                 continue  # fits nowhere: skip without scanning
-            w = next(w for w in targets if self._room(w, traj.context, 0) >= 0)
+            w = next(w for w in targets if self._room(w, traj.context) >= 0)
             self._note(traj, w)
             yield Place(traj.id, w.id)
             targets.sort(key=order)
@@ -191,7 +213,7 @@ class Cadence:
 
     def _largest_room(self, workers: list[Worker]) -> int:
         """The longest context any of `workers` could take right now (floor kept, no reserve)."""
-        return max((self._room(w, 0, 0) for w in workers if w.load < w.max_num_seqs), default=-1)
+        return max((self._spare(w) for w in workers if w.load < w.max_num_seqs), default=-1)
 
     # -- advancing ------------------------------------------------------------------------------
 
@@ -209,6 +231,14 @@ class Cadence:
                                                for o in view.alive()):
                 return u
         return view.trainer_version
+
+
+def _longest_first(w: Worker) -> Iterator[Trajectory]:
+    """`w`'s residents, longest first (equal ones in residence order), read as they are evicted: one
+    scan finds the first, and only a second eviction sorts what is left."""
+    first = max(w.residents.values(), key=_context)
+    yield first
+    yield from sorted((t for t in w.residents.values() if t is not first), key=_context, reverse=True)
 
 
 def _fresh_ahead(view: PoolView, v: int) -> bool:

@@ -1,8 +1,9 @@
 """What CadenceRL remembers between decisions, all of it observable: how fast residents grow, and
 where each prompt's samples went.
 
-Both cost O(workers) or O(1) per decision, never a scan of every resident, so a decision stays
-well under a millisecond at 64 workers x 256 residents (benchmarks/decision_latency.py).
+Both cost O(workers) or O(1) per decision, never a scan of every resident; with the room index
+below, a decision costs O(workers) plus a few microseconds per action it takes
+(benchmarks/decision_latency.py measures it at 64 workers x 256 residents).
 """
 
 from __future__ import annotations
@@ -29,21 +30,22 @@ class GrowthMeter:
         self._rate: dict[int, float] = {}                      # worker -> tokens per second per resident
 
     def observe(self, view: PoolView) -> None:
-        now = view.now
+        now, probes, rates = view.now, self._probe, self._rate
         for w in view.workers:
-            probe = self._probe.get(w.id)
+            residents = w.residents
+            probe = probes.get(w.id)
             if probe is not None:
                 tid, ctx, t = probe
-                traj = w.residents.get(tid)
+                traj = residents.get(tid)
                 if traj is not None and now > t:
                     rate = (traj.context - ctx) / (now - t)
-                    old = self._rate.get(w.id, 0.0)
-                    self._rate[w.id] = rate if rate >= old else 0.5 * (old + rate)
-            if w.residents and w.alive:
-                first = next(iter(w.residents.values()))
-                self._probe[w.id] = (first.id, first.context, now)
-            else:
-                self._probe.pop(w.id, None)
+                    old = rates.get(w.id, 0.0)
+                    rates[w.id] = rate if rate >= old else 0.5 * (old + rate)
+            if residents and w.alive:
+                first = next(iter(residents.values()))
+                probes[w.id] = (first.id, first.context, now)
+            elif probe is not None:
+                del probes[w.id]
 
     def tokens(self, w: Worker, residents: int) -> int:
         """Growth of `residents` decoding sequences on `w` over the horizon."""
@@ -75,41 +77,60 @@ class PromptHomes:
             self._home.popitem(last=False)
 
 
+_IDS = 1 << 20   # worker ids below this: a sort key packs (value, id) into one int
+
+
 class RoomIndex:
     """The candidates of one placement stream, sorted by spare room and by load, so that a tight
     fit is a bisection and a least-loaded pick stops at the first feasible worker.
 
     `spare(w)` is the room a worker has for one more trajectory (negative: none); after a placement
-    `update` re-files the worker it went to.
+    `update` re-files the worker it went to. Without `by_load` only the room order is kept (a
+    stream that never asks for the least-loaded worker saves half of every update). Each order is
+    a sorted list of `value * _IDS + worker id`: ints compare faster than (value, id) pairs, in
+    the same order.
     """
 
-    def __init__(self, workers: list[Worker], spare) -> None:
+    def __init__(self, workers: list[Worker], spare, by_load: bool = True) -> None:
         self._spare = spare
         self._workers = {w.id: w for w in workers}
-        self._key = {w.id: (spare(w), w.load) for w in workers}
-        self._by_room = sorted((room, wid) for wid, (room, _load) in self._key.items())
-        self._by_load = sorted((load, wid) for wid, (_room, load) in self._key.items())
+        if self._workers and max(self._workers) >= _IDS:
+            raise ValueError(f"worker ids must be below {_IDS}")
+        self._key = {w.id: (spare(w), len(w.residents)) for w in workers}
+        self._by_room = sorted(room * _IDS + wid for wid, (room, _load) in self._key.items())
+        self._by_load = sorted(load * _IDS + wid for wid, (_room, load) in self._key.items()) if by_load else None
 
     def __contains__(self, w: Worker) -> bool:
         return w.id in self._key
 
+    def spare(self, w: Worker) -> int:
+        """`spare(w)` as of the last update: placements through `update` are the only changes."""
+        return self._key[w.id][0]
+
     def update(self, w: Worker) -> None:
-        room, load = self._key[w.id]
-        del self._by_room[bisect.bisect_left(self._by_room, (room, w.id))]
-        del self._by_load[bisect.bisect_left(self._by_load, (load, w.id))]
-        room, load = self._key[w.id] = self._spare(w), w.load
-        bisect.insort(self._by_room, (room, w.id))
-        bisect.insort(self._by_load, (load, w.id))
+        wid = w.id
+        room, load = self._key[wid]
+        by_room = self._by_room
+        del by_room[bisect.bisect_left(by_room, room * _IDS + wid)]
+        new_room, new_load = self._key[wid] = self._spare(w), len(w.residents)
+        bisect.insort(by_room, new_room * _IDS + wid)
+        by_load = self._by_load
+        if by_load is not None:
+            del by_load[bisect.bisect_left(by_load, load * _IDS + wid)]
+            bisect.insort(by_load, new_load * _IDS + wid)
 
     def tightest(self, need: int) -> Worker | None:
         """The worker whose spare room is the smallest that still covers `need`."""
-        i = bisect.bisect_left(self._by_room, (need, -1))
-        return self._workers[self._by_room[i][1]] if i < len(self._by_room) else None
+        i = bisect.bisect_left(self._by_room, need * _IDS)
+        return self._workers[self._by_room[i] % _IDS] if i < len(self._by_room) else None
 
     def least_loaded(self, need: int) -> Worker | None:
         """The worker with the fewest residents whose spare room covers `need`."""
+        if self._by_load is None:
+            raise ValueError("this index keeps no load order (by_load=False)")
         key = self._key
-        for _load, wid in self._by_load:
+        for code in self._by_load:
+            wid = code % _IDS
             if key[wid][0] >= need:
                 return self._workers[wid]
         return None

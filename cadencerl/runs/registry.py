@@ -44,6 +44,7 @@ CADENCE_ABLATIONS = {
     "cadence-whole-drain": dict(drain_whole_source=True),
     "cadence-eager-drain": dict(drain_needs_fresh_ahead=False),
     "cadence-always-concentrate": dict(concentrate_when_kv_bound=False),
+    "cadence-balanced-spread": dict(home_first_when_spreading=False),
 }
 
 FACTORIES: dict[str, Callable[[Scenario], Policy]] = {
