@@ -10,7 +10,9 @@ Three mechanisms (MISA-T abstract; reference/hardware.md), every figure observab
   with m the trainer's target mix, f_c a session's mean footprint and d_c its time from admission
   to completion, both learned from completed sessions (`misa_learn.py`). `scale_w` corrects the
   estimate from the pressure the engine reports, counting KV held across tool waits: it shrinks
-  by DECREASE on a preemption, a waiting queue or use above HIGH, and moves use toward TARGET
+  by DECREASE on a preemption, a waiting queue or use above HIGH, but never below DECREASE of the
+  sessions in flight (anti-windup: sessions grow as they age, so pressure outlasts the last
+  admission, and a cap already under them stops nothing), and moves use toward TARGET
   (at most 1/DECREASE a look) when the cap is in use and use is below LOW, but only once every
   class has finished WARMUP sessions: KV use lags admissions by a session's lifetime, so before
   the capacity is measured the cap only shrinks. No slow start: the first cap is INITIAL_SCALE of
