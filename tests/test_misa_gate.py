@@ -63,6 +63,31 @@ def test_pressure_shrinks_the_cap_multiplicatively(signal):
     assert misa.caps[0] == pytest.approx(first * DECREASE)
 
 
+def test_lasting_pressure_takes_the_cap_to_decrease_of_the_sessions_in_flight_not_below():
+    """Anti-windup: sessions grow as they age, so KV use can stay over HIGH long after the last
+    admission. A cap already under the sessions in flight admits nothing; shrinking it further
+    would only keep the pool empty once the pressure ends."""
+    misa = MisaT({"rlvr": 1.0})
+    warm(misa, "rlvr", footprint=500, duration=10)    # capacity estimate 9000 / 500 = 18 at scale 1
+    busy = loaded(0, 10, cap=10_000)
+    busy.engine_kv = 9_500                             # 95% use: over HIGH, and it lasts
+    misa.observe(pool(LeastLoaded(), [busy], fresh=fresh(1)).view)   # first cap 0.5 x 18 = 9 < 10 sessions
+    caps = []
+    for t in range(1, 6):
+        p = pool(LeastLoaded(), [busy], fresh=fresh(1))
+        p.now = float(t)
+        misa.observe(p.view)
+        caps.append(misa.caps[0])
+    assert caps[0] == pytest.approx(DECREASE * 10)     # one decrease, to DECREASE of the 10 in flight
+    assert caps[-1] == pytest.approx(DECREASE * 10)    # then held while the pressure lasts
+    busy.residents = dict(list(busy.residents.items())[:5])
+    busy.sessions = 5                                  # half finished, use still over HIGH
+    for t in range(6, 12):
+        p.now = float(t)
+        misa.observe(p.view)
+    assert misa.caps[0] == pytest.approx(DECREASE * 5)  # the cap follows what is in flight down
+
+
 def test_a_measured_cap_in_use_under_low_kv_use_grows_but_an_unused_one_does_not():
     misa = MisaT({"rlvr": 1.0})
     warm(misa, "rlvr", footprint=500, duration=10)   # measured: first cap 0.5 x 9000 / 500 = 9
@@ -259,6 +284,7 @@ def test_in_front_of_a_policy_that_never_overcommits_full_kv_is_not_pressure():
     misa.observe(p.view)
     assert misa.scale[0] == pytest.approx(INITIAL_SCALE / DECREASE)   # 99% KV, its cap in use: it grew
     full.preemptions += 1
+    full.sessions = 5                                  # most finished: the cap (11) is above them
     p.now = 2.0
     before = misa.scale[0]
     misa.observe(p.view)

@@ -10,7 +10,9 @@ Three mechanisms (MISA-T abstract; reference/hardware.md), every figure observab
   with m the trainer's target mix, f_c a session's mean footprint and d_c its time from admission
   to completion, both learned from completed sessions (`misa_learn.py`). `scale_w` corrects the
   estimate from the pressure the engine reports, counting KV held across tool waits: it shrinks
-  by DECREASE on a preemption, a waiting queue or use above HIGH, and moves use toward TARGET
+  by DECREASE on a preemption, a waiting queue or use above HIGH, but never below DECREASE of the
+  sessions in flight (anti-windup: sessions grow as they age, so pressure outlasts the last
+  admission, and a cap already under them stops nothing), and moves use toward TARGET
   (at most 1/DECREASE a look) when the cap is in use and use is below LOW, but only once every
   class has finished WARMUP sessions: KV use lags admissions by a session's lifetime, so before
   the capacity is measured the cap only shrinks. No slow start: the first cap is INITIAL_SCALE of
@@ -101,9 +103,9 @@ class MisaT:
         per_session = self._session_kv(view)
         measured = self.learner.all_warm(self.target_mix)
         for w in view.alive():
-            self._adapt(w, held.get(w.id, 0), measured)
-            cap = self.scale[w.id] * HIGH * w.kv_capacity / per_session
-            self.caps[w.id] = min(max(cap, 1.0), MAX_CAP_FACTOR * w.max_num_seqs)
+            per_scale = HIGH * w.kv_capacity / per_session    # the cap at scale 1: the capacity estimate
+            self._adapt(w, held.get(w.id, 0), measured, per_scale)
+            self.caps[w.id] = min(max(self.scale[w.id] * per_scale, 1.0), MAX_CAP_FACTOR * w.max_num_seqs)
         self._allocate(view)
 
     def admitted_session(self, traj: Trajectory) -> None:
@@ -119,14 +121,19 @@ class MisaT:
         for old in [v for v in self.cohorts if v < version - 4]:
             del self.cohorts[old]
 
-    def _adapt(self, w: Worker, held: int, measured: bool) -> None:
-        """Correct the capacity estimate from the pressure the engine reports (tool-held KV included)."""
+    def _adapt(self, w: Worker, held: int, measured: bool, per_scale: float) -> None:
+        """Correct the capacity estimate from the pressure the engine reports (tool-held KV included).
+
+        A decrease takes the cap to DECREASE of what it was but never below DECREASE of the sessions
+        in flight: a cap already under them admits nothing, so shrinking it further while the
+        pressure lasts (sessions grow as they age) stops no admission and only starves the pool
+        once the pressure is gone (anti-windup)."""
         preempted = w.preemptions > self.last_preemptions[w.id]
         self.last_preemptions[w.id] = w.preemptions
         use = (w.engine_kv + held) / w.kv_capacity if self.kv_is_pressure else 0.0
         s = self.scale[w.id]
         if preempted or w.num_waiting > 0 or use > HIGH:
-            s *= DECREASE
+            s = min(s, max(s * DECREASE, DECREASE * w.sessions / per_scale))
         elif measured and use < LOW and w.id in self.caps and w.sessions >= int(self.caps[w.id]):
             s *= min(1.0 / DECREASE, TARGET / use) if use > 0 else 1.0 / DECREASE
         self.scale[w.id] = min(max(s, MIN_SCALE), MAX_SCALE)
