@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 from cadencerl.core.backend import WorkerLost
 from cadencerl.core.trajectory import Trajectory
-from cadencerl.engine.client import EngineError, EngineHTTPError, VLLMClient
+from cadencerl.engine.client import EngineError, EngineHTTPError, Liveness, VLLMClient
 from cadencerl.engine.clock import EngineRunError, WallClock
 from cadencerl.engine.records import WorkerRecord
 
@@ -209,7 +209,7 @@ class Streams:
             self.probing.discard(worker)
             self._clock.poke()
 
-    async def _liveness(self, worker: int) -> str:
+    async def _liveness(self, worker: int) -> Liveness:
         """Probe until the server answers one way or the other, for at most PROBE_WINDOW_S."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.PROBE_WINDOW_S

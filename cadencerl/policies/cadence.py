@@ -40,6 +40,7 @@ from cadencerl.policies.cadence_state import GrowthMeter, PromptHomes, RoomIndex
 
 _context = attrgetter("context")
 
+
 class Cadence:
     def __init__(self, params: PolicySpec, name: str = "cadence") -> None:
         self.name = name
@@ -68,7 +69,7 @@ class Cadence:
 
     def _room(self, w: Worker, tokens: int) -> int:
         """Post-placement headroom above the floor (with growth); negative (or no slot): infeasible."""
-        return self._spare(w) - tokens if len(w.residents) < w.max_num_seqs else -1
+        return self._spare(w) - tokens   # no slot: -1 - tokens, negative too
 
     # -- the decision ---------------------------------------------------------------------------
 
@@ -213,7 +214,7 @@ class Cadence:
 
     def _largest_room(self, workers: list[Worker]) -> int:
         """The longest context any of `workers` could take right now (floor kept, no reserve)."""
-        return max((self._spare(w) for w in workers if w.load < w.max_num_seqs), default=-1)
+        return max((self._spare(w) for w in workers), default=-1)   # -1 for a worker without a slot
 
     # -- advancing ------------------------------------------------------------------------------
 
