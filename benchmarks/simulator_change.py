@@ -110,28 +110,25 @@ def run_revision(rev: dict, scenario: str, policies: list[str], trajectories: in
             **{k: first[k] for k in BOUND if k in first}}
 
 
-def change(new: float, old: float) -> float | None:
-    return None if not old else new / old - 1
-
-
 def print_table(data: dict) -> None:
     from rich.console import Console
     from rich.table import Table
+
+    from cadencerl.report.markdown import change   # the report's own "+x.y%" of one figure against another
 
     old, new = data["old"], data["new"]
     table = Table(title=f"{data['scenario']}: {old['revision'][:8]} (old) -> {new['revision'][:8]} (new)")
     for col in ("policy", "old tok/s", "new tok/s", "change", "old P95 s", "new P95 s", "change"):
         table.add_column(col, justify="left" if col == "policy" else "right")
-    pct = lambda x: "-" if x is None else f"{100 * x:+.1f}%"  # noqa: E731
     for p in data["policies"]:
         o, n = old["results"][p], new["results"][p]
         table.add_row(p, f"{o['throughput_tok_s']:,.0f}", f"{n['throughput_tok_s']:,.0f}",
-                      pct(change(n["throughput_tok_s"], o["throughput_tok_s"])), f"{o['latency_p95_s']:.1f}",
-                      f"{n['latency_p95_s']:.1f}", pct(change(n["latency_p95_s"], o["latency_p95_s"])))
+                      change(n["throughput_tok_s"], o["throughput_tok_s"]), f"{o['latency_p95_s']:.1f}",
+                      f"{n['latency_p95_s']:.1f}", change(n["latency_p95_s"], o["latency_p95_s"]))
     table.add_row("bound", f"{old['bound_throughput_tok_s']:,.0f}", f"{new['bound_throughput_tok_s']:,.0f}",
-                  pct(change(new["bound_throughput_tok_s"], old["bound_throughput_tok_s"])),
+                  change(new["bound_throughput_tok_s"], old["bound_throughput_tok_s"]),
                   f"{old['bound_latency_p95_s']:.1f}", f"{new['bound_latency_p95_s']:.1f}",
-                  pct(change(new["bound_latency_p95_s"], old["bound_latency_p95_s"])))
+                  change(new["bound_latency_p95_s"], old["bound_latency_p95_s"]))
     table.caption = f"old: {old['command']} ({old['wall_s']} s)\nnew: {new['command']} ({new['wall_s']} s)"
     Console(width=160).print(table)
 

@@ -27,11 +27,11 @@ from cadencerl.config import ConfigError, Scenario
 
 REFERENCE_HELP = ("also simulate the clairvoyant reference (an oracle that sees every length) and show each run's "
                   "throughput as a % of it")
-# The clairvoyant reference is off unless asked for: its run costs about four policy runs (it measures
-# every resident at every decision). Measured on 16a16b8h, 16,384 trajectories, on a shared 2-core machine:
-# sim -p cadence 7.2 s -> 13.8 to 21.7 s with --reference, compare (4 policies) 12.8 s -> 27.2 s.
-SIM_REFERENCE = False
-COMPARE_REFERENCE = False
+# The clairvoyant reference is off unless asked for: it about doubles a run's wall time (one more
+# simulation, of an oracle that measures every resident at every decision). Measured on 16a16b8h,
+# 16,384 trajectories, on a shared 2-core machine: sim -p cadence 7.2 s -> 13.8 to 21.7 s with
+# --reference, compare (4 policies) 12.8 s -> 27.2 s.
+REFERENCE_BY_DEFAULT = False
 MAX_JOBS = 256   # simulations in parallel: processes, so a bound keeps `report` from exhausting the machine
 AdmissionOpt = typer.Option(None, "--admission", help="an admission layer in front of the policy: misa or none")
 
@@ -88,7 +88,7 @@ def sim(scenario: Optional[str] = ScenarioOpt, config: Optional[Path] = ConfigOp
         admission: Optional[str] = AdmissionOpt,
         json_out: Optional[str] = JsonOpt,
         exact: bool = typer.Option(False, "--exact", help="step every decode iteration (reference mode)"),
-        reference: bool = typer.Option(SIM_REFERENCE, "--reference/--no-reference", help=REFERENCE_HELP),
+        reference: bool = typer.Option(REFERENCE_BY_DEFAULT, "--reference/--no-reference", help=REFERENCE_HELP),
         seed: Optional[int] = SeedOpt, trajectories: Optional[int] = TrajectoriesOpt,
         batch_size: Optional[int] = BatchOpt, eta: Optional[int] = EtaOpt, delta: Optional[int] = DeltaOpt) -> None:
     """Simulate one policy on a scenario and print its figures."""
@@ -109,7 +109,7 @@ def sim(scenario: Optional[str] = ScenarioOpt, config: Optional[Path] = ConfigOp
 def compare(scenario: Optional[str] = ScenarioOpt, config: Optional[Path] = ConfigOpt,
             policies: str = typer.Option("cadence,laminar,areal,least-loaded", "--policies"),
             json_out: Optional[str] = JsonOpt,
-            reference: bool = typer.Option(COMPARE_REFERENCE, "--reference/--no-reference", help=REFERENCE_HELP),
+            reference: bool = typer.Option(REFERENCE_BY_DEFAULT, "--reference/--no-reference", help=REFERENCE_HELP),
             seed: Optional[int] = SeedOpt, trajectories: Optional[int] = TrajectoriesOpt,
             batch_size: Optional[int] = BatchOpt, eta: Optional[int] = EtaOpt, delta: Optional[int] = DeltaOpt) -> None:
     """Run several policies on the same seeded workload, side by side."""
