@@ -22,16 +22,14 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
-import threading
-import time
 from dataclasses import dataclass, field
 
-import uvicorn
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
+
+from server_thread import ServerThread
 
 PREFIX = "generate-tokens-"
 VOCAB = 4096
@@ -91,9 +89,6 @@ class FakeVLLM:
         self._break_once = False
         self._running: dict[str, _Request] = {}
         self._seen_blocks: set[tuple[int, ...]] = set()
-        self._socket = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        self._socket.bind(("127.0.0.1", 0))
-        self.url = f"http://127.0.0.1:{self._socket.getsockname()[1]}"
         app = Starlette(routes=[
             Route("/health", self._health),
             Route("/v1/models", self._models),
@@ -101,32 +96,21 @@ class FakeVLLM:
             Route("/inference/v1/generate", self._generate, methods=["POST"]),
             Route("/inference/v1/abort_requests", self._abort, methods=["POST"]),
         ])
-        config = uvicorn.Config(app, log_level="critical", lifespan="off", timeout_graceful_shutdown=1)
-        self._server = uvicorn.Server(config)
-        self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [self._socket]},
-                                        name=f"fake-vllm-{self.url}", daemon=True)
+        self._server = ServerThread(app, name="fake-vllm", log_level="critical", lifespan="off",
+                                    timeout_graceful_shutdown=1)
+        self.url = self._server.url
 
     # -- control (from the test's thread) -------------------------------------------------------
 
     def __enter__(self) -> FakeVLLM:
-        self._thread.start()
-        deadline = time.monotonic() + 10
-        while not self._server.started:
-            if time.monotonic() > deadline or not self._thread.is_alive():
-                raise RuntimeError("fake vLLM server did not start")
-            time.sleep(0.01)
+        self._server.start(timeout_s=10)
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
 
     def stop(self) -> None:
-        self._server.should_exit = True
-        if self._thread.is_alive():
-            self._thread.join(10)
-        self._socket.close()
-        if self._thread.is_alive():
-            raise RuntimeError(f"fake vLLM server at {self.url} did not stop")
+        self._server.stop()
 
     @property
     def running(self) -> int:

@@ -14,8 +14,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import threading
-import time
 from collections import Counter
 from dataclasses import dataclass, field
 
@@ -24,6 +22,11 @@ from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
+
+from server_thread import ServerThread
+
+# uvloop and httptools, as the router is served in production (cadencerl/router/serve.py)
+FAST = dict(lifespan="on", loop="uvloop", http="httptools", backlog=4096, timeout_keep_alive=75)
 
 
 @dataclass
@@ -100,35 +103,6 @@ async def _events(state: StubState, n: int, chat: bool):
         state.running -= 1
 
 
-class ServerThread:
-    """A uvicorn server on 127.0.0.1 (a free port) in a daemon thread; `stop()` ends it."""
-
-    def __init__(self, app, port: int = 0) -> None:
-        config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="error", access_log=False,
-                                lifespan="on", loop="uvloop", http="httptools", backlog=4096,
-                                timeout_keep_alive=75)
-        self.server = uvicorn.Server(config)
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
-
-    def start(self, timeout_s: float = 20.0) -> "ServerThread":
-        self.thread.start()
-        deadline = time.monotonic() + timeout_s
-        while not self.server.started:
-            if time.monotonic() > deadline or not self.thread.is_alive():
-                raise RuntimeError("server did not start")
-            time.sleep(0.01)
-        return self
-
-    @property
-    def url(self) -> str:
-        port = self.server.servers[0].sockets[0].getsockname()[1]
-        return f"http://127.0.0.1:{port}"
-
-    def stop(self) -> None:
-        self.server.should_exit = True
-        self.thread.join(timeout=10)
-
-
 class Fleet:
     """Stub upstreams and a router in front of them, all on 127.0.0.1; a context manager."""
 
@@ -137,11 +111,11 @@ class Fleet:
         from cadencerl.router.settings import make_settings
 
         self.states = [StubState(f"stub{i}") for i in range(stubs)]
-        self.stubs = [ServerThread(stub_app(s)).start() for s in self.states]
+        self.stubs = [ServerThread(stub_app(s), name=s.name, **FAST).start() for s in self.states]
         settings.setdefault("metrics_interval_s", 0.1)
         self.settings = make_settings(workers=[s.url for s in self.stubs], **settings)
         self.app = create_app(self.settings, admin_token=admin_token)
-        self.router = ServerThread(self.app).start()
+        self.router = ServerThread(self.app, name="router", **FAST).start()
         self.url = self.router.url
 
     @property
