@@ -1,0 +1,87 @@
+"""Where the slowest trajectories spend their time, and what decoding alone would cost them.
+
+A P95 is judged against what no placement can remove: a trajectory of L tokens needs L decode steps,
+and at the batch a worker actually runs each step costs what the roofline says (hardware/perf.py).
+This splits the life of each trajectory at or above a percentile (over the steady window, as
+`runs/steady.py` draws it) into: queued before admission (from submission: the eta budget let it
+start, to admission), resident (on a worker: engine queue, prefill, KV restore and decode), and
+non-resident after admission (pending between placements, in flight, at a tool). The resident part
+is split once more into decode at the observed batch of the worker type it finished on, and the
+rest (prefill, KV preparation, waiting in the engine, preemption recompute, a batch above the mean).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from cadencerl.core.recorder import Sample
+from cadencerl.core.trajectory import Trajectory
+from cadencerl.core.worker import Worker
+from cadencerl.hardware.perf import WorkerPerf
+from cadencerl.runs.steady import steady_window, submitted_at
+
+
+def observed_batch(samples: Sequence[Sample], workers: Sequence[Worker],
+                   window: tuple[float, float] | None) -> dict[str, dict]:
+    """Per accelerator type: the mean residents of a busy worker and their mean context over
+    `window` (the whole run when None), from the recorder's samples; the decode batch is the
+    residents capped at the engine's max_num_seqs."""
+    acc: dict[str, list[tuple[int, float, int]]] = {}
+    for t, wid, mean_ctx, n in samples:
+        if window is None or window[0] <= t <= window[1]:
+            w = workers[wid]
+            acc.setdefault(w.accelerator, []).append((n, mean_ctx, w.max_num_seqs))
+    out = {}
+    for name, rows in acc.items():
+        n = np.array([r[0] for r in rows], dtype=float)
+        ctx = np.array([r[1] for r in rows])
+        batch = np.minimum(n, [r[2] for r in rows])
+        out[name] = {"residents": float(n.mean()), "decode_batch": float(batch.mean()),
+                     "mean_context": float(np.average(ctx, weights=n))}
+    return out
+
+
+def decode_seconds(perf: WorkerPerf, tokens: int, batch: float, mean_context: float) -> float:
+    """Decoding `tokens` steps in a steady batch of `batch` sequences of `mean_context` each (the
+    batch's total context held constant: finished sequences are replaced by fresh ones)."""
+    b = max(1, round(batch))
+    return tokens * perf.decode_step_time(b, int(b * mean_context))
+
+
+def tail_breakdown(trajs: Sequence[Trajectory], order: dict[int, int], batch_size: int, eta: int,
+                   publish_times: Sequence[float], step_s: dict[str, float], workers: Sequence[Worker],
+                   *, q: float = 95.0, from_submit: bool = False) -> dict:
+    """Mean seconds per part for the trajectories completed in the steady window whose latency
+    (from admission, or from submission) is at or above its q-th percentile there.
+
+    `step_s` is the decode step time at the observed batch per accelerator type (see
+    `decode_seconds`); each trajectory's decode part uses the type of the worker it finished on."""
+    batches = -(-len(order) // batch_size)
+    window = steady_window(publish_times, batches) or (0.0, float("inf"))
+    inside = [t for t in trajs if window[0] <= t.completed_at <= window[1]]
+    if not inside:
+        return {"trajectories": 0}
+    submit = np.array([submitted_at(order[t.id], batch_size, eta, publish_times) for t in inside])
+    admit = np.array([t.admitted_at for t in inside])
+    done = np.array([t.completed_at for t in inside])
+    latency = done - (submit if from_submit else admit)
+    cut = float(np.percentile(latency, q))
+    tail = latency >= cut
+    resident = np.array([t.resident_time for t in inside])
+    decode = np.array([t.tokens * step_s.get(workers[t.kv_home].accelerator, 0.0) if t.kv_home is not None else 0.0
+                       for t in inside])
+    decode = np.minimum(decode, resident)
+    parts = {"queued_before_admission_s": admit - submit if from_submit else np.zeros(len(inside)),
+             "resident_decode_s": decode, "resident_other_s": resident - decode,
+             "non_resident_s": np.maximum(0.0, done - admit - resident)}
+    finished_on: dict[str, int] = {}
+    for t, keep in zip(inside, tail):
+        if keep and t.kv_home is not None:
+            name = workers[t.kv_home].accelerator
+            finished_on[name] = finished_on.get(name, 0) + 1
+    return {"percentile": q, "from_submit": from_submit, "cut_s": cut, "trajectories": int(tail.sum()),
+            "latency_s": float(latency[tail].mean()),
+            "tokens": float(np.mean([t.tokens for t, k in zip(inside, tail) if k])),
+            **{k: float(v[tail].mean()) for k, v in parts.items()}, "finished_on": finished_on}
