@@ -38,7 +38,7 @@ from cadencerl.runs.reference import REFERENCE, clairvoyant_reference  # noqa: E
 from cadencerl.runs.registry import make_policy  # noqa: E402
 from cadencerl.runs.simulate import simulate  # noqa: E402
 from cadencerl.runs.steady import steady_view, steady_window  # noqa: E402
-from cadencerl.runs.tail import decode_seconds, observed_batch, tail_breakdown  # noqa: E402
+from cadencerl.runs.tail import batch_within, decode_seconds, observed_batch, tail_breakdown  # noqa: E402
 
 DEFAULT_SCENARIO = REPO / "benchmarks" / "scenarios" / "16a16b8h-steady.yaml"
 DEFAULT_OUT = REPO / "benchmarks" / "results" / "headline_ceiling.json"
@@ -100,6 +100,26 @@ def floors(scenario: Scenario, batches: dict[str, dict]) -> dict:
     return out
 
 
+def halving(scenario: Scenario, target_s: float, tail: dict, observed: dict[str, dict]) -> dict:
+    """What a P95 of `target_s` asks of the pool: the trajectory at the P95 length must decode within
+    it, so the batch it runs in is capped; per type, that cap (a batch of tail work: context prompt +
+    half that length) and a worker's tok/s there against its tok/s at `observed` (CadenceRL's)."""
+    workers, perfs = build_pool(scenario)
+    length = int(tail["length_at_percentile"])
+    context = scenario.workload.prompt.median + length / 2
+    out: dict = {"target_s": target_s, "length": length, "token_share": tail["token_share_at_or_above_it"], "types": {}}
+    for w, p in zip(workers, perfs):
+        row = out["types"].setdefault(w.accelerator, {"workers": 0})
+        row["workers"] += 1
+        cap = batch_within(p, length, target_s, context, w.max_num_seqs)
+        row["batch_cap"] = cap
+        row["worker_tok_s_at_cap"] = cap / p.decode_step_time(cap, int(cap * context)) if cap else 0.0
+        b = observed.get(w.accelerator)
+        row["worker_tok_s_observed"] = b["decode_batch"] / b["step_s"] if b else 0.0
+    out["pool_tok_s_at_caps"] = sum(r["workers"] * r["worker_tok_s_at_cap"] for r in out["types"].values())
+    return out
+
+
 def ratios(rows: dict[str, dict], baselines: list[str]) -> tuple[str, str]:
     """Add each row's ratios; return the best baseline (throughput) and best async baseline (P95)."""
     best = max(baselines, key=lambda n: rows[n]["throughput_tok_s"])
@@ -141,6 +161,19 @@ def print_report(data: dict) -> None:
         batch = "  ".join(f"{p} {s:.0f} s (batch {rows[p]['observed_batch'][acc]['decode_batch']:.0f})"
                           for p, s in row.items() if p != "alone_s")
         print(f"  {acc:8} alone {row['alone_s']:.0f} s;  {batch}")
+    print("\nObserved batch over the steady window (busy workers): residents / batch a full KV cache holds at their context / busy share")
+    for name in ("cadence", best, best_async):
+        cells = "  ".join(f"{a} {b['residents']:.0f}/{b['kv_full_batch']:.0f}/{b['busy']:.0%}"
+                          for a, b in rows[name]["observed_batch"].items())
+        print(f"  {name:28} {cells}")
+    h = data["halving"]
+    print(f"\nA P95 of {h['target_s']:.0f} s (0.5x {best_async}): the P95-length trajectory ({h['length']:,} tokens; "
+          f"trajectories this long or longer hold {h['token_share']:.0%} of all tokens) must decode within it:")
+    for acc, r in h["types"].items():
+        print(f"  {acc:8} batch <= {r['batch_cap']:3}: {r['worker_tok_s_at_cap']:6,.0f} tok/s a worker "
+              f"(CadenceRL's observed batch: {r['worker_tok_s_observed']:6,.0f}) x {r['workers']}")
+    print(f"  pool with every worker at that cap: {h['pool_tok_s_at_caps']:,.0f} tok/s; "
+          f"1.48x {best} is {1.48 * rows[best]['throughput_tok_s']:,.0f}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -168,7 +201,9 @@ def main(argv: list[str] | None = None) -> int:
     data = {"scenario": scenario.name, "trajectories": scenario.workload.trajectories,
             "batch_size": scenario.trainer.batch_size, "command": "python " + " ".join([sys.argv[0], *(argv or sys.argv[1:])]),
             "best_baseline": best, "best_async_baseline": best_async, "runs": rows,
-            "floors": floors(scenario, {n: rows[n]["observed_batch"] for n in ("cadence", best_async)})}
+            "floors": floors(scenario, {n: rows[n]["observed_batch"] for n in ("cadence", best_async)}),
+            "halving": halving(scenario, 0.5 * rows[best_async]["latency_p95_s"], rows["cadence"]["tail_from_admission"],
+                               rows["cadence"]["observed_batch"])}
     Path(args.out).write_text(json.dumps(data, indent=1))
     print_report(data)
     return 0

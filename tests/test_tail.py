@@ -8,7 +8,7 @@ from cadencerl.core.spec import HiddenLength, TrajectorySpec
 from cadencerl.core.trajectory import State, Trajectory
 from cadencerl.core.worker import Worker
 from cadencerl.runs.assemble import build_pool
-from cadencerl.runs.tail import decode_seconds, observed_batch, tail_breakdown
+from cadencerl.runs.tail import batch_within, decode_seconds, observed_batch, tail_breakdown
 from tests.conftest import small
 
 KEY = object()
@@ -24,8 +24,11 @@ def _done(i: int, admitted: float, completed: float, resident: float, tokens: in
 def test_observed_batch_caps_residents_at_the_engine_and_keeps_to_the_window():
     samples = [(5.0, 0, 100.0, 2), (15.0, 0, 300.0, 6), (15.0, 1, 50.0, 1), (99.0, 0, 1.0, 50)]
     batch = observed_batch(samples, WORKERS, (10.0, 20.0))
-    assert batch["A"] == {"residents": 6.0, "decode_batch": 4.0, "mean_context": 300.0}
+    assert batch["A"] == {"residents": 6.0, "decode_batch": 4.0, "mean_context": 300.0,
+                          "kv_full_batch": 4.0, "busy": 1.0}   # 10,000 / 300 = 33 > max_num_seqs 4
     assert batch["B"]["decode_batch"] == 1.0
+    # two sample times in the whole run, worker 1 busy at one: half its time
+    assert observed_batch(samples[:3], WORKERS, None)["B"]["busy"] == 0.5
     assert observed_batch(samples, WORKERS, None)["A"]["residents"] == pytest.approx((2 + 6 + 50) / 3)
 
 
@@ -34,6 +37,15 @@ def test_decode_seconds_is_tokens_times_the_step_at_that_batch():
     perf = perfs[0]
     assert decode_seconds(perf, 100, 8.0, 1000.0) == pytest.approx(100 * perf.decode_step_time(8, 8000))
     assert decode_seconds(perf, 100, 8.0, 1000.0) > decode_seconds(perf, 100, 1.0, 1000.0)
+
+
+def test_batch_within_is_the_largest_batch_that_meets_the_time():
+    _workers, perfs = build_pool(small())
+    perf = perfs[0]
+    limit = decode_seconds(perf, 100, 8.0, 1000.0)
+    assert batch_within(perf, 100, limit, 1000.0, 64) == 8
+    assert batch_within(perf, 100, limit, 1000.0, 5) == 5
+    assert batch_within(perf, 100, 0.5 * decode_seconds(perf, 100, 1.0, 1000.0), 1000.0, 64) == 0
 
 
 def test_the_tail_is_the_slowest_in_the_window_split_into_its_parts():
@@ -52,6 +64,8 @@ def test_the_tail_is_the_slowest_in_the_window_split_into_its_parts():
     assert adm["resident_other_s"] == pytest.approx(5.0)
     assert adm["non_resident_s"] == pytest.approx(4.0)
     assert adm["queued_before_admission_s"] == 0.0
+    assert adm["length_at_percentile"] == pytest.approx(80.0)            # 60th percentile of 50, 100
+    assert adm["token_share_at_or_above_it"] == pytest.approx(100 / 150)
     sub = tail_breakdown(trajs, order, 2, 0, publish, step, WORKERS, q=60.0, from_submit=True)
     assert sub["latency_s"] == pytest.approx(29.0) and sub["queued_before_admission_s"] == pytest.approx(5.0)
     assert tail_breakdown(trajs[:2], order, 2, 0, publish, step, WORKERS) == {"trajectories": 0}

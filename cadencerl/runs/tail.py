@@ -25,21 +25,27 @@ from cadencerl.runs.steady import steady_window, submitted_at
 
 def observed_batch(samples: Sequence[Sample], workers: Sequence[Worker],
                    window: tuple[float, float] | None) -> dict[str, dict]:
-    """Per accelerator type: the mean residents of a busy worker and their mean context over
-    `window` (the whole run when None), from the recorder's samples; the decode batch is the
-    residents capped at the engine's max_num_seqs."""
-    acc: dict[str, list[tuple[int, float, int]]] = {}
+    """Per accelerator type over `window` (the whole run when None), from the recorder's samples:
+    the mean residents of a busy worker, the decode batch (residents capped at max_num_seqs), their
+    mean context, the batch a full KV cache would hold at that context, and the share of sample
+    times its workers were busy (a worker with no resident is not sampled)."""
+    acc: dict[str, list[tuple[int, float, int, int]]] = {}
+    times = set()
     for t, wid, mean_ctx, n in samples:
         if window is None or window[0] <= t <= window[1]:
             w = workers[wid]
-            acc.setdefault(w.accelerator, []).append((n, mean_ctx, w.max_num_seqs))
+            times.add(t)
+            acc.setdefault(w.accelerator, []).append((n, mean_ctx, w.max_num_seqs, w.kv_capacity))
+    count: dict[str, int] = {}
+    for w in workers:
+        count[w.accelerator] = count.get(w.accelerator, 0) + 1
     out = {}
     for name, rows in acc.items():
-        n = np.array([r[0] for r in rows], dtype=float)
-        ctx = np.array([r[1] for r in rows])
-        batch = np.minimum(n, [r[2] for r in rows])
-        out[name] = {"residents": float(n.mean()), "decode_batch": float(batch.mean()),
-                     "mean_context": float(np.average(ctx, weights=n))}
+        n, ctx, cap, kv = (np.array(col, dtype=float) for col in zip(*rows))
+        out[name] = {"residents": float(n.mean()), "decode_batch": float(np.minimum(n, cap).mean()),
+                     "mean_context": float(np.average(ctx, weights=n)),
+                     "kv_full_batch": float(np.minimum(cap, kv // np.maximum(ctx, 1.0)).mean()),
+                     "busy": len(rows) / (len(times) * count[name])}
     return out
 
 
@@ -48,6 +54,16 @@ def decode_seconds(perf: WorkerPerf, tokens: int, batch: float, mean_context: fl
     batch's total context held constant: finished sequences are replaced by fresh ones)."""
     b = max(1, round(batch))
     return tokens * perf.decode_step_time(b, int(b * mean_context))
+
+
+def batch_within(perf: WorkerPerf, tokens: int, seconds: float, mean_context: float, limit: int) -> int:
+    """The largest batch (at most `limit`) at which `tokens` decode within `seconds`; 0 if not even alone."""
+    best = 0
+    for b in range(1, limit + 1):
+        if decode_seconds(perf, tokens, b, mean_context) > seconds:
+            break
+        best = b
+    return best
 
 
 def tail_breakdown(trajs: Sequence[Trajectory], order: dict[int, int], batch_size: int, eta: int,
@@ -81,7 +97,11 @@ def tail_breakdown(trajs: Sequence[Trajectory], order: dict[int, int], batch_siz
         if keep and t.kv_home is not None:
             name = workers[t.kv_home].accelerator
             finished_on[name] = finished_on.get(name, 0) + 1
+    tokens = np.array([t.tokens for t in inside], dtype=float)
+    long = tokens >= np.percentile(tokens, q)
     return {"percentile": q, "from_submit": from_submit, "cut_s": cut, "trajectories": int(tail.sum()),
+            "length_at_percentile": float(np.percentile(tokens, q)),
+            "token_share_at_or_above_it": float(tokens[long].sum() / max(tokens.sum(), 1.0)),
             "latency_s": float(latency[tail].mean()),
             "tokens": float(np.mean([t.tokens for t, k in zip(inside, tail) if k])),
             **{k: float(v[tail].mean()) for k, v in parts.items()}, "finished_on": finished_on}
