@@ -8,7 +8,7 @@ from cadencerl.core.spec import HiddenLength, TrajectorySpec
 from cadencerl.core.trajectory import State, Trajectory
 from cadencerl.core.worker import Worker
 from cadencerl.runs.assemble import build_pool
-from cadencerl.runs.tail import batch_within, decode_seconds, observed_batch, tail_breakdown
+from cadencerl.runs.tail import batch_within, best_split, decode_seconds, observed_batch, tail_breakdown
 from tests.conftest import small
 
 KEY = object()
@@ -69,3 +69,15 @@ def test_the_tail_is_the_slowest_in_the_window_split_into_its_parts():
     sub = tail_breakdown(trajs, order, 2, 0, publish, step, WORKERS, q=60.0, from_submit=True)
     assert sub["latency_s"] == pytest.approx(29.0) and sub["queued_before_admission_s"] == pytest.approx(5.0)
     assert tail_breakdown(trajs[:2], order, 2, 0, publish, step, WORKERS) == {"trajectories": 0}
+
+
+def test_the_best_split_gives_the_tail_to_the_type_that_loses_least_first():
+    types = {"fast": {"workers": 2, "worker_tok_s_at_cap": 50.0, "worker_tok_s_observed": 100.0},
+             "big": {"workers": 1, "worker_tok_s_at_cap": 20.0, "worker_tok_s_observed": 200.0}}
+    # a quarter of the tokens are tail: "fast" (loses half) serves it in part, tail = (400 - 200 f)/3
+    # from 100 f = (400 - 200 f) / 3  ->  f = 0.8, tail 80 tok/s, total 320
+    assert best_split(types, 0.25) == pytest.approx(320.0)
+    # all of "fast" is not enough for a 60% tail: "big" gives f of itself, 100 + 20 f = 1.5 (200 - 200 f)
+    assert best_split(types, 0.6) == pytest.approx((100.0 + 20.0 * 0.625) / 0.6)
+    assert best_split(types, 0.0) == 0.0
+    assert best_split({"slow": {"workers": 4, "worker_tok_s_at_cap": 0.0, "worker_tok_s_observed": 10.0}}, 0.2) == 0.0

@@ -66,6 +66,29 @@ def batch_within(perf: WorkerPerf, tokens: int, seconds: float, mean_context: fl
     return best
 
 
+def best_split(types: dict[str, dict], share: float) -> float:
+    """The most tok/s a clairvoyant split of the pool could give with the tail (a `share` of the
+    tokens) served at each type's `worker_tok_s_at_cap` and the rest at its `worker_tok_s_observed`
+    (per worker, times `workers`): a two-constraint linear program, solved by giving tail work to
+    the types that lose least by it first. An estimate, not a bound: the rest could run a larger
+    batch once the tail is gone, and a policy that does not know lengths must also slow the
+    trajectories just below the tail."""
+    if not 0.0 < share < 1.0:
+        return 0.0
+    ratio = share / (1.0 - share)          # tail tok/s : other tok/s
+    order = sorted(types.values(), key=lambda r: -r["worker_tok_s_at_cap"] / max(r["worker_tok_s_observed"], 1e-9))
+    tail, other = 0.0, sum(r["workers"] * r["worker_tok_s_observed"] for r in types.values())
+    for r in order:
+        cap, obs = r["workers"] * r["worker_tok_s_at_cap"], r["workers"] * r["worker_tok_s_observed"]
+        if cap <= 0.0:
+            break
+        if tail + cap >= ratio * (other - obs):            # this type, in part, balances the split
+            f = (ratio * other - tail) / (cap + ratio * obs)
+            return (tail + f * cap) / share
+        tail, other = tail + cap, other - obs
+    return tail / share
+
+
 def tail_breakdown(trajs: Sequence[Trajectory], order: dict[int, int], batch_size: int, eta: int,
                    publish_times: Sequence[float], step_s: dict[str, float], workers: Sequence[Worker],
                    *, q: float = 95.0, from_submit: bool = False) -> dict:
