@@ -103,9 +103,10 @@ class RoomIndex:
     def __contains__(self, w: Worker) -> bool:
         return w.id in self._key
 
-    def spare(self, w: Worker) -> int:
-        """`spare(w)` as of the last update: placements through `update` are the only changes."""
-        return self._key[w.id][0]
+    def candidate(self, wid: int, need: int) -> Worker | None:
+        """Worker `wid` if it is in this index and its spare room covers `need`."""
+        key = self._key.get(wid)
+        return self._workers[wid] if key is not None and key[0] >= need else None
 
     def update(self, w: Worker) -> None:
         wid = w.id
