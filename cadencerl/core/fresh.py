@@ -58,7 +58,7 @@ class FreshQueue:
         if self._waiting.get(traj.id) is not traj:
             raise KeyError(traj.id)
         del self._waiting[traj.id]
-        cls = traj.workload_class
+        cls = traj.spec.workload_class
         self._counts[cls] -= 1
         self._skip(self._by_class[cls])
 

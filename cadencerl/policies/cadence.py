@@ -91,7 +91,7 @@ class Cadence:
             return
         for w in workers:
             longest = None
-            while w.load > 1 and w.headroom < self.floor(w):
+            while len(w.residents) > 1 and w.headroom < self.floor(w):
                 self.kv_bound.add(w.version)
                 longest = longest or _longest_first(w)
                 yield Evict(next(longest).id)

@@ -97,8 +97,8 @@ class RoomIndex:
         if self._workers and max(self._workers) >= _IDS:
             raise ValueError(f"worker ids must be below {_IDS}")
         self._key = {w.id: (spare(w), len(w.residents)) for w in workers}
-        self._by_room = sorted(room * _IDS + wid for wid, (room, _load) in self._key.items())
-        self._by_load = sorted(load * _IDS + wid for wid, (_room, load) in self._key.items()) if by_load else None
+        self._by_room = sorted([room * _IDS + wid for wid, (room, _load) in self._key.items()])
+        self._by_load = sorted([load * _IDS + wid for wid, (_room, load) in self._key.items()]) if by_load else None
 
     def __contains__(self, w: Worker) -> bool:
         return w.id in self._key
