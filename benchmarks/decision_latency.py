@@ -14,9 +14,9 @@ controller applying its actions. The backend is a stub that reports the controll
 and does nothing, so its cost (the simulator's, or an engine's /metrics) is not counted.
 Goal: p99 under 1 ms (the scale of one decode step's slack). The last line is one JSON object.
 
-Measured at 64 x 256 (2 shared cores, load average 2.2-2.4, 4 runs alternating with the code
-before the change, 0191246): p50 0.79-1.24 ms, p99 1.41-2.06 ms (before: p50 0.84-1.43, p99
-1.65-2.13); the slowest concentration tick 1.6-2.3 ms (before: 3.5-5.4). The goal is not reached
+Measured at 64 x 256 (2 shared cores, load average 1.6-2.4, 6 runs alternating with the code
+before the change, 0191246): p50 0.79-1.27 ms, p99 1.41-2.06 ms (before: p50 0.84-1.54, p99
+1.65-2.37); the slowest concentration tick 1.6-2.3 ms (before: 3.5-6.2). The goal is not reached
 here: about 65 admissions a tick at ~6 us each (the policy's pick and re-filing, the controller's
 checks and books) plus ~0.3 ms a tick over all workers (growth probe, shed check, room index).
 """
