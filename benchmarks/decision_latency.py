@@ -17,8 +17,9 @@ Goal: p99 under 1 ms (the scale of one decode step's slack). The last line is on
 Measured at 64 x 256 (2 shared cores, load average 1.6-2.4, 6 runs alternating with the code
 before the change, 0191246): p50 0.79-1.27 ms, p99 1.41-2.06 ms (before: p50 0.84-1.54, p99
 1.65-2.37); the slowest concentration tick 1.6-2.3 ms (before: 3.5-6.2). The goal is not reached
-here: about 65 admissions a tick at ~6 us each (the policy's pick and re-filing, the controller's
-checks and books) plus ~0.3 ms a tick over all workers (growth probe, shed check, room index).
+here: about 65 admissions a tick at ~10 us each (some 30 Python calls: the policy's pick and
+re-filing, the controller's checks and books) plus ~0.3 ms a tick over all workers (growth probe
+~0.13, shed check ~0.07, room index, refresh), all of it slowed by caches the pool update clears.
 """
 
 from __future__ import annotations
