@@ -8,9 +8,9 @@ a few residents finish (the trainer consumes them) and fresh work waits, so each
 places and admits as in a long run. There is fresh work and eta budget for every tick (a tick that
 finds neither is counted and printed: it would not be pacing). Then the fresh work runs out, as at
 the end of a version, and the concentration cascade that follows (pending work placed longest
-first) is timed apart: a few ticks per version, not the steady state. The timed part is one whole `Controller._decide`: refreshing
-each worker from the backend, the recorder, building the view, the policy's decision and the
-controller applying its actions. The backend is a stub that reports the controller's own books
+first) is timed apart: a few ticks per version, not the steady state. The timed part is one whole
+`Controller._decide`: refreshing each worker from the backend, the recorder, building the view,
+the policy's decision and the controller applying its actions. The backend is a stub that reports the controller's own books
 and does nothing, so its cost (the simulator's, or an engine's /metrics) is not counted.
 Goal: p99 under 1 ms (the scale of one decode step's slack). The last line is one JSON object.
 
