@@ -10,8 +10,9 @@ finds neither is counted and printed: it would not be pacing). Then the fresh wo
 the end of a version, and the concentration cascade that follows (pending work placed longest
 first) is timed apart: a few ticks per version, not the steady state. The timed part is one whole
 `Controller._decide`: refreshing each worker from the backend, the recorder, building the view,
-the policy's decision and the controller applying its actions. The backend is a stub that reports the controller's own books
-and does nothing, so its cost (the simulator's, or an engine's /metrics) is not counted.
+the policy's decision and the controller applying its actions. The backend is a stub that reports
+the controller's own books and does nothing, so its cost (the simulator's, or an engine's /metrics)
+is not counted.
 Goal: p99 under 1 ms (the scale of one decode step's slack). The last line is one JSON object.
 
 Measured at 64 x 256 (2 shared cores, load average 1.6-2.4, 6 runs alternating with the code
