@@ -167,11 +167,12 @@ class Controller:
         return False
 
     def _decide(self, now: float) -> bool:
-        self.backend.sync(now)
+        backend = self.backend
+        backend.sync(now)
         for w in self.workers:
             if w.alive:
-                w.kv_used = self.backend.kv_committed(w.id)
-                st = self.backend.stats(w.id)
+                w.kv_used = backend.kv_committed(w.id)
+                st = backend.stats(w.id)
                 w.engine_kv, w.num_waiting, w.preemptions = st.kv_tokens, st.waiting, st.preemptions
         self.recorder.at_decision(now, self.workers, self.trajectories)
         acted = False
@@ -204,9 +205,6 @@ class Controller:
         else:
             raise ActionError(f"unknown action {action!r}")
 
-    def _worker(self, wid: int) -> Worker:
-        return live_worker(self.workers, wid)
-
     def _check_fits(self, w: Worker, traj: Trajectory) -> None:
         """No placement exceeds KV capacity. A router may queue work at an engine (vLLM's waiting
         queue holds no KV), but never a trajectory larger than the engine's whole KV."""
@@ -219,7 +217,7 @@ class Controller:
                               f"KV capacity ({w.kv_used}/{w.kv_capacity})")
 
     def _admit(self, a: Admit, now: float) -> None:
-        w = self._worker(a.worker)
+        w = live_worker(self.workers, a.worker)
         traj = self._traj(a.traj)
         if traj.state is not State.FRESH:
             raise ActionError(f"trajectory {traj.id} is not fresh")
@@ -238,7 +236,7 @@ class Controller:
 
     def _place_pending(self, a: Place, now: float) -> None:
         traj = self._traj(a.traj)
-        w = self._worker(a.worker)
+        w = live_worker(self.workers, a.worker)
         if traj not in self.pending:
             raise ActionError(f"trajectory {traj.id} is not pending")
         if w.version != traj.version:
@@ -283,7 +281,7 @@ class Controller:
         detach(traj, self.workers, now, freed)
 
     def _advance(self, a: Advance) -> None:
-        w = self._worker(a.worker)
+        w = live_worker(self.workers, a.worker)
         if w.residents:
             raise ActionError(f"worker {w.id} cannot advance with {len(w.residents)} residents")
         if not w.version < a.version <= self.trainer.version:
@@ -316,7 +314,7 @@ class Controller:
 
     def _interrupt(self, a: Interrupt, now: float) -> None:
         """Abort, update weights, resume in place with re-prefill (the prefix cache is stale)."""
-        w = self._worker(a.worker)
+        w = live_worker(self.workers, a.worker)
         if not w.version < a.version <= self.trainer.version:
             raise ActionError(f"worker {w.id} cannot move from version {w.version} to {a.version}")
         residents = list(w.residents.values())

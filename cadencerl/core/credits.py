@@ -17,11 +17,15 @@ from dataclasses import dataclass, field
 
 @dataclass
 class CreditModel:
+    """The books change only through `record` and `consumed`: `admissible` remembers its last
+    answer, which those two keep exact (the controller asks before every admission)."""
+
     batch_size: int
     eta: int
     total: int
     admitted: int = 0
     outstanding_by_tag: Counter = field(default_factory=Counter)   # started, not yet consumed
+    _last: tuple[int, int, int] | None = field(default=None, repr=False)  # (version, next batch, admissible)
 
     def room(self, tag: int, next_batch: int, extra: dict[int, int] | None = None) -> int:
         """Slack of the tightest constraint for tags >= `tag`, after removing `extra` (a batch being formed)."""
@@ -40,13 +44,23 @@ class CreditModel:
 
     def admissible(self, version: int, next_batch: int) -> int:
         """How many more fresh trajectories may start under `version` now."""
-        return max(0, min(self.room(version, next_batch), self.total - self.admitted))
+        last = self._last
+        if last is not None and last[0] == version and last[1] == next_batch:
+            return last[2]
+        n = max(0, min(self.room(version, next_batch), self.total - self.admitted))
+        self._last = (version, next_batch, n)
+        return n
 
     def record(self, version: int, n: int = 1) -> None:
         self.admitted += n
         self.outstanding_by_tag[version] += n
+        # Every constraint at or above `version` lost n, and so did the total: what a version at or
+        # above it may admit fell by exactly n. Below it, some constraints did not move: asked anew.
+        last = self._last
+        self._last = (last[0], last[1], max(0, last[2] - n)) if last is not None and last[0] >= version else None
 
     def consumed(self, tag: int) -> None:
         self.outstanding_by_tag[tag] -= 1
         if not self.outstanding_by_tag[tag]:
             del self.outstanding_by_tag[tag]
+        self._last = None

@@ -3,7 +3,8 @@
 Per-class queues let an admission layer hold back one workload class (MISA-T's HOLD) while the
 others go ahead, without scanning the whole backlog. Any waiting trajectory can be taken, not only
 the head (the clairvoyant reference takes longest first): a taken one leaves the index at once and
-its queue entry is dropped when it reaches the head, so every operation is O(1) amortized.
+its queue entry is dropped when it reaches the head, so every operation is O(1) amortized and the
+head of every queue is always a waiting trajectory.
 """
 
 from __future__ import annotations
@@ -48,10 +49,7 @@ class FreshQueue:
         """The earliest-arrived fresh trajectory (of one of `classes`, if given)."""
         best = None
         for cls, q in self._by_class.items():
-            if classes is not None and cls not in classes:
-                continue
-            self._skip(q)
-            if q and (best is None or q[0][0] < best[0]):
+            if q and (classes is None or cls in classes) and (best is None or q[0][0] < best[0]):
                 best = q[0]
         return best[1] if best else None
 
@@ -60,10 +58,11 @@ class FreshQueue:
         if self._waiting.get(traj.id) is not traj:
             raise KeyError(traj.id)
         del self._waiting[traj.id]
-        self._counts[traj.workload_class] -= 1
-        self._skip(self._by_class[traj.workload_class])
+        cls = traj.spec.workload_class
+        self._counts[cls] -= 1
+        self._skip(self._by_class[cls])
 
     def _skip(self, q: deque[tuple[int, Trajectory]]) -> None:
-        """Drop taken trajectories from the head of `q`."""
+        """Drop taken trajectories from the head of `q` (after each take: a head is always waiting)."""
         while q and self._waiting.get(q[0][1].id) is not q[0][1]:
             q.popleft()

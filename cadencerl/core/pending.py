@@ -11,10 +11,12 @@ from __future__ import annotations
 import bisect
 from collections.abc import Iterator
 from itertools import count
+from operator import itemgetter
 
 from cadencerl.core.trajectory import Trajectory
 
 _Entry = tuple[int, int, Trajectory]   # (context, arrival number, trajectory): arrival breaks ties
+_context_of, _trajectory_of = itemgetter(0), itemgetter(2)
 
 
 class PendingSet:
@@ -51,8 +53,8 @@ class PendingSet:
         """Shortest first (or longest first); equal contexts in the order they departed."""
         entries = self._ordered.get(version, ())
         if longest_first:   # a stable sort on the context alone keeps departure order among equals
-            entries = sorted(entries, key=lambda e: e[0], reverse=True)
-        return [e[2] for e in entries]
+            entries = sorted(entries, key=_context_of, reverse=True)
+        return list(map(_trajectory_of, entries))
 
     def versions(self) -> list[int]:
         return sorted(self._by_version)

@@ -43,10 +43,10 @@ class Trajectory:
     resident_time: float = 0.0
     migrations: int = 0
     placements: int = 0
+    id: int = field(init=False, repr=False)   # spec.id, kept here: the key of every lookup of a decision
 
-    @property
-    def id(self) -> int:
-        return self.spec.id
+    def __post_init__(self) -> None:
+        self.id = self.spec.id
 
     @property
     def group(self) -> int:

@@ -28,6 +28,7 @@ Where the paper is silent (each a named option in `PolicySpec`):
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Iterator
 from operator import attrgetter
 
@@ -67,10 +68,6 @@ class Cadence:
         growth = int((load + 1) * self.growth.per_resident(w))
         return w.kv_capacity - w.kv_used - int(self.floor_frac * w.kv_capacity) - growth
 
-    def _room(self, w: Worker, tokens: int) -> int:
-        """Post-placement headroom above the floor (with growth); negative (or no slot): infeasible."""
-        return self._spare(w) - tokens   # no slot: -1 - tokens, negative too
-
     # -- the decision ---------------------------------------------------------------------------
 
     def decide(self, view: PoolView) -> Iterator[Action]:
@@ -94,7 +91,7 @@ class Cadence:
             return
         for w in workers:
             longest = None
-            while w.load > 1 and w.headroom < self.floor(w):
+            while len(w.residents) > 1 and w.headroom < self.floor(w):
                 self.kv_bound.add(w.version)
                 longest = longest or _longest_first(w)
                 yield Evict(next(longest).id)
@@ -127,8 +124,8 @@ class Cadence:
             is_fresh = fresh is not None and (nxt is None or context <= nxt_context)
             traj, index = (fresh, newcomers) if is_fresh else (nxt, every)
             need = (context if is_fresh else nxt_context) + self.delta
-            w = self._spread_pick(view, traj, index, need) if spread else None
-            w = w or self._home(view, traj, index, need) or pick(index, need)
+            w = self._spread_pick(traj, index, need) if spread else None
+            w = w or self._home(traj, index, need) or pick(index, need)
             if w is None:
                 if is_fresh:
                     budget = -1
@@ -144,29 +141,25 @@ class Cadence:
                 nxt = pending[i] if i < len(pending) else None
                 nxt_context = nxt.context if nxt is not None else 0
                 yield Place(traj.id, w.id)
-            if w in every:
-                every.update(w)
+            every.update(w)   # `index` is `every` or a subset of it
             if newcomers is not every and w in newcomers:
                 newcomers.update(w)
 
-    def _spread_pick(self, view: PoolView, traj: Trajectory, index: RoomIndex, need: int) -> Worker | None:
+    def _spread_pick(self, traj: Trajectory, index: RoomIndex, need: int) -> Worker | None:
         """Without `home_first_when_spreading`: the least-loaded feasible worker, the prompt's home
         if it is one of them; None leaves the choice to the home-first rule."""
         if self.params.home_first_when_spreading:
             return None
         w = index.least_loaded(need)
-        home = self._home(view, traj, index, need)
+        home = self._home(traj, index, need)
         return home if home is not None and w is not None and len(home.residents) == len(w.residents) else w
 
-    def _home(self, view: PoolView, traj: Trajectory, index: RoomIndex, need: int) -> Worker | None:
+    def _home(self, traj: Trajectory, index: RoomIndex, need: int) -> Worker | None:
         """Prompt affinity: the worker the last sample of this prompt went to, if it is a feasible candidate."""
         if self.homes is None:
             return None
         wid = self.homes.get(traj.group)
-        if wid is None:
-            return None
-        w = view.workers[wid]
-        return w if w in index and index.spare(w) >= need else None
+        return None if wid is None else index.candidate(wid, need)
 
     def _note(self, traj: Trajectory, w: Worker) -> None:
         if self.homes is not None:
@@ -200,21 +193,24 @@ class Cadence:
         return room >= src.kv_used and slots >= src.load
 
     def _place_longest_first(self, view: PoolView, v: int, workers: list[Worker]) -> Iterator[Action]:
+        """Pending work of `v`, longest first, each on the first of `workers` in (affinity, most
+        headroom) order with room for it. A placement changes only the worker it went to, so only
+        that one is re-filed in the order and its spare room recomputed."""
         order = lambda w: (w.affinity, -w.headroom, w.id)  # noqa: E731
         targets = sorted(workers, key=order)
-        largest = self._largest_room(targets)
+        spare = {w.id: self._spare(w) for w in targets}   # -1 for a worker without a slot
+        largest = max(spare.values(), default=-1)         # the longest context any of them could take
         for traj in view.pending.by_context(v, longest_first=True):
-            if traj.context > largest:
+            context = traj.context
+            if context > largest:
                 continue  # fits nowhere: skip without scanning
-            w = next(w for w in targets if self._room(w, traj.context) >= 0)
+            w = next(w for w in targets if spare[w.id] >= context)
             self._note(traj, w)
             yield Place(traj.id, w.id)
-            targets.sort(key=order)
-            largest = self._largest_room(targets)
-
-    def _largest_room(self, workers: list[Worker]) -> int:
-        """The longest context any of `workers` could take right now (floor kept, no reserve)."""
-        return max((self._spare(w) for w in workers), default=-1)   # -1 for a worker without a slot
+            targets.remove(w)
+            bisect.insort(targets, w, key=order)
+            spare[w.id] = self._spare(w)
+            largest = max(spare.values())
 
     # -- advancing ------------------------------------------------------------------------------
 

@@ -97,15 +97,16 @@ class RoomIndex:
         if self._workers and max(self._workers) >= _IDS:
             raise ValueError(f"worker ids must be below {_IDS}")
         self._key = {w.id: (spare(w), len(w.residents)) for w in workers}
-        self._by_room = sorted(room * _IDS + wid for wid, (room, _load) in self._key.items())
-        self._by_load = sorted(load * _IDS + wid for wid, (_room, load) in self._key.items()) if by_load else None
+        self._by_room = sorted([room * _IDS + wid for wid, (room, _load) in self._key.items()])
+        self._by_load = sorted([load * _IDS + wid for wid, (_room, load) in self._key.items()]) if by_load else None
 
     def __contains__(self, w: Worker) -> bool:
         return w.id in self._key
 
-    def spare(self, w: Worker) -> int:
-        """`spare(w)` as of the last update: placements through `update` are the only changes."""
-        return self._key[w.id][0]
+    def candidate(self, wid: int, need: int) -> Worker | None:
+        """Worker `wid` if it is in this index and its spare room covers `need`."""
+        key = self._key.get(wid)
+        return self._workers[wid] if key is not None and key[0] >= need else None
 
     def update(self, w: Worker) -> None:
         wid = w.id
