@@ -189,10 +189,10 @@ class PolicySpec(_Strict):
       of the source at once). The first is on (without it a drained worker has nowhere to go and its
       residents come back: the ablation `cadence-eager-drain` shows the loss), the second off.
     * home_first_when_spreading: while CadenceRL spreads (KV does not bind), a prompt's home is taken
-      whenever it is feasible (`cadence-home-first`); off (the default), only while it is no hot spot:
-    * home_up_to_mean_load: the home is taken if, with the sample, it holds no more than the mean
-      load of its version's workers, else the least-loaded feasible worker; off, the home only breaks
-      ties among the least loaded (`cadence-balanced-spread`).
+      whenever it is feasible (the default); off, only while it is no hot spot (`cadence-capped-affinity`):
+    * home_up_to_mean_load: (home-first off) the home is taken if, with the sample, it holds no more
+      than the mean load of its version's workers, else the least-loaded feasible worker; off, the
+      home only breaks ties among the least loaded (`cadence-balanced-spread`).
     * concentrate_within_one_rank: a version whose workers all share one affinity rank concentrates
       too, draining onto equally fast, fuller workers (`cadence-flat-concentrate`); off (the
       default), such a version keeps pacing after its budget is spent.
@@ -214,7 +214,7 @@ class PolicySpec(_Strict):
     drain_needs_fresh_ahead: bool = True
     drain_whole_source: bool = False
     concentrate_when_kv_bound: bool = True
-    home_first_when_spreading: bool = False
+    home_first_when_spreading: bool = True
     home_up_to_mean_load: bool = True
     concentrate_within_one_rank: bool = False
 

@@ -218,11 +218,12 @@ def test_while_spreading_the_prompts_home_is_taken_only_up_to_the_mean_load():
     # least-loaded worker, the second follows it (2 + 1 <= 9/3), the third would make its home a
     # hot spot (3 + 1 > 10/3) and goes to the least-loaded worker, the fourth ties it (2 = 2) and
     # so stays with its sibling there
-    assert decide() == [Admit(1, 10), Admit(1, 11), Admit(2, 12), Admit(2, 13)]
-    # home first: every sibling follows the first one
-    assert decide(home_first_when_spreading=True) == [Admit(1, 10), Admit(1, 11), Admit(1, 12), Admit(1, 13)]
+    assert decide(home_first_when_spreading=False) == [Admit(1, 10), Admit(1, 11), Admit(2, 12), Admit(2, 13)]
+    # home first (the default): every sibling follows the first one
+    assert decide() == [Admit(1, 10), Admit(1, 11), Admit(1, 12), Admit(1, 13)]
     # balanced: the home only breaks ties among the least loaded
-    assert decide(home_up_to_mean_load=False) == [Admit(1, 10), Admit(2, 11), Admit(2, 12), Admit(1, 13)]
+    assert decide(home_first_when_spreading=False, home_up_to_mean_load=False) \
+        == [Admit(1, 10), Admit(2, 11), Admit(2, 12), Admit(1, 13)]
 
 
 def test_a_version_on_one_affinity_rank_keeps_pacing_after_its_budget_is_spent():
