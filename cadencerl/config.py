@@ -189,8 +189,13 @@ class PolicySpec(_Strict):
       of the source at once). The first is on (without it a drained worker has nowhere to go and its
       residents come back: the ablation `cadence-eager-drain` shows the loss), the second off.
     * home_first_when_spreading: while CadenceRL spreads (KV does not bind), a prompt's home is taken
-      whenever it is feasible; off, the least-loaded feasible worker is taken and the home only
-      among the equally loaded (`cadence-balanced-spread`).
+      whenever it is feasible (the default); off, only while it is no hot spot (`cadence-capped-affinity`):
+    * home_up_to_mean_load: (home-first off) the home is taken if, with the sample, it holds no more
+      than the mean load of its version's workers, else the least-loaded feasible worker; off, the
+      home only breaks ties among the least loaded (`cadence-balanced-spread`).
+    * concentrate_within_one_rank: a version whose workers all share one affinity rank concentrates
+      too, draining onto equally fast, fuller workers (`cadence-flat-concentrate`); off (the
+      default), such a version keeps pacing after its budget is spent.
     * concentrate_when_kv_bound: CadenceRL drains a version's workers only once KV has bound under it
       (a worker shed below its floor): before that there is no displaced tail, and moving work up the
       affinity order pins the stronger workers to an old version (`cadence-always-concentrate`).
@@ -210,6 +215,8 @@ class PolicySpec(_Strict):
     drain_whole_source: bool = False
     concentrate_when_kv_bound: bool = True
     home_first_when_spreading: bool = True
+    home_up_to_mean_load: bool = True
+    concentrate_within_one_rank: bool = False
 
 
 class Scenario(_Strict):

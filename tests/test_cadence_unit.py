@@ -80,11 +80,15 @@ def test_the_floor_covers_growth_until_the_next_decision():
 
 
 def test_pacing_prefers_a_worker_holding_a_sibling():
-    sib = traj(1, 2000, group=7)
-    home = worker(0, cap=10_000, residents=[sib])
+    policy = Cadence(PARAMS)
+    sib = traj(1, 50, group=7)
+    acts = actions(view([worker(0, cap=10_000), worker(1, cap=10_000, residents=[traj(2, 6000)])], policy,
+                        fresh=[sib], admitted=100, batch=100, total=300))
+    assert acts == [Admit(0, 1)]                      # spread: the empty worker, now the prompt's home
+    home = worker(0, cap=10_000, residents=[traj(1, 2000, group=7)])
     tighter = worker(1, cap=10_000, residents=[traj(2, 6000)])
-    p = traj(3, 500, group=7)
-    acts = actions(view([home, tighter], pending=[p], admitted=200, batch=100, total=200))
+    stuck, p = traj(9, 9950), traj(3, 500, group=7)   # KV binds: tight fit would take worker 1
+    acts = actions(view([home, tighter], policy, pending=[p, stuck], admitted=101, batch=100, total=300))
     assert Place(3, 0) in acts
 
 
@@ -202,15 +206,35 @@ def test_no_drain_while_the_newer_versions_workers_take_the_fresh_work():
     assert acts == [Admit(2, 50)]
 
 
-def test_a_balanced_spread_takes_the_prompts_home_only_among_the_least_loaded():
+def test_while_spreading_the_prompts_home_is_taken_only_up_to_the_mean_load():
     def decide(**options):
-        busy = worker(0, cap=10_000, residents=[traj(1, 100), traj(2, 100)])
-        light = worker(1, cap=10_000, residents=[traj(3, 100)])
-        siblings = [traj(10, 50, group=5), traj(11, 50, group=5), traj(12, 50, group=5)]
-        return actions(view([busy, light], fresh=siblings, admitted=100, batch=100, total=300), **options)
+        busy = worker(0, cap=10_000, residents=[traj(i, 100) for i in range(1, 7)])       # 6 residents
+        light = worker(1, cap=10_000, residents=[traj(7, 100)])                           # 1
+        idle = worker(2, cap=10_000, residents=[traj(8, 100)])                            # 1
+        siblings = [traj(10 + i, 50, group=5) for i in range(4)]
+        return actions(view([busy, light, idle], fresh=siblings, admitted=100, batch=100, total=300), **options)
 
-    # home first: the first sample goes to the lighter worker, and its siblings follow it there
-    assert decide() == [Admit(1, 10), Admit(1, 11), Admit(1, 12)]
-    # balanced: the second sample finds both at two residents (the home breaks the tie); the third
-    # would make its home the busier one, so it goes to the least-loaded worker
-    assert decide(home_first_when_spreading=False) == [Admit(1, 10), Admit(1, 11), Admit(0, 12)]
+    # up to the mean (8 residents over 3 workers, then 9, 10, 11): the first sample goes to the
+    # least-loaded worker, the second follows it (2 + 1 <= 9/3), the third would make its home a
+    # hot spot (3 + 1 > 10/3) and goes to the least-loaded worker, the fourth ties it (2 = 2) and
+    # so stays with its sibling there
+    assert decide(home_first_when_spreading=False) == [Admit(1, 10), Admit(1, 11), Admit(2, 12), Admit(2, 13)]
+    # home first (the default): every sibling follows the first one
+    assert decide() == [Admit(1, 10), Admit(1, 11), Admit(1, 12), Admit(1, 13)]
+    # balanced: the home only breaks ties among the least loaded
+    assert decide(home_first_when_spreading=False, home_up_to_mean_load=False) \
+        == [Admit(1, 10), Admit(2, 11), Admit(2, 12), Admit(1, 13)]
+
+
+def test_a_version_on_one_affinity_rank_keeps_pacing_after_its_budget_is_spent():
+    def state():
+        # one rank, budget of version 0 spent, KV has bound under it, a newer version waits with fresh work
+        src = worker(0, cap=10_000, residents=[traj(1, 500), traj(2, 700)])
+        dst = worker(1, cap=10_000, residents=[traj(3, 1500)])
+        newer = worker(2, cap=10_000, version=1, residents=[traj(40, 8900, version=1)])
+        return view([src, dst, newer], fresh=[traj(50, 20)], trainer_version=1, admitted=150, batch=100, total=400)
+
+    assert not any(isinstance(a, Evict) for a in actions(state(), concentrate_when_kv_bound=False))
+    # the option on: the emptier worker drains onto the fuller one of the same rank
+    acts = actions(state(), concentrate_when_kv_bound=False, concentrate_within_one_rank=True)
+    assert acts[:2] == [Evict(2), Evict(1)] and Place(2, 1) in acts and Place(1, 1) in acts

@@ -23,6 +23,27 @@ Where the paper is silent (each a named option in `PolicySpec`):
 * Tight fit serves to keep large gaps for long pending work; while a version has nothing pending,
   KV does not bind and fresh work is spread to the least-loaded feasible worker
   (`spread_when_underloaded`), so CadenceRL never trails the least-loaded floor on a light load.
+* While spreading, the prompt's home is taken whenever it is feasible. `cadence-capped-affinity`
+  takes it only while it is no hot spot: if, with the sample, it holds no more than the mean load
+  of its version's workers (or ties the least-loaded one); else the least-loaded feasible worker
+  (`home_first_when_spreading` off, `home_up_to_mean_load` on). The home saves one prompt
+  prefill, which on a memory-bound decode batch hides mostly under the weight and KV reads, while
+  the samples of one prompt have correlated lengths: following the home without bound piles a
+  hard prompt's samples onto one worker, a long-lived hot spot that sets the P95 (issue 12:
+  86% of admissions followed the home, 3.7 residents above the least-loaded worker). Up to the
+  mean, siblings still share a worker. No benefit estimate, no constant: a structural bound, as
+  the paper's rules are. It is not the default: at batch 1,024 it keeps P95 within 6% of the
+  least-loaded floor on every built-in pool and seed measured (home-first: up to 32% worse), but
+  in the steady 16a16b8h run (batch 4,096) it costs 3% of throughput over three seeds (-5% to +1%,
+  measured for issue 12). (A
+  per-placement break-even from the roofline model, prefill saved against the decode time of the
+  load gap, was measured and kept the hot spots: it cannot see the sample's correlated future length.)
+* Concentration needs a higher-affinity worker to send the tail to: a version whose live workers
+  all share one affinity rank keeps pacing after its budget is spent (`concentrate_within_one_rank`
+  off). Draining onto equally fast, fuller workers only slows the tail it moves. (Measured for
+  issue 12: steady 16a16b8h, where old versions end on one rank, 34.0k -> 35.0k tok/s at seed 0,
+  +2% over three seeds; h800-16 at batch 1,024 P95 within 1% of before, 32b trades 4% of its
+  1.6x throughput lead for a lower P95.)
 * `drain_needs_fresh_ahead` and `drain_whole_source` add the gates an earlier version had.
 """
 
@@ -79,11 +100,17 @@ class Cadence:
         # Newest first: fresh work goes to the workers already at its version, so an older version's
         # drain sees only the fresh work they could not take (what a drained worker would run).
         for v in sorted(groups, reverse=self.params.drain_needs_fresh_ahead):
-            if view.admissible(v) > 0 or not self.params.concentration:
+            if view.admissible(v) > 0 or not self._concentrates(groups[v]):
                 yield from self._pace(view, v, groups[v])
             else:
                 yield from self._concentrate(view, v, groups[v])
         yield from self._advance(view)
+
+    def _concentrates(self, workers: list[Worker]) -> bool:
+        """Does this version's tail have a higher-affinity worker to go to (or is that not asked)?"""
+        if not self.params.concentration:
+            return False
+        return self.params.concentrate_within_one_rank or len({w.affinity for w in workers}) > 1
 
     def _shed(self, workers: list[Worker]) -> Iterator[Action]:
         """Long out: a worker below its floor evicts its longest resident, never its last one."""
@@ -107,6 +134,7 @@ class Cadence:
         if view.gate is not None:
             newcomers = RoomIndex([w for w in workers if view.accepts_new(w)], self._spare, by_load=spread)
         pick = RoomIndex.least_loaded if spread else RoomIndex.tightest
+        residents = sum(len(w.residents) for w in workers)   # for the mean load the home is held to
         # Shortest first over fresh and pending work; feasibility is monotone in length, so the first
         # trajectory that fits nowhere ends its stream.
         # The budget falls by one per admission (every credit constraint at or above v does); it is
@@ -124,7 +152,7 @@ class Cadence:
             is_fresh = fresh is not None and (nxt is None or context <= nxt_context)
             traj, index = (fresh, newcomers) if is_fresh else (nxt, every)
             need = (context if is_fresh else nxt_context) + self.delta
-            w = self._spread_pick(traj, index, need) if spread else None
+            w = self._spread_pick(traj, index, need, residents / len(workers)) if spread else None
             w = w or self._home(traj, index, need) or pick(index, need)
             if w is None:
                 if is_fresh:
@@ -133,6 +161,7 @@ class Cadence:
                     nxt = None  # nothing longer fits either
                 continue
             self._note(traj, w)
+            residents += 1
             if is_fresh:
                 budget -= 1
                 yield Admit(w.id, traj.id)
@@ -145,14 +174,18 @@ class Cadence:
             if newcomers is not every and w in newcomers:
                 newcomers.update(w)
 
-    def _spread_pick(self, traj: Trajectory, index: RoomIndex, need: int) -> Worker | None:
-        """Without `home_first_when_spreading`: the least-loaded feasible worker, the prompt's home
-        if it is one of them; None leaves the choice to the home-first rule."""
+    def _spread_pick(self, traj: Trajectory, index: RoomIndex, need: int, mean_load: float) -> Worker | None:
+        """The prompt's home while it is no hot spot (see the module docstring), else the least-loaded
+        feasible worker; None, with `home_first_when_spreading`, leaves the choice to the home-first rule."""
         if self.params.home_first_when_spreading:
             return None
         w = index.least_loaded(need)
         home = self._home(traj, index, need)
-        return home if home is not None and w is not None and len(home.residents) == len(w.residents) else w
+        if home is None or w is None:
+            return w
+        load = len(home.residents)
+        in_bounds = self.params.home_up_to_mean_load and load + 1 <= mean_load
+        return home if in_bounds or load == len(w.residents) else w
 
     def _home(self, traj: Trajectory, index: RoomIndex, need: int) -> Worker | None:
         """Prompt affinity: the worker the last sample of this prompt went to, if it is a feasible candidate."""

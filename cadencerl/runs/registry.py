@@ -44,7 +44,9 @@ CADENCE_ABLATIONS = {
     "cadence-whole-drain": dict(drain_whole_source=True),
     "cadence-eager-drain": dict(drain_needs_fresh_ahead=False),
     "cadence-always-concentrate": dict(concentrate_when_kv_bound=False),
-    "cadence-balanced-spread": dict(home_first_when_spreading=False),
+    "cadence-capped-affinity": dict(home_first_when_spreading=False),
+    "cadence-balanced-spread": dict(home_first_when_spreading=False, home_up_to_mean_load=False),
+    "cadence-flat-concentrate": dict(concentrate_within_one_rank=True),
 }
 
 FACTORIES: dict[str, Callable[[Scenario], Policy]] = {
