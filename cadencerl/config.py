@@ -188,8 +188,10 @@ class PolicySpec(_Strict):
       (drain only when a newer version has fresh work; only if the targets can take every resident
       of the source at once). The first is on (without it a drained worker has nowhere to go and its
       residents come back: the ablation `cadence-eager-drain` shows the loss), the second off.
-    * home_first_when_spreading: while CadenceRL spreads (KV does not bind), a prompt's home is taken
-      whenever it is feasible (the default); off, only while it is no hot spot (`cadence-capped-affinity`):
+    * home_first_when_spreading: while CadenceRL spreads (no fresh work pending), a prompt's home is
+      taken whenever it is feasible once KV has bound under the version or the one before it
+      (`home_first_once_kv_bound`; off, from the start: `cadence-home-first`) and, until then, only
+      while it is no hot spot; off, never more than that (`cadence-capped-affinity`).
     * home_up_to_mean_load: (home-first off) the home is taken if, with the sample, it holds no more
       than the mean load of its version's workers, else the least-loaded feasible worker; off, the
       home only breaks ties among the least loaded (`cadence-balanced-spread`).
@@ -216,6 +218,7 @@ class PolicySpec(_Strict):
     concentrate_when_kv_bound: bool = True
     home_first_when_spreading: bool = True
     home_up_to_mean_load: bool = True
+    home_first_once_kv_bound: bool = True
     concentrate_within_one_rank: bool = False
 
 

@@ -218,12 +218,34 @@ def test_while_spreading_the_prompts_home_is_taken_only_up_to_the_mean_load():
     # least-loaded worker, the second follows it (2 + 1 <= 9/3), the third would make its home a
     # hot spot (3 + 1 > 10/3) and goes to the least-loaded worker, the fourth ties it (2 = 2) and
     # so stays with its sibling there
-    assert decide(home_first_when_spreading=False) == [Admit(1, 10), Admit(1, 11), Admit(2, 12), Admit(2, 13)]
-    # home first (the default): every sibling follows the first one
-    assert decide() == [Admit(1, 10), Admit(1, 11), Admit(1, 12), Admit(1, 13)]
+    capped = [Admit(1, 10), Admit(1, 11), Admit(2, 12), Admit(2, 13)]
+    assert decide(home_first_when_spreading=False) == capped
+    # the default: capped too while KV has not bound under this version or the one before
+    assert decide() == capped
+    # home first (`cadence-home-first`, or the default once KV has bound): every sibling follows the first
+    assert decide(home_first_once_kv_bound=False) == [Admit(1, 10), Admit(1, 11), Admit(1, 12), Admit(1, 13)]
     # balanced: the home only breaks ties among the least loaded
     assert decide(home_first_when_spreading=False, home_up_to_mean_load=False) \
         == [Admit(1, 10), Admit(2, 11), Admit(2, 12), Admit(1, 13)]
+
+
+def test_once_kv_has_bound_under_the_version_or_the_one_before_the_prompts_home_is_taken_whenever_feasible():
+    def decide(bound: set[int], version: int = 0):
+        policy = Cadence(PARAMS)
+        policy.kv_bound |= bound
+        busy = worker(0, cap=10_000, version=version, residents=[traj(i, 100, version=version) for i in range(1, 7)])
+        light = worker(1, cap=10_000, version=version, residents=[traj(7, 100, version=version)])
+        idle = worker(2, cap=10_000, version=version, residents=[traj(8, 100, version=version)])
+        siblings = [traj(10 + i, 50, group=5) for i in range(4)]
+        return actions(view([busy, light, idle], policy, fresh=siblings, trainer_version=version,
+                            tags={version: 100}, consumed=100 * version, batch=100, total=100 * version + 300))
+
+    home_first = [Admit(1, 10), Admit(1, 11), Admit(1, 12), Admit(1, 13)]
+    capped = [Admit(1, 10), Admit(1, 11), Admit(2, 12), Admit(2, 13)]
+    assert decide({0}) == home_first
+    assert decide({0}, version=1) == home_first                 # bound under the version before
+    assert decide({0}, version=2) == capped                     # two versions ago: capped again
+    assert decide(set()) == capped
 
 
 def test_a_version_on_one_affinity_rank_keeps_pacing_after_its_budget_is_spent():

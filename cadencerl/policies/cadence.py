@@ -23,19 +23,21 @@ Where the paper is silent (each a named option in `PolicySpec`):
 * Tight fit serves to keep large gaps for long pending work; while a version has nothing pending,
   KV does not bind and fresh work is spread to the least-loaded feasible worker
   (`spread_when_underloaded`), so CadenceRL never trails the least-loaded floor on a light load.
-* While spreading, the prompt's home is taken whenever it is feasible. `cadence-capped-affinity`
-  takes it only while it is no hot spot: if, with the sample, it holds no more than the mean load
-  of its version's workers (or ties the least-loaded one); else the least-loaded feasible worker
-  (`home_first_when_spreading` off, `home_up_to_mean_load` on). The home saves one prompt
-  prefill, which on a memory-bound decode batch hides mostly under the weight and KV reads, while
-  the samples of one prompt have correlated lengths: following the home without bound piles a
-  hard prompt's samples onto one worker, a long-lived hot spot that sets the P95 (issue 12:
-  86% of admissions followed the home, 3.7 residents above the least-loaded worker). Up to the
-  mean, siblings still share a worker. No benefit estimate, no constant: a structural bound, as
-  the paper's rules are. It is not the default: at batch 1,024 it keeps P95 within 6% of the
-  least-loaded floor on every built-in pool and seed measured (home-first: up to 32% worse), but
-  in the steady 16a16b8h run (batch 4,096) it costs 3% of throughput over three seeds (-5% to +1%,
-  measured for issue 12). (A
+* While spreading, the prompt's home is taken only while it is no hot spot: if, with the sample,
+  it holds no more than the mean load of its version's workers (or ties the least-loaded one);
+  else the least-loaded feasible worker. Once KV has bound under the version or the one before
+  it (a worker shed below its floor), the home is taken whenever it is feasible
+  (`home_first_once_kv_bound`). The home saves one prompt prefill, which on a memory-bound decode
+  batch hides mostly under the weight and KV reads, while the samples of one prompt have
+  correlated lengths: on a light load, following the home without bound piles a hard prompt's
+  samples onto one worker, a long-lived hot spot that sets the P95 (issue 12: 86% of admissions
+  followed the home, 3.7 residents above the least-loaded worker). Once KV binds, every worker
+  is near full and tight fit, not the home, decides the load; there home-first is worth its
+  prefill (the steady 16a16b8h run, batch 4,096: capped from the start cost 3% of throughput
+  over three seeds). No benefit estimate, no constant: a structural bound, as the paper's rules
+  are. Measured for issue 12 at batch 1,024 over the 7 heterogeneous pools and 3 seeds: P95
+  within 6% of the least-loaded floor everywhere (home-first throughout, `cadence-home-first`:
+  up to 32% worse, throughput down to 0.82x); `cadence-capped-affinity` caps it always. (A
   per-placement break-even from the roofline model, prefill saved against the decode time of the
   load gap, was measured and kept the hot spots: it cannot see the sample's correlated future length.)
 * Concentration needs a higher-affinity worker to send the tail to: a version whose live workers
@@ -152,7 +154,7 @@ class Cadence:
             is_fresh = fresh is not None and (nxt is None or context <= nxt_context)
             traj, index = (fresh, newcomers) if is_fresh else (nxt, every)
             need = (context if is_fresh else nxt_context) + self.delta
-            w = self._spread_pick(traj, index, need, residents / len(workers)) if spread else None
+            w = self._spread_pick(v, traj, index, need, residents / len(workers)) if spread else None
             w = w or self._home(traj, index, need) or pick(index, need)
             if w is None:
                 if is_fresh:
@@ -174,10 +176,12 @@ class Cadence:
             if newcomers is not every and w in newcomers:
                 newcomers.update(w)
 
-    def _spread_pick(self, traj: Trajectory, index: RoomIndex, need: int, mean_load: float) -> Worker | None:
+    def _spread_pick(self, v: int, traj: Trajectory, index: RoomIndex, need: int,
+                     mean_load: float) -> Worker | None:
         """The prompt's home while it is no hot spot (see the module docstring), else the least-loaded
         feasible worker; None, with `home_first_when_spreading`, leaves the choice to the home-first rule."""
-        if self.params.home_first_when_spreading:
+        if self.params.home_first_when_spreading and (
+                not self.params.home_first_once_kv_bound or v in self.kv_bound or v - 1 in self.kv_bound):
             return None
         w = index.least_loaded(need)
         home = self._home(traj, index, need)

@@ -45,6 +45,7 @@ CADENCE_ABLATIONS = {
     "cadence-eager-drain": dict(drain_needs_fresh_ahead=False),
     "cadence-always-concentrate": dict(concentrate_when_kv_bound=False),
     "cadence-capped-affinity": dict(home_first_when_spreading=False),
+    "cadence-home-first": dict(home_first_once_kv_bound=False),
     "cadence-balanced-spread": dict(home_first_when_spreading=False, home_up_to_mean_load=False),
     "cadence-flat-concentrate": dict(concentrate_within_one_rank=True),
 }
