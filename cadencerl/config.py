@@ -188,13 +188,10 @@ class PolicySpec(_Strict):
       (drain only when a newer version has fresh work; only if the targets can take every resident
       of the source at once). The first is on (without it a drained worker has nowhere to go and its
       residents come back: the ablation `cadence-eager-drain` shows the loss), the second off.
-    * home_first_when_spreading: while CadenceRL spreads (no fresh work pending), a prompt's home is
-      taken whenever it is feasible once KV has bound under the version or the one before it
-      (`home_first_once_kv_bound`; off, from the start: `cadence-home-first`) and, until then, only
-      while it is no hot spot; off, never more than that (`cadence-capped-affinity`).
-    * home_up_to_mean_load: (home-first off) the home is taken if, with the sample, it holds no more
-      than the mean load of its version's workers, else the least-loaded feasible worker; off, the
-      home only breaks ties among the least loaded (`cadence-balanced-spread`).
+    * home_first_when_spreading, home_first_once_kv_bound, home_up_to_mean_load: while CadenceRL
+      spreads, a prompt's home is taken whenever feasible once KV has bound under the version or the
+      one before (from the start: `cadence-home-first`); until then (always: `cadence-capped-affinity`)
+      only up to the mean load of the version's workers, or, that off, to break ties (`-balanced-spread`).
     * concentrate_within_one_rank: a version whose workers all share one affinity rank concentrates
       too, draining onto equally fast, fuller workers (`cadence-flat-concentrate`); off (the
       default), such a version keeps pacing after its budget is spent.
