@@ -219,13 +219,13 @@ def test_while_spreading_the_prompts_home_is_taken_only_up_to_the_mean_load():
     # hot spot (3 + 1 > 10/3) and goes to the least-loaded worker, the fourth ties it (2 = 2) and
     # so stays with its sibling there
     capped = [Admit(1, 10), Admit(1, 11), Admit(2, 12), Admit(2, 13)]
-    assert decide(home_first_when_spreading=False) == capped
+    assert decide(spread_affinity="capped") == capped
     # the default: capped too while KV has not bound under this version or the one before
     assert decide() == capped
     # home first (`cadence-home-first`, or the default once KV has bound): every sibling follows the first
-    assert decide(home_first_once_kv_bound=False) == [Admit(1, 10), Admit(1, 11), Admit(1, 12), Admit(1, 13)]
+    assert decide(spread_affinity="home-first") == [Admit(1, 10), Admit(1, 11), Admit(1, 12), Admit(1, 13)]
     # balanced: the home only breaks ties among the least loaded
-    assert decide(home_first_when_spreading=False, home_up_to_mean_load=False) \
+    assert decide(spread_affinity="tie-break") \
         == [Admit(1, 10), Admit(2, 11), Admit(2, 12), Admit(1, 13)]
 
 

@@ -27,7 +27,7 @@ Where the paper is silent (each a named option in `PolicySpec`):
   it holds no more than the mean load of its version's workers (or ties the least-loaded one);
   else the least-loaded feasible worker. Once KV has bound under the version or the one before
   it (a worker shed below its floor), the home is taken whenever it is feasible
-  (`home_first_once_kv_bound`). The home saves one prompt prefill, which on a memory-bound decode
+  (`spread_affinity`). The home saves one prompt prefill, which on a memory-bound decode
   batch hides mostly under the weight and KV reads, while the samples of one prompt have
   correlated lengths: on a light load, following the home without bound piles a hard prompt's
   samples onto one worker, a long-lived hot spot that sets the P95 (issue 12: 86% of admissions
@@ -136,7 +136,7 @@ class Cadence:
         if view.gate is not None:
             newcomers = RoomIndex([w for w in workers if view.accepts_new(w)], self._spare, by_load=spread)
         pick = RoomIndex.least_loaded if spread else RoomIndex.tightest
-        residents = sum(len(w.residents) for w in workers)   # for the mean load the home is held to
+        residents = sum(len(w.residents) for w in workers) if spread else 0   # the mean load a home is held to
         # Shortest first over fresh and pending work; feasibility is monotone in length, so the first
         # trajectory that fits nowhere ends its stream.
         # The budget falls by one per admission (every credit constraint at or above v does); it is
@@ -179,16 +179,17 @@ class Cadence:
     def _spread_pick(self, v: int, traj: Trajectory, index: RoomIndex, need: int,
                      mean_load: float) -> Worker | None:
         """The prompt's home while it is no hot spot (see the module docstring), else the least-loaded
-        feasible worker; None, with `home_first_when_spreading`, leaves the choice to the home-first rule."""
-        if self.params.home_first_when_spreading and (
-                not self.params.home_first_once_kv_bound or v in self.kv_bound or v - 1 in self.kv_bound):
+        feasible worker; None, while the home is taken whenever feasible, leaves the choice to that rule."""
+        mode = self.params.spread_affinity
+        kv_has_bound = v in self.kv_bound or v - 1 in self.kv_bound
+        if mode == "home-first" or (mode == "capped-until-kv-binds" and kv_has_bound):
             return None
         w = index.least_loaded(need)
         home = self._home(traj, index, need)
         if home is None or w is None:
             return w
         load = len(home.residents)
-        in_bounds = self.params.home_up_to_mean_load and load + 1 <= mean_load
+        in_bounds = mode != "tie-break" and load + 1 <= mean_load
         return home if in_bounds or load == len(w.residents) else w
 
     def _home(self, traj: Trajectory, index: RoomIndex, need: int) -> Worker | None:

@@ -44,9 +44,9 @@ CADENCE_ABLATIONS = {
     "cadence-whole-drain": dict(drain_whole_source=True),
     "cadence-eager-drain": dict(drain_needs_fresh_ahead=False),
     "cadence-always-concentrate": dict(concentrate_when_kv_bound=False),
-    "cadence-capped-affinity": dict(home_first_when_spreading=False),
-    "cadence-home-first": dict(home_first_once_kv_bound=False),
-    "cadence-balanced-spread": dict(home_first_when_spreading=False, home_up_to_mean_load=False),
+    "cadence-capped-affinity": dict(spread_affinity="capped"),
+    "cadence-home-first": dict(spread_affinity="home-first"),
+    "cadence-balanced-spread": dict(spread_affinity="tie-break"),
     "cadence-flat-concentrate": dict(concentrate_within_one_rank=True),
 }
 
