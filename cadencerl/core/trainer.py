@@ -90,20 +90,23 @@ class Trainer:
         # batch does. Checked on counts first, so waiting for stragglers costs no batch composition.
         if not self._keeps_bound(self._oldest_tags(n)):
             return None
-        oldest = [t for tag in sorted(self.completed) for t in self.completed[tag]][:n]
         if self.mix is None:
-            return oldest
+            return self._oldest(n)
         waited = now - self.ready_since >= self.mix.wait_s
         picked = compose(self.completed, n, self.mix.target, self.next_batch - self.eta, fill=waited)
         if picked is None:
             return None
         batch, short = picked
         if not self._keeps_bound(Counter(t.tag for t in batch)):
-            return oldest
+            return self._oldest(n)
         if short:
             self.mix_shortfall += short
             self.mix_short_batches += 1
         return batch
+
+    def _oldest(self, n: int) -> list[Trajectory]:
+        """The n oldest completed trajectories, oldest tag first."""
+        return [t for tag in sorted(self.completed) for t in self.completed[tag]][:n]
 
     def _oldest_tags(self, n: int) -> Counter:
         """How many trajectories of each tag the n oldest completed ones hold."""

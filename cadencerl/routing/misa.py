@@ -232,6 +232,9 @@ class MisaT:
         return {max(open_, key=lambda c: (deficit[c], c))}
 
     def accepts(self, w: Worker) -> bool:
+        """Under its session cap and, with `one_cohort` (in front of a router), on the version of the
+        cohort being filled as the last `open_classes` found it: the gate protocol gives `accepts` no
+        view, and a router asks `next_fresh` (so `open_classes`) before it offers any worker a session."""
         current = not self.one_cohort or w.version == self.cohort_version
         return current and w.sessions < int(self.caps.get(w.id, 1))
 

@@ -121,10 +121,11 @@ def tail_breakdown(trajs: Sequence[Trajectory], order: dict[int, int], batch_siz
             name = workers[t.kv_home].accelerator
             finished_on[name] = finished_on.get(name, 0) + 1
     tokens = np.array([t.tokens for t in inside], dtype=float)
-    long = tokens >= np.percentile(tokens, q)
+    length_at_q = float(np.percentile(tokens, q))
+    long = tokens >= length_at_q
     return {"percentile": q, "from_submit": from_submit, "cut_s": cut, "trajectories": int(tail.sum()),
-            "length_at_percentile": float(np.percentile(tokens, q)),
+            "length_at_percentile": length_at_q,
             "token_share_at_or_above_it": float(tokens[long].sum() / max(tokens.sum(), 1.0)),
             "latency_s": float(latency[tail].mean()),
-            "tokens": float(np.mean([t.tokens for t, k in zip(inside, tail) if k])),
+            "tokens": float(tokens[tail].mean()),
             **{k: float(v[tail].mean()) for k, v in parts.items()}, "finished_on": finished_on}
