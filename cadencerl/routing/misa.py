@@ -60,6 +60,7 @@ from cadencerl.core.mix import target_counts
 from cadencerl.core.trajectory import Trajectory
 from cadencerl.core.view import AdmissionGate, Policy, PoolView
 from cadencerl.core.worker import Worker
+from cadencerl.routing.misa_goodput import GoodputClimb
 from cadencerl.routing.misa_learn import Learner
 
 HIGH, LOW, TARGET = 0.90, 0.70, 0.80   # KV use bands: decrease above HIGH, grow toward TARGET below LOW
@@ -86,6 +87,8 @@ class MisaT:
     one_cohort: bool = False        # new sessions only into the cohort being balanced (see Admitted)
     cohort_version: int = 0         # the cohort the gate balances
     kv_is_pressure: bool = True   # False in front of a policy that never over-commits KV (see Admitted)
+    climb: GoodputClimb | None = None   # over-commit when measured goodput says it pays (misa_goodput.py)
+    boost: float = 1.0              # the climber's multiplier on the KV bands (1: hold what is measured)
     _next_adapt: float = 0.0
 
     # -- observation ------------------------------------------------------------------------------
@@ -99,11 +102,13 @@ class MisaT:
             return
         self._next_adapt = view.now + ADAPT_EVERY_S
         self.learner.learn(view.now)
+        if self.climb is not None:
+            self.boost = self.climb.look(view.now, self.learner.decoded, view.trainer_version)
         held = self.learner.held_off_engine()
         per_session = self._session_kv(view)
         measured = self.learner.all_warm(self.target_mix)
         for w in view.alive():
-            per_scale = HIGH * w.kv_capacity / per_session    # the cap at scale 1: the capacity estimate
+            per_scale = self.boost * HIGH * w.kv_capacity / per_session    # the cap at scale 1: the capacity estimate
             self._adapt(w, held.get(w.id, 0), measured, per_scale)
             self.caps[w.id] = min(max(self.scale[w.id] * per_scale, 1.0), MAX_CAP_FACTOR * w.max_num_seqs)
         self._allocate(view)
@@ -131,11 +136,11 @@ class MisaT:
         preempted = w.preemptions > self.last_preemptions[w.id]
         self.last_preemptions[w.id] = w.preemptions
         use = (w.engine_kv + held) / w.kv_capacity if self.kv_is_pressure else 0.0
-        s = self.scale[w.id]
-        if preempted or w.num_waiting > 0 or use > HIGH:
+        s, b = self.scale[w.id], self.boost
+        if preempted or w.num_waiting > 0 or use > b * HIGH:
             s = min(s, max(s * DECREASE, DECREASE * w.sessions / per_scale))
-        elif measured and use < LOW and w.id in self.caps and w.sessions >= int(self.caps[w.id]):
-            s *= min(1.0 / DECREASE, TARGET / use) if use > 0 else 1.0 / DECREASE
+        elif measured and use < b * LOW and w.id in self.caps and w.sessions >= int(self.caps[w.id]):
+            s *= min(1.0 / DECREASE, b * TARGET / use) if use > 0 else 1.0 / DECREASE
         self.scale[w.id] = min(max(s, MIN_SCALE), MAX_SCALE)
 
     def _figures(self, view: PoolView) -> tuple[dict[str, float], dict[str, float]]:
@@ -253,11 +258,11 @@ class Admitted:
 
     MISA-T is the policy's `gate` (an AdmissionGate): the controller hands it to every view."""
 
-    def __init__(self, misa: MisaT, inner: Policy) -> None:
+    def __init__(self, misa: MisaT, inner: Policy, label: str = "misa") -> None:
         self.misa = misa
         self.gate: AdmissionGate = misa
         self.inner = inner
-        self.name = f"misa+{inner.name}"
+        self.name = f"{label}+{inner.name}"
         self.kv_transfer = inner.kv_transfer
         self.queues_at_engine = getattr(inner, "queues_at_engine", False)
         # A placement policy that never over-commits KV (CadenceRL packs it and evicts to its pending

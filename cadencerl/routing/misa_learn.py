@@ -45,17 +45,24 @@ class Learner:
     stats: dict[str, ClassStats] = field(default_factory=dict)
     tracked: dict[int, Trajectory] = field(default_factory=dict)
     rate: float = 0.0               # completions per second (EWMA over look intervals)
+    decoded: int = 0                # tokens the tracked sessions streamed back so far (goodput's count)
+    _streamed: dict[int, int] = field(default_factory=dict)   # per tracked session, as of the last look
     _last_look: float | None = None
 
     def track(self, traj: Trajectory) -> None:
         self.tracked[traj.id] = traj
 
     def learn(self, now: float) -> None:
-        """Fold in every tracked session that finished since the last look."""
+        """Fold in every tracked session that finished since the last look, and count the tokens
+        every tracked session streamed back since then."""
         done = 0
         for tid, traj in list(self.tracked.items()):
+            streamed = traj.generated
+            self.decoded += streamed - self._streamed.get(tid, 0)
+            self._streamed[tid] = streamed
             if traj.state is State.DONE:
                 del self.tracked[tid]
+                del self._streamed[tid]
                 done += 1
                 duration = max(traj.completed_at - traj.admitted_at, 1e-6)
                 footprint = (traj.prompt_len + traj.context) / 2

@@ -1,7 +1,8 @@
 """Policy names as the command line spells them: the one place a name becomes a Policy object.
 
 Runs take Policy objects; the faces (CLI, report, API) resolve names here. `ADMISSION+PLACEMENT`
-(e.g. `misa+cache-aware`) puts an admission layer in front of a placement policy, and
+(e.g. `misa+cache-aware`, or `misa-goodput+cache-aware` with the goodput climber) puts an admission
+layer in front of a placement policy, and
 `cache-aware-tuned` is the cache-aware router at the thresholds its sweep found best for the
 scenario (it may run the sweep, see `runs/sweep.py`).
 """
@@ -19,6 +20,7 @@ from cadencerl.policies.laminar import Laminar
 from cadencerl.policies.least_loaded import LeastLoaded
 from cadencerl.policies.sync import Synchronous
 from cadencerl.routing.misa import Admitted, MisaT
+from cadencerl.routing.misa_goodput import GoodputClimb
 from cadencerl.routing.routers import CacheAware, ConsistentHash, LeastLoadedRouter, RoundRobin, StickyLeastLoaded
 
 
@@ -73,7 +75,7 @@ FACTORIES: dict[str, Callable[[Scenario], Policy]] = {
     "cache-aware": lambda s: CacheAware(),
     "cache-aware-tuned": _tuned_cache_aware,
 }
-ADMISSIONS = ("misa",)
+ADMISSIONS = ("misa", "misa-goodput")   # misa-goodput: MISA-T with the goodput climber (misa_goodput.py)
 
 
 def policy_names() -> list[str]:
@@ -91,6 +93,7 @@ def make_policy(name: str, scenario: Scenario, admission: str | None = None) -> 
     if admission is not None and admission != "none" and admission not in ADMISSIONS:
         raise ConfigError(f"admission: unknown admission layer {admission!r} (known: none, {', '.join(ADMISSIONS)})")
     placement = FACTORIES[name](scenario)
-    if admission == "misa":
-        return Admitted(MisaT(scenario.workload.target_mix()), placement)
+    if admission in ADMISSIONS:
+        climb = GoodputClimb() if admission == "misa-goodput" else None
+        return Admitted(MisaT(scenario.workload.target_mix(), climb=climb), placement, label=admission)
     return placement
