@@ -107,3 +107,11 @@ def test_misa_goodput_is_a_named_admission_layer():
     policy = make_policy("misa-goodput+cache-aware", builtin_scenario("mixed-h100"))
     assert policy.name == "misa-goodput+cache-aware" and isinstance(policy.misa.climb, GoodputClimb)
     assert make_policy("misa+cache-aware", builtin_scenario("mixed-h100")).misa.climb is None
+
+
+def test_in_front_of_a_policy_that_never_overcommits_there_is_nothing_to_climb():
+    from cadencerl.routing.misa import Admitted
+    from cadencerl.routing.routers import CacheAware
+
+    assert Admitted(MisaT({"rlvr": 1.0}, climb=GoodputClimb()), LeastLoaded()).misa.climb is None
+    assert Admitted(MisaT({"rlvr": 1.0}, climb=GoodputClimb()), CacheAware()).misa.climb is not None

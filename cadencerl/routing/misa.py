@@ -270,6 +270,8 @@ class Admitted:
         # the caps step aside when there is none.
         misa.kv_is_pressure = self.queues_at_engine
         misa.one_cohort = self.queues_at_engine
+        if not self.queues_at_engine:
+            misa.climb = None    # no KV bands there for the goodput climber to move (nor over-commit)
 
     def decide(self, view: PoolView) -> Iterator[Action]:
         self.misa.observe(view)
