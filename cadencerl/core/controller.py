@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from cadencerl.config import PolicySpec
-from cadencerl.core.actions import ActionError, Admit, Advance, Evict, Interrupt, Place
+from cadencerl.core.actions import ActionError, Admit, Advance, Batch, Evict, Interrupt, Place
 from cadencerl.core.backend import Backend, Finished, Restore, Timer, ToolReturned, TurnEnded, WorkerLost
 from cadencerl.core.credits import CreditModel
 from cadencerl.core.fresh import FreshQueue
@@ -192,57 +192,80 @@ class Controller:
     # -- actions --------------------------------------------------------------------------------
 
     def apply(self, action, now: float) -> None:
-        if isinstance(action, Admit):
+        kind = type(action)
+        if kind is Admit:
             self._admit(action, now)
-        elif isinstance(action, Place):
+        elif kind is Batch:
+            self._batch(action, now)
+        elif kind is Place:
             self._place_pending(action, now)
-        elif isinstance(action, Evict):
+        elif kind is Evict:
             self._evict(action, now)
-        elif isinstance(action, Advance):
+        elif kind is Advance:
             self._advance(action)
-        elif isinstance(action, Interrupt):
+        elif kind is Interrupt:
             self._interrupt(action, now)
         else:
             raise ActionError(f"unknown action {action!r}")
 
-    def _check_fits(self, w: Worker, traj: Trajectory) -> None:
-        """No placement exceeds KV capacity. A router may queue work at an engine (vLLM's waiting
-        queue holds no KV), but never a trajectory larger than the engine's whole KV."""
+    def _check_fits(self, w: Worker, traj: Trajectory, context: int, booked: int = 0) -> None:
+        """No placement exceeds KV capacity (`context`: the trajectory's; `booked`: what the same
+        batch placed on `w` before it). A router may queue work at an engine (vLLM's waiting queue
+        holds no KV), but never a trajectory larger than the engine's whole KV."""
         if self.queues_at_engine:
-            if traj.context + 1 > w.kv_capacity:
-                raise ActionError(f"trajectory {traj.id} ({traj.context} tokens) exceeds worker {w.id}'s KV")
-            return
-        if w.kv_used + traj.context > w.kv_capacity:
-            raise ActionError(f"placing trajectory {traj.id} ({traj.context} tokens) on worker {w.id} exceeds its "
-                              f"KV capacity ({w.kv_used}/{w.kv_capacity})")
+            if context + 1 > w.kv_capacity:
+                raise ActionError(f"trajectory {traj.id} ({context} tokens) exceeds worker {w.id}'s KV")
+        elif w.kv_used + booked + context > w.kv_capacity:
+            raise ActionError(f"placing trajectory {traj.id} ({context} tokens) on worker {w.id} exceeds its "
+                              f"KV capacity ({w.kv_used + booked}/{w.kv_capacity})")
+
+    def _budget(self, w: Worker, n: int) -> None:
+        """`n` admissions on `w` fit in its version's eta budget (each lowers it by exactly one)."""
+        if self.credits.admissible(w.version, self.trainer.next_batch) < n:
+            raise ActionError(f"admit on worker {w.id} at version {w.version}: the eta budget is spent")
 
     def _admit(self, a: Admit, now: float) -> None:
-        w = live_worker(self.workers, a.worker)
-        traj = self._traj(a.traj)
+        traj, w = self._admission(a.traj, a.worker)
+        self._budget(w, 1)
+        self._check_fits(w, traj, traj.context)
+        self.fresh.take(traj)
+        self._start(traj, w, now)
+        self.credits.record(w.version)
+
+    def _admission(self, tid: int, wid: int) -> tuple[Trajectory, Worker]:
+        w = live_worker(self.workers, wid)
+        traj = self._traj(tid)
         if traj.state is not State.FRESH:
             raise ActionError(f"trajectory {traj.id} is not fresh")
+        return traj, w
+
+    def _start(self, traj: Trajectory, w: Worker, now: float) -> None:
+        """Admit fresh `traj` on `w` (checked and taken from the fresh queue; the caller records the credit)."""
         v = w.version
-        if self.credits.admissible(v, self.trainer.next_batch) < 1:
-            raise ActionError(f"admit on worker {w.id} at version {v}: the eta budget is spent")
-        self._check_fits(w, traj)
-        self.fresh.take(traj)
         traj.tag = v
         traj.versions.append(v)
         traj.admitted_at = now
-        self.credits.record(v)
         cls = traj.spec.workload_class
         self.active_by_class[cls] = self.active_by_class.get(cls, 0) + 1
         self._attach(traj, w, Restore.PREFILL, 0.0, now)
 
     def _place_pending(self, a: Place, now: float) -> None:
-        traj = self._traj(a.traj)
-        w = live_worker(self.workers, a.worker)
+        traj, w = self._placement(a.traj, a.worker)
+        self._check_fits(w, traj, traj.context)
+        self._move_in(traj, w, now)
+
+    def _placement(self, tid: int, wid: int) -> tuple[Trajectory, Worker]:
+        traj = self._traj(tid)
+        w = live_worker(self.workers, wid)
         if traj not in self.pending:
             raise ActionError(f"trajectory {traj.id} is not pending")
         if w.version != traj.version:
             raise ActionError(f"trajectory {traj.id} of version {traj.version} cannot run on worker {w.id} at "
                               f"version {w.version}")
-        self._check_fits(w, traj)
+        return traj, w
+
+    def _move_in(self, traj: Trajectory, w: Worker, now: float) -> None:
+        """Place pending `traj` on `w` (checked), restoring its KV over the link when that is faster."""
         self.pending.remove(traj)
         restore, delay = Restore.PREFILL, 0.0   # back home, the engine's prefix cache may still hold it
         home = self.workers[traj.kv_home] if traj.kv_home is not None else None
@@ -260,6 +283,43 @@ class Controller:
                 self.counters.reprefills += 1
                 self.counters.migrated_token_bytes += 4.0 * traj.context
         self._attach(traj, w, restore, delay, now)
+
+    def _batch(self, batch: Batch, now: float) -> None:
+        """Validate every step of `batch` as if the earlier ones were applied, then apply them in
+        order. Within a batch KV only grows and each admission lowers its version's budget by
+        exactly one, so one pass of checks with running totals is the sequential check."""
+        n = len(batch.trajs)
+        if len(batch.workers) != n or len(batch.admits) != n:
+            raise ActionError("a batch's columns differ in length")
+        if len(set(batch.trajs)) < n:
+            raise ActionError("a batch names a trajectory twice")
+        steps, booked, first_admit, admits = [], {}, None, 0
+        for tid, wid, admit in zip(batch.trajs, batch.workers, batch.admits):
+            if admit:
+                traj, w = self._admission(tid, wid)
+                if first_admit is None:
+                    first_admit = w
+                elif w.version != first_admit.version:
+                    raise ActionError(f"a batch admits under one version, not {first_admit.version} and {w.version}")
+                admits += 1
+            else:
+                traj, w = self._placement(tid, wid)
+            context = traj.context
+            before = booked.get(wid, 0)
+            self._check_fits(w, traj, context, before)
+            booked[wid] = before + context
+            steps.append((traj, w))
+        if first_admit is not None:
+            self._budget(first_admit, admits)
+            self.fresh.take_all([traj for (traj, _), admit in zip(steps, batch.admits) if admit])
+        start, move_in = self._start, self._move_in
+        for (traj, w), admit in zip(steps, batch.admits):
+            if admit:
+                start(traj, w, now)
+            else:
+                move_in(traj, w, now)
+        if first_admit is not None:
+            self.credits.record(first_admit.version, admits)
 
     def _attach(self, traj: Trajectory, w: Worker, restore: Restore, delay: float, now: float) -> None:
         attach(traj, w, self.workers, now)
