@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 from cadencerl.config import PolicySpec
 from cadencerl.core.actions import ActionError, Admit, Advance, Batch, Evict, Interrupt, Place
+from cadencerl.core.admission_checks import batch_steps, check_budget, check_fits, check_fresh, check_placement
 from cadencerl.core.backend import Backend, Finished, Restore, Timer, ToolReturned, TurnEnded, WorkerLost
 from cadencerl.core.credits import CreditModel
 from cadencerl.core.fresh import FreshQueue
@@ -208,36 +209,15 @@ class Controller:
         else:
             raise ActionError(f"unknown action {action!r}")
 
-    def _check_fits(self, w: Worker, traj: Trajectory, context: int, booked: int = 0) -> None:
-        """No placement exceeds KV capacity (`context`: the trajectory's; `booked`: what the same
-        batch placed on `w` before it). A router may queue work at an engine (vLLM's waiting queue
-        holds no KV), but never a trajectory larger than the engine's whole KV."""
-        if self.queues_at_engine:
-            if context + 1 > w.kv_capacity:
-                raise ActionError(f"trajectory {traj.id} ({context} tokens) exceeds worker {w.id}'s KV")
-        elif w.kv_used + booked + context > w.kv_capacity:
-            raise ActionError(f"placing trajectory {traj.id} ({context} tokens) on worker {w.id} exceeds its "
-                              f"KV capacity ({w.kv_used + booked}/{w.kv_capacity})")
-
-    def _budget(self, w: Worker, n: int) -> None:
-        """`n` admissions on `w` fit in its version's eta budget (each lowers it by exactly one)."""
-        if self.credits.admissible(w.version, self.trainer.next_batch) < n:
-            raise ActionError(f"admit on worker {w.id} at version {w.version}: the eta budget is spent")
-
     def _admit(self, a: Admit, now: float) -> None:
-        traj, w = self._admission(a.traj, a.worker)
-        self._budget(w, 1)
-        self._check_fits(w, traj, traj.context)
+        w = live_worker(self.workers, a.worker)
+        traj = self._traj(a.traj)
+        check_fresh(traj)
+        check_budget(self.credits, self.trainer.next_batch, w, 1)
+        check_fits(w, traj, traj.context, self.queues_at_engine)
         self.fresh.take(traj)
         self._start(traj, w, now)
         self.credits.record(w.version)
-
-    def _admission(self, tid: int, wid: int) -> tuple[Trajectory, Worker]:
-        w = live_worker(self.workers, wid)
-        traj = self._traj(tid)
-        if traj.state is not State.FRESH:
-            raise ActionError(f"trajectory {traj.id} is not fresh")
-        return traj, w
 
     def _start(self, traj: Trajectory, w: Worker, now: float) -> None:
         """Admit fresh `traj` on `w` (checked and taken from the fresh queue; the caller records the credit)."""
@@ -250,19 +230,11 @@ class Controller:
         self._attach(traj, w, Restore.PREFILL, 0.0, now)
 
     def _place_pending(self, a: Place, now: float) -> None:
-        traj, w = self._placement(a.traj, a.worker)
-        self._check_fits(w, traj, traj.context)
+        traj = self._traj(a.traj)
+        w = live_worker(self.workers, a.worker)
+        check_placement(traj, w, self.pending)
+        check_fits(w, traj, traj.context, self.queues_at_engine)
         self._move_in(traj, w, now)
-
-    def _placement(self, tid: int, wid: int) -> tuple[Trajectory, Worker]:
-        traj = self._traj(tid)
-        w = live_worker(self.workers, wid)
-        if traj not in self.pending:
-            raise ActionError(f"trajectory {traj.id} is not pending")
-        if w.version != traj.version:
-            raise ActionError(f"trajectory {traj.id} of version {traj.version} cannot run on worker {w.id} at "
-                              f"version {w.version}")
-        return traj, w
 
     def _move_in(self, traj: Trajectory, w: Worker, now: float) -> None:
         """Place pending `traj` on `w` (checked), restoring its KV over the link when that is faster."""
@@ -285,41 +257,19 @@ class Controller:
         self._attach(traj, w, restore, delay, now)
 
     def _batch(self, batch: Batch, now: float) -> None:
-        """Validate every step of `batch` as if the earlier ones were applied, then apply them in
-        order. Within a batch KV only grows and each admission lowers its version's budget by
-        exactly one, so one pass of checks with running totals is the sequential check."""
-        n = len(batch.trajs)
-        if len(batch.workers) != n or len(batch.admits) != n:
-            raise ActionError("a batch's columns differ in length")
-        if len(set(batch.trajs)) < n:
-            raise ActionError("a batch names a trajectory twice")
-        steps, booked, first_admit, admits = [], {}, None, 0
-        for tid, wid, admit in zip(batch.trajs, batch.workers, batch.admits):
+        """Check the lot (see admission_checks), then apply its steps in order."""
+        trajs, ws, admitted = batch_steps(batch, self.workers, self.trajectories, self.pending,
+                                          self.queues_at_engine)
+        if admitted:
+            check_budget(self.credits, self.trainer.next_batch, admitted[0], len(admitted))
+            self.fresh.take_all([traj for traj, admit in zip(trajs, batch.admits) if admit])
+        for traj, w, admit in zip(trajs, ws, batch.admits):
             if admit:
-                traj, w = self._admission(tid, wid)
-                if first_admit is None:
-                    first_admit = w
-                elif w.version != first_admit.version:
-                    raise ActionError(f"a batch admits under one version, not {first_admit.version} and {w.version}")
-                admits += 1
+                self._start(traj, w, now)
             else:
-                traj, w = self._placement(tid, wid)
-            context = traj.context
-            before = booked.get(wid, 0)
-            self._check_fits(w, traj, context, before)
-            booked[wid] = before + context
-            steps.append((traj, w))
-        if first_admit is not None:
-            self._budget(first_admit, admits)
-            self.fresh.take_all([traj for (traj, _), admit in zip(steps, batch.admits) if admit])
-        start, move_in = self._start, self._move_in
-        for (traj, w), admit in zip(steps, batch.admits):
-            if admit:
-                start(traj, w, now)
-            else:
-                move_in(traj, w, now)
-        if first_admit is not None:
-            self.credits.record(first_admit.version, admits)
+                self._move_in(traj, w, now)
+        if admitted:
+            self.credits.record(admitted[0].version, len(admitted))
 
     def _attach(self, traj: Trajectory, w: Worker, restore: Restore, delay: float, now: float) -> None:
         attach(traj, w, self.workers, now)

@@ -32,20 +32,22 @@ class GrowthMeter:
     def observe(self, view: PoolView) -> None:
         now, probes, rates = view.now, self._probe, self._rate
         for w in view.workers:
-            residents = w.residents
-            probe = probes.get(w.id)
+            wid, residents = w.id, w.residents
+            probe = probes.get(wid)
+            traj = None
             if probe is not None:
                 tid, ctx, t = probe
                 traj = residents.get(tid)
                 if traj is not None and now > t:
-                    rate = (traj.context - ctx) / (now - t)
-                    old = rates.get(w.id, 0.0)
-                    rates[w.id] = rate if rate >= old else 0.5 * (old + rate)
+                    context = traj.context
+                    rate = (context - ctx) / (now - t)
+                    old = rates.get(wid, 0.0)
+                    rates[wid] = rate if rate >= old else 0.5 * (old + rate)
             if residents and w.alive:
                 first = next(iter(residents.values()))
-                probes[w.id] = (first.id, first.context, now)
+                probes[wid] = (first.id, context if first is traj and now > t else first.context, now)
             elif probe is not None:
-                del probes[w.id]
+                del probes[wid]
 
     def tokens(self, w: Worker, residents: int) -> int:
         """Growth of `residents` decoding sequences on `w` over the horizon."""
