@@ -227,7 +227,8 @@ class Controller:
         traj.admitted_at = now
         cls = traj.spec.workload_class
         self.active_by_class[cls] = self.active_by_class.get(cls, 0) + 1
-        self._attach(traj, w, Restore.PREFILL, 0.0, now)
+        attach(traj, w, self.workers, now)
+        self.backend.place(traj, w.id, Restore.PREFILL, 0.0)
 
     def _place_pending(self, a: Place, now: float) -> None:
         traj = self._traj(a.traj)

@@ -44,17 +44,15 @@ class Trajectory:
     migrations: int = 0
     placements: int = 0
     id: int = field(init=False, repr=False)   # spec.id, kept here: the key of every lookup of a decision
+    prompt_len: int = field(init=False, repr=False)   # spec.prompt_len, kept here: `context` reads no spec
 
     def __post_init__(self) -> None:
         self.id = self.spec.id
+        self.prompt_len = self.spec.prompt_len
 
     @property
     def group(self) -> int:
         return self.spec.group
-
-    @property
-    def prompt_len(self) -> int:
-        return self.spec.prompt_len
 
     @property
     def workload_class(self) -> str:
@@ -69,7 +67,7 @@ class Trajectory:
         """Tokens of KV this trajectory needs now: prompt + observations + generated. (`generated`
         inlined: policies read this for every resident they compare.)"""
         meter = self.meter
-        return self.spec.prompt_len + self.observation_tokens + (self.tokens if meter is None else meter.generated())
+        return self.prompt_len + self.observation_tokens + (self.tokens if meter is None else meter.generated())
 
     @property
     def version(self) -> int | None:

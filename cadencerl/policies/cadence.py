@@ -230,12 +230,12 @@ class Cadence:
         """Prompt affinity: the worker the last sample of this prompt went to, if it is a feasible candidate."""
         if self.homes is None:
             return None
-        wid = self.homes.get(traj.group)
+        wid = self.homes.get(traj.spec.group)
         return None if wid is None else index.candidate(wid, need)
 
     def _note(self, traj: Trajectory, w: Worker) -> None:
         if self.homes is not None:
-            self.homes.note(traj.group, w.id)
+            self.homes.note(traj.spec.group, w.id)
 
     # -- concentration --------------------------------------------------------------------------
 

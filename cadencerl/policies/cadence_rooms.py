@@ -41,14 +41,17 @@ class RoomTerms:
     rates: Mapping[int, float]   # worker id -> rate, as the growth meter keeps it
 
     @classmethod
-    def read(cls, workers: list[Worker], rate: Mapping[int, float], floor_frac: float,
+    def read(cls, workers: list[Worker], rates: Mapping[int, float], floor_frac: float,
              horizon_s: float) -> RoomTerms:
-        n = len(workers)
-        terms = cls(workers, [w.id for w in workers], [0] * n, [0] * n, [0] * n, [0.0] * n, [0.0] * n, [0] * n,
-                    floor_frac, horizon_s, rate)
-        for i in range(n):
-            terms.reread(i)
-        return terms
+        """One comprehension a column (as `reread` computes one worker, a few times faster)."""
+        ids = [w.id for w in workers]
+        free = [w.kv_capacity - w.kv_used - int(floor_frac * w.kv_capacity) for w in workers]
+        load = [len(w.residents) for w in workers]
+        seqs = [w.max_num_seqs for w in workers]
+        rate = [rates.get(wid, 0.0) for wid in ids]
+        per = [r * horizon_s for r in rate]
+        room = [-1 if n >= s else f - int((n + 1) * p) for f, n, s, p in zip(free, load, seqs, per)]
+        return cls(workers, ids, free, load, seqs, rate, per, room, floor_frac, horizon_s, rates)
 
     def reread(self, i: int) -> None:
         """Read worker `i` (a position) again, after its residents changed."""

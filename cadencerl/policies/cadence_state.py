@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Mapping
 
+from cadencerl.core.trajectory import Trajectory
 from cadencerl.core.view import PoolView
 from cadencerl.core.worker import Worker
 
@@ -26,7 +27,7 @@ class GrowthMeter:
 
     def __init__(self, horizon_s: float) -> None:
         self.horizon_s = horizon_s
-        self._probe: dict[int, tuple[int, int, float]] = {}   # worker -> (trajectory, context, time)
+        self._probe: dict[int, tuple[Trajectory, int, float]] = {}   # worker -> (trajectory, context, time)
         self._rate: dict[int, float] = {}                      # worker -> tokens per second per resident
 
     def observe(self, view: PoolView) -> None:
@@ -36,16 +37,17 @@ class GrowthMeter:
             probe = probes.get(wid)
             traj = None
             if probe is not None:
-                tid, ctx, t = probe
-                traj = residents.get(tid)
-                if traj is not None and now > t:
+                traj, ctx, t = probe
+                if traj.worker == wid and now > t:   # still resident here
                     context = traj.context
                     rate = (context - ctx) / (now - t)
                     old = rates.get(wid, 0.0)
                     rates[wid] = rate if rate >= old else 0.5 * (old + rate)
+                else:
+                    traj = None
             if residents and w.alive:
                 first = next(iter(residents.values()))
-                probes[wid] = (first.id, context if first is traj and now > t else first.context, now)
+                probes[wid] = (first, context if first is traj else first.context, now)
             elif probe is not None:
                 del probes[wid]
 
@@ -73,9 +75,7 @@ class PromptHomes:
     def __init__(self, size: int = 16384) -> None:
         self.size = size
         self._home: OrderedDict[int, int] = OrderedDict()
-
-    def get(self, group: int) -> int | None:
-        return self._home.get(group)
+        self.get = self._home.get   # group -> worker or None (the dict's own lookup: read at every placement)
 
     def note(self, group: int, worker: int) -> None:
         self._home[group] = worker
