@@ -138,8 +138,10 @@ class Cadence:
     def _pace(self, view: PoolView, v: int, workers: list[Worker]) -> Iterator[Action]:
         terms = self._terms(workers)
         yield from self._shed(workers, terms)   # each applied before the next is chosen; `terms` kept up
-        pending = view.pending.by_context(v)
-        spread = self.params.spread_when_underloaded and not pending
+        # Without an admission layer nothing is applied before the stream ends: its pending work is
+        # read in place; with one, each placement leaves the set as the stream goes, so it is copied.
+        pending = view.pending.shortest_first(v) if view.gate is None else iter(view.pending.by_context(v))
+        spread = self.params.spread_when_underloaded and not view.pending.count(v)
         every = RoomIndex(terms, by_load=spread)
         newcomers = every
         if view.gate is not None:
@@ -153,7 +155,7 @@ class Cadence:
             if steps:
                 yield Batch(*zip(*steps))
 
-    def _stream(self, view: PoolView, v: int, pending: list[Trajectory], every: RoomIndex, newcomers: RoomIndex,
+    def _stream(self, view: PoolView, v: int, pending: Iterator[Trajectory], every: RoomIndex, newcomers: RoomIndex,
                 spread: bool) -> Iterator[tuple[int, int, bool]]:
         """Shortest first over fresh and pending work; feasibility is monotone in length, so the first
         trajectory that fits nowhere ends its stream. Each placement is booked in the indexes, never
@@ -166,8 +168,8 @@ class Cadence:
         # without an admission layer it is read once; with one it is re-read every time (the layer
         # holds its own count), which the layer's view of each admission as it is applied allows.
         fresh_in_order = None if gated else view.fresh_in_order()
-        i, budget, fresh = 0, view.admissible(v), None
-        nxt = pending[0] if pending else None
+        budget, fresh, fresh_context = view.admissible(v), None, 0
+        nxt = next(pending, None)
         nxt_context = nxt.context if nxt is not None else 0
         delta = self.delta
         while True:
@@ -175,13 +177,15 @@ class Cadence:
                 if budget >= 0:
                     budget = view.admissible(v) or -1  # -1: no more fresh work this decision
                 fresh = view.next_fresh() if budget > 0 else None
+                fresh_context = fresh.context if fresh is not None else 0
             elif budget == 0:
                 budget = -1
             elif budget > 0 and fresh is None:
                 fresh = next(fresh_in_order, None)
+                fresh_context = fresh.context if fresh is not None else 0
             if fresh is None and nxt is None:
                 return
-            context = fresh.context if fresh is not None else 0
+            context = fresh_context
             is_fresh = fresh is not None and (nxt is None or context <= nxt_context)
             if is_fresh:
                 traj, index = fresh, newcomers
@@ -205,8 +209,7 @@ class Cadence:
                 budget -= 1
                 fresh = None
             else:
-                i += 1
-                nxt = pending[i] if i < len(pending) else None
+                nxt = next(pending, None)
                 nxt_context = nxt.context if nxt is not None else 0
             yield traj.id, w.id, is_fresh
 
