@@ -94,3 +94,31 @@ def test_an_index_without_a_load_order_refuses_a_least_loaded_pick():
     policy, ws = _pool([(10_000, [100], 4, 0.0)], 0.05)
     with pytest.raises(ValueError, match="no load order"):
         RoomIndex(policy._terms(ws), by_load=False).least_loaded(0)
+
+
+class _Meter:
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def generated(self) -> int:
+        return self.n
+
+
+@settings(max_examples=100, deadline=None)
+@given(lengths=st.lists(st.tuples(st.integers(1, 50), st.integers(0, 9), st.integers(0, 60), st.booleans()),
+                        min_size=1, max_size=40))
+def test_residents_are_shed_longest_first_equal_ones_in_residence_order(lengths):
+    from cadencerl.core.trajectory import contexts
+    from cadencerl.policies.cadence import _longest_first
+
+    w = worker(0, cap=10**6)
+    for i, (prompt, observed, generated, metered) in enumerate(lengths):
+        t = traj(i, prompt + generated, prompt=prompt)
+        t.observation_tokens = observed
+        if metered:
+            t.tokens, t.meter = -1, _Meter(generated)   # the meter, not the field, counts
+        w.residents[t.id] = t
+    residents = list(w.residents.values())
+    assert contexts(residents) == [t.context for t in residents]
+    expected = sorted(residents, key=lambda t: t.context, reverse=True)   # a stable sort keeps residence order
+    assert list(_longest_first(w)) == expected

@@ -77,8 +77,9 @@ class FreshQueue:
         """Remove every one of `trajs` (each as `take` would, the queues' heads skipped once);
         KeyError, with nothing removed, if one is not waiting here."""
         waiting, counts = self._waiting, self._counts
-        if any(waiting.get(traj.id) is not traj for traj in trajs) or len({t.id for t in trajs}) < len(trajs):
-            raise KeyError(next((t.id for t in trajs if waiting.get(t.id) is not t), "a trajectory twice"))
+        strangers = [t.id for t in trajs if waiting.get(t.id) is not t]
+        if strangers or len({t.id for t in trajs}) < len(trajs):
+            raise KeyError(strangers[0] if strangers else "a trajectory twice")
         classes = set()
         for traj in trajs:
             del waiting[traj.id]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Protocol
+from typing import Iterable, Protocol
 
 from cadencerl.core.spec import TrajectorySpec
 
@@ -73,6 +73,13 @@ class Trajectory:
     def version(self) -> int | None:
         """The version it would run under next: its latest."""
         return self.versions[-1] if self.versions else None
+
+
+def contexts(trajs: Iterable[Trajectory]) -> list[int]:
+    """Each trajectory's `context`, by the same sum, in one comprehension rather than a property
+    call each: a policy that sheds a worker reads every resident's."""
+    return [t.prompt_len + t.observation_tokens + (t.tokens if t.meter is None else t.meter.generated())
+            for t in trajs]
 
 
 def turn_target(traj: Trajectory, key: object) -> int:

@@ -53,17 +53,14 @@ from __future__ import annotations
 
 import bisect
 from collections.abc import Iterator
-from operator import attrgetter
 
 from cadencerl.config import PolicySpec
 from cadencerl.core.actions import Action, Admit, Advance, Batch, Evict, Place
-from cadencerl.core.trajectory import Trajectory
+from cadencerl.core.trajectory import Trajectory, contexts
 from cadencerl.core.view import PoolView
 from cadencerl.core.worker import Worker
 from cadencerl.policies.cadence_rooms import RoomIndex, RoomTerms
 from cadencerl.policies.cadence_state import GrowthMeter, PromptHomes
-
-_context = attrgetter("context")
 
 
 class Cadence:
@@ -309,12 +306,11 @@ def _longest_first(w: Worker) -> Iterator[Trajectory]:
     """`w`'s residents, longest first (equal ones in residence order), read as they are evicted:
     each context is read once, one scan finds the first, and only a second eviction sorts the rest."""
     residents = list(w.residents.values())
-    contexts = list(map(_context, residents))
-    by_context = contexts.__getitem__
-    first = max(range(len(residents)), key=by_context)
+    lengths = contexts(residents)
+    first = lengths.index(max(lengths))
     yield residents[first]
-    yield from (residents[i] for i in sorted((i for i in range(len(residents)) if i != first),
-                                             key=by_context, reverse=True))
+    rest = sorted(range(len(residents)), key=lengths.__getitem__, reverse=True)   # stable: equal ones in order
+    yield from (residents[i] for i in rest if i != first)
 
 
 def _fresh_ahead(view: PoolView, v: int) -> bool:
