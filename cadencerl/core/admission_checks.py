@@ -13,7 +13,7 @@ from cadencerl.core.actions import ActionError, Batch
 from cadencerl.core.credits import CreditModel
 from cadencerl.core.pending import PendingSet
 from cadencerl.core.residency import live_worker
-from cadencerl.core.trajectory import State, Trajectory
+from cadencerl.core.trajectory import State, Trajectory, contexts
 from cadencerl.core.worker import Worker
 
 
@@ -72,13 +72,13 @@ def batch_steps(batch: Batch, workers: list[Worker], trajectories: Mapping[int, 
                 check_fresh(traj)
         else:
             check_placement(traj, w, pending)
-    contexts = [t.context for t in trajs]
+    lengths = contexts(trajs)
     booked: dict[int, int] = {}
-    for wid, context in zip(wids, contexts):
+    for wid, context in zip(wids, lengths):
         booked[wid] = booked.get(wid, 0) + context
     if queues_at_engine or any(w.kv_used + booked[wid] > w.kv_capacity for wid, w in live.items()):
         booked.clear()
-        for traj, w, context in zip(trajs, ws, contexts):   # find the step that fails
+        for traj, w, context in zip(trajs, ws, lengths):   # find the step that fails
             check_fits(w, traj, context, queues_at_engine, booked.get(w.id, 0))
             booked[w.id] = booked.get(w.id, 0) + context
     return trajs, ws, admitted
