@@ -114,7 +114,7 @@ class Cadence:
 
     def _shed(self, workers: list[Worker], terms: RoomTerms | None = None) -> Iterator[Action]:
         """Long out: a worker below its floor evicts its longest resident, never its last one.
-        One array pass finds the workers below their floor; only those are looked at."""
+        One pass over the read terms finds the workers below their floor; only those are looked at."""
         if not self.params.pacing:
             return
         terms = terms or self._terms(workers)
