@@ -15,12 +15,22 @@ the controller's own books and does nothing, so its cost (the simulator's, or an
 is not counted.
 Goal: p99 under 1 ms (the scale of one decode step's slack). The last line is one JSON object.
 
-Measured at 64 x 256 (2 shared cores, load average 1.6-2.4, 6 runs alternating with the code
-before the change, 0191246): p50 0.79-1.27 ms, p99 1.41-2.06 ms (before: p50 0.84-1.54, p99
-1.65-2.37); the slowest concentration tick 1.6-2.3 ms (before: 3.5-6.2). The goal is not reached
-here: about 65 admissions a tick at ~10 us each (some 30 Python calls: the policy's pick and
-re-filing, the controller's checks and books) plus ~0.3 ms a tick over all workers (growth probe
-~0.13, shed check ~0.07, room index, refresh), all of it slowed by caches the pool update clears.
+Measured at 64 x 256 on 2 cores shared with other runs, alternating 6 runs each with the code
+before the batched stream (07f5d23); two other helpers' simulations ran throughout:
+  load average 1.9, default scheduling:  p50 0.49-0.51 ms, p99 0.68-0.87 ms (before: p50 0.67-0.76,
+  p99 0.99-1.46); the slowest concentration tick 1.29-1.64 ms (before: 1.36-1.90).
+  load average 2.0-2.5, `chrt -f 10` (the run keeps its core): p50 0.48-0.53, p99 0.74-0.92 (before:
+  p50 0.67-0.74, p99 0.99-1.47).
+So the goal is met in these 12 runs, with little margin: the p99 of a shared machine moves with
+its load (intermediate versions, at load average 3-4.5: p99 up to 1.5 ms, before 2.0). What a
+tick costs now: about 0.15 ms
+over all workers (the growth probe, one read of every worker's room terms, the floor check, the
+room index, the backend refresh) and about 5 us per admission (~2.5 in the policy's stream, ~2.7
+applying it), a pacing stream being proposed and applied as one Batch; a tick that sheds adds
+~50 us per worker shed (every resident's context is read to find the longest). Plain lists, not
+numpy: at 64 workers numpy's conversions cost more than the arithmetic they save (measured: reading
+the columns into arrays took longer than the whole list version). Concentration still applies one
+action at a time.
 """
 
 from __future__ import annotations

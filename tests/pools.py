@@ -2,7 +2,7 @@
 
 `pool(...)` is a controller holding exactly the given state; `Pool.decide()` runs one decision of
 the policy on the view that controller builds, applying each action as the controller does, so a
-test sees the actions a policy proposes and that the controller accepts them.
+test sees the actions a policy proposes and that the controller accepts them (a batch's, in order).
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from cadencerl.config import PolicySpec
-from cadencerl.core.actions import Action
+from cadencerl.core.actions import Action, Batch
 from cadencerl.core.controller import Controller
 from cadencerl.core.spec import HiddenLength, TrajectorySpec
 from cadencerl.core.trajectory import State, Trajectory
@@ -75,7 +75,7 @@ class Pool:
         out = []
         for action in self.policy.decide(self.view):
             self.controller.apply(action, self.now)
-            out.append(action)
+            out.extend(action.actions if isinstance(action, Batch) else [action])
         return out
 
 

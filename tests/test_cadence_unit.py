@@ -172,16 +172,14 @@ def test_a_drained_worker_joins_an_intermediate_version_holding_weaker_tail_work
 
 
 def test_the_room_index_answers_tight_fit_and_least_loaded():
-    from cadencerl.policies.cadence_state import RoomIndex
+    from cadencerl.policies.cadence_rooms import RoomIndex, RoomTerms
 
     ws = [worker(0, residents=[traj(1, 6000)]), worker(1, residents=[traj(2, 100), traj(3, 100)]), worker(2)]
-    spare = {0: 4000, 1: 9800, 2: 10_000}
-    index = RoomIndex(ws, lambda w: spare[w.id])
+    index = RoomIndex(RoomTerms.read(ws, {}, 0.0, 1.0))   # no floor, no growth: the room is the headroom
     assert index.tightest(3000) is ws[0] and index.tightest(9900) is ws[2] and index.tightest(20_000) is None
     assert index.least_loaded(100) is ws[2] and index.least_loaded(9900) is ws[2]
-    spare[2] = 50
-    ws[2].residents[9] = traj(9, 50)
-    index.update(ws[2])
+    index.place(ws[2], 9950)
+    assert index.load(ws[2]) == 1 and index.candidate(2, 51) is None and index.candidate(2, 50) is ws[2]
     assert index.least_loaded(100) is ws[0] and index.tightest(60) is ws[0]
 
 

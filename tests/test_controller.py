@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from cadencerl.core.actions import ActionError, Admit, Advance, Evict, Interrupt, Place
+from cadencerl.core.actions import ActionError, Admit, Advance, Batch, Evict, Interrupt, Place
 from cadencerl.core.trajectory import State
 from tests.pools import pool, traj, worker
 
@@ -165,3 +165,82 @@ def test_a_refused_action_leaves_the_state_untouched():
         ctl.apply(Admit(0, 2), 0.0)
     assert fresh.state is State.FRESH and len(ctl.fresh) == 1 and ctl.credits.admitted == 0
     assert full.kv_used == 900 and list(full.residents) == [1]
+
+
+# -- a batch: checked as the same actions one by one would be, before any of it happens ------------
+
+def _batch(*steps) -> Batch:
+    """Batch from ("admit" | "place", trajectory, worker) steps."""
+    return Batch(tuple(t for _, t, _ in steps), tuple(w for _, _, w in steps), tuple(k == "admit" for k, _, _ in steps))
+
+
+def _books(ctl):
+    return ([(w.kv_used, sorted(w.residents), w.sessions) for w in ctl.workers], len(ctl.fresh), ctl.credits.admitted,
+            dict(ctl.credits.outstanding_by_tag), len(ctl.pending), dict(ctl.active_by_class),
+            sorted((t.id, t.state.value, t.worker, t.versions[-1] if t.versions else None)
+                   for t in ctl.trajectories.values()))
+
+
+def _two_pools():
+    def make():
+        moved = traj(5, 300)
+        return controller([worker(0, cap=1000, residents=[traj(1, 400)]), worker(1, cap=1000)],
+                          fresh=[traj(2, 100), traj(3, 200), traj(4, 301)], pending=[moved])
+    return make(), make()
+
+
+def test_a_batch_leaves_the_books_as_its_actions_one_by_one_do():
+    one_by_one, batched = _two_pools()
+    steps = [("admit", 2, 0), ("place", 5, 0), ("admit", 3, 1), ("admit", 4, 1)]
+    for kind, t, w in steps:
+        one_by_one.apply(Admit(w, t) if kind == "admit" else Place(t, w), 0.0)
+    batched.apply(_batch(*steps), 0.0)
+    assert _books(batched) == _books(one_by_one)
+    assert batched.backend.calls == one_by_one.backend.calls   # the engines see the same placements, in order
+    assert _batch(*steps).actions == (Admit(0, 2), Place(5, 0), Admit(1, 3), Admit(1, 4))
+
+
+@pytest.mark.parametrize("steps, error", [
+    ([("admit", 2, 0), ("admit", 3, 0), ("admit", 4, 0)], "exceeds its KV capacity"),   # 400+100+200+301 > 1000
+    ([("admit", 2, 0), ("admit", 2, 1)], "names a trajectory twice"),
+    ([("admit", 2, 0), ("admit", 9, 1)], "unknown trajectory 9"),
+    ([("admit", 2, 0), ("place", 3, 1)], "trajectory 3 is not pending"),
+    ([("admit", 2, 0), ("admit", 5, 1)], "trajectory 5 is not fresh"),
+    ([("admit", 2, 0), ("admit", 3, 7)], "worker 7 does not exist"),
+])
+def test_a_batch_with_one_bad_step_is_refused_whole(steps, error):
+    ctl, untouched = _two_pools()
+    with pytest.raises(ActionError, match=error):
+        ctl.apply(_batch(*steps), 0.0)
+    assert _books(ctl) == _books(untouched) and ctl.backend.calls == []
+    ctl.apply(_batch(*steps[:1]), 0.0)   # its first step alone is fine
+
+
+def test_a_batch_within_the_kv_is_accepted_up_to_exactly_full():
+    ctl, _ = _two_pools()
+    ctl.apply(_batch(("admit", 2, 0), ("admit", 3, 0), ("place", 5, 0)), 0.0)   # 400+100+200+300 = 1000
+    assert ctl.workers[0].kv_used == 1000
+
+
+def test_a_batch_past_the_eta_budget_is_refused_whole():
+    # eta 1, batch 100: 200 may be outstanding; 198 are, so two more may start and not three
+    ctl = controller([worker(0), worker(1)], fresh=[traj(1, 10), traj(2, 10), traj(3, 10)], admitted=198, batch=100)
+    with pytest.raises(ActionError, match="eta budget is spent"):
+        ctl.apply(_batch(("admit", 1, 0), ("admit", 2, 1), ("admit", 3, 0)), 0.0)
+    assert ctl.credits.admitted == 198 and len(ctl.fresh) == 3
+    ctl.apply(_batch(("admit", 1, 0), ("admit", 2, 1)), 0.0)
+    assert ctl.credits.admitted == 200
+
+
+def test_a_batch_admits_under_one_version():
+    ctl = controller([worker(0), worker(1, version=1)], fresh=[traj(1, 10), traj(2, 10)], trainer_version=1)
+    with pytest.raises(ActionError, match="admits under one version"):
+        ctl.apply(_batch(("admit", 1, 0), ("admit", 2, 1)), 0.0)
+
+
+def test_a_batch_of_a_router_that_queues_at_the_engine_is_held_to_the_whole_kv_only():
+    busy = worker(0, cap=1000, residents=[traj(1, 900)])
+    ctl = controller([busy], fresh=[traj(2, 500), traj(3, 1000)], queues_at_engine=True)
+    with pytest.raises(ActionError, match="exceeds worker 0's KV"):
+        ctl.apply(_batch(("admit", 2, 0), ("admit", 3, 0)), 0.0)
+    ctl.apply(_batch(("admit", 2, 0)), 0.0)

@@ -51,6 +51,26 @@ def test_matches_a_list_under_takes_from_anywhere_and_pushes(classes, ops):
             model.append(t)
             pushed.append(t)
         check_same(q, model, pushed)
+        assert list(q.in_order()) == model   # what successive peeks and takes would give
+
+
+@settings(max_examples=100, deadline=None)
+@given(classes=st.lists(st.sampled_from(CLASSES), min_size=1, max_size=30), taken=st.sets(st.integers(0, 29)),
+       together=st.sets(st.integers(0, 29)))
+def test_taking_all_at_once_is_taking_each(classes, taken, together):
+    trajs = [traj(i, c) for i, c in enumerate(classes)]
+    one, lot = FreshQueue(trajs), FreshQueue(trajs)
+    for i in sorted(taken & set(range(len(trajs)))):   # taken from anywhere first, so heads must be skipped
+        one.take(trajs[i])
+        lot.take(trajs[i])
+    batch = [trajs[i] for i in sorted(together - taken) if i < len(trajs)]
+    for t in batch:
+        one.take(t)
+    lot.take_all(batch)
+    model = [t for i, t in enumerate(trajs) if i not in taken | together]
+    check_same(lot, model, trajs)
+    check_same(one, model, trajs)
+    assert list(lot.in_order()) == list(one.in_order())
 
 
 def test_taking_a_stranger_is_a_key_error():
@@ -62,5 +82,10 @@ def test_taking_a_stranger_is_a_key_error():
         q.take(traj(7, "rlhf"))      # a class never seen
     with pytest.raises(ValueError):
         q.push(a)                    # already waiting
+    with pytest.raises(KeyError):
+        q.take_all([a, a])           # twice in one lot: nothing taken
+    with pytest.raises(KeyError):
+        q.take_all([a, traj(7, "rlhf")])
+    assert len(q) == 1
     q.take(a)
     assert not q and q.peek() is None and q.classes() == []

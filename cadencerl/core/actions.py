@@ -44,7 +44,26 @@ class Interrupt:
     version: int
 
 
-Action = Admit | Evict | Place | Advance | Interrupt
+@dataclass(frozen=True, slots=True)
+class Batch:
+    """Admissions and placements applied in order as one: `trajs[i]` goes to `workers[i]`, admitted
+    fresh where `admits[i]`, else placed from the pending set. The controller validates the lot
+    (each trajectory, each worker's KV, the eta budget of the one version the admissions start
+    under) before any of it happens. A policy that books its own placements (it never reads a
+    worker back within the batch) proposes a decision's stream this way; kept as columns, since
+    a decision may hold a hundred of them."""
+
+    trajs: tuple[int, ...]
+    workers: tuple[int, ...]
+    admits: tuple[bool, ...]
+
+    @property
+    def actions(self) -> tuple[Admit | Place, ...]:
+        """The same, one action each."""
+        return tuple(Admit(w, t) if a else Place(t, w) for t, w, a in zip(self.trajs, self.workers, self.admits))
+
+
+Action = Admit | Evict | Place | Advance | Interrupt | Batch
 
 
 class ActionError(ValueError):

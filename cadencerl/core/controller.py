@@ -12,7 +12,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from cadencerl.config import PolicySpec
-from cadencerl.core.actions import ActionError, Admit, Advance, Evict, Interrupt, Place
+from cadencerl.core.actions import ActionError, Admit, Advance, Batch, Evict, Interrupt, Place
+from cadencerl.core.admission_checks import batch_steps, check_budget, check_fits, check_fresh, check_placement
 from cadencerl.core.backend import Backend, Finished, Restore, Timer, ToolReturned, TurnEnded, WorkerLost
 from cadencerl.core.credits import CreditModel
 from cadencerl.core.fresh import FreshQueue
@@ -192,57 +193,52 @@ class Controller:
     # -- actions --------------------------------------------------------------------------------
 
     def apply(self, action, now: float) -> None:
-        if isinstance(action, Admit):
+        kind = type(action)
+        if kind is Admit:
             self._admit(action, now)
-        elif isinstance(action, Place):
+        elif kind is Batch:
+            self._batch(action, now)
+        elif kind is Place:
             self._place_pending(action, now)
-        elif isinstance(action, Evict):
+        elif kind is Evict:
             self._evict(action, now)
-        elif isinstance(action, Advance):
+        elif kind is Advance:
             self._advance(action)
-        elif isinstance(action, Interrupt):
+        elif kind is Interrupt:
             self._interrupt(action, now)
         else:
             raise ActionError(f"unknown action {action!r}")
 
-    def _check_fits(self, w: Worker, traj: Trajectory) -> None:
-        """No placement exceeds KV capacity. A router may queue work at an engine (vLLM's waiting
-        queue holds no KV), but never a trajectory larger than the engine's whole KV."""
-        if self.queues_at_engine:
-            if traj.context + 1 > w.kv_capacity:
-                raise ActionError(f"trajectory {traj.id} ({traj.context} tokens) exceeds worker {w.id}'s KV")
-            return
-        if w.kv_used + traj.context > w.kv_capacity:
-            raise ActionError(f"placing trajectory {traj.id} ({traj.context} tokens) on worker {w.id} exceeds its "
-                              f"KV capacity ({w.kv_used}/{w.kv_capacity})")
-
     def _admit(self, a: Admit, now: float) -> None:
         w = live_worker(self.workers, a.worker)
         traj = self._traj(a.traj)
-        if traj.state is not State.FRESH:
-            raise ActionError(f"trajectory {traj.id} is not fresh")
-        v = w.version
-        if self.credits.admissible(v, self.trainer.next_batch) < 1:
-            raise ActionError(f"admit on worker {w.id} at version {v}: the eta budget is spent")
-        self._check_fits(w, traj)
+        check_fresh(traj)
+        check_budget(self.credits, self.trainer.next_batch, w, 1)
+        check_fits(w, traj, traj.context, self.queues_at_engine)
         self.fresh.take(traj)
+        self._start(traj, w, now)
+        self.credits.record(w.version)
+
+    def _start(self, traj: Trajectory, w: Worker, now: float) -> None:
+        """Admit fresh `traj` on `w` (checked and taken from the fresh queue; the caller records the credit)."""
+        v = w.version
         traj.tag = v
         traj.versions.append(v)
         traj.admitted_at = now
-        self.credits.record(v)
         cls = traj.spec.workload_class
         self.active_by_class[cls] = self.active_by_class.get(cls, 0) + 1
-        self._attach(traj, w, Restore.PREFILL, 0.0, now)
+        attach(traj, w, self.workers, now)
+        self.backend.place(traj, w.id, Restore.PREFILL, 0.0)
 
     def _place_pending(self, a: Place, now: float) -> None:
         traj = self._traj(a.traj)
         w = live_worker(self.workers, a.worker)
-        if traj not in self.pending:
-            raise ActionError(f"trajectory {traj.id} is not pending")
-        if w.version != traj.version:
-            raise ActionError(f"trajectory {traj.id} of version {traj.version} cannot run on worker {w.id} at "
-                              f"version {w.version}")
-        self._check_fits(w, traj)
+        check_placement(traj, w, self.pending)
+        check_fits(w, traj, traj.context, self.queues_at_engine)
+        self._move_in(traj, w, now)
+
+    def _move_in(self, traj: Trajectory, w: Worker, now: float) -> None:
+        """Place pending `traj` on `w` (checked), restoring its KV over the link when that is faster."""
         self.pending.remove(traj)
         restore, delay = Restore.PREFILL, 0.0   # back home, the engine's prefix cache may still hold it
         home = self.workers[traj.kv_home] if traj.kv_home is not None else None
@@ -260,6 +256,21 @@ class Controller:
                 self.counters.reprefills += 1
                 self.counters.migrated_token_bytes += 4.0 * traj.context
         self._attach(traj, w, restore, delay, now)
+
+    def _batch(self, batch: Batch, now: float) -> None:
+        """Check the lot (see admission_checks), then apply its steps in order."""
+        trajs, ws, admitted = batch_steps(batch, self.workers, self.trajectories, self.pending,
+                                          self.queues_at_engine)
+        if admitted:
+            check_budget(self.credits, self.trainer.next_batch, admitted[0], len(admitted))
+            self.fresh.take_all([traj for traj, admit in zip(trajs, batch.admits) if admit])
+        for traj, w, admit in zip(trajs, ws, batch.admits):
+            if admit:
+                self._start(traj, w, now)
+            else:
+                self._move_in(traj, w, now)
+        if admitted:
+            self.credits.record(admitted[0].version, len(admitted))
 
     def _attach(self, traj: Trajectory, w: Worker, restore: Restore, delay: float, now: float) -> None:
         attach(traj, w, self.workers, now)

@@ -9,7 +9,9 @@ head of every queue is always a waiting trajectory.
 
 from __future__ import annotations
 
+import heapq
 from collections import deque
+from collections.abc import Iterator
 
 from cadencerl.core.trajectory import Trajectory
 
@@ -53,6 +55,15 @@ class FreshQueue:
                 best = q[0]
         return best[1] if best else None
 
+    def in_order(self) -> Iterator[Trajectory]:
+        """The waiting trajectories in arrival order: what `peek` would give if each were taken in
+        turn. Read it through before taking any (a take changes the queues it walks)."""
+        waiting = self._waiting
+        queues = [q for q in self._by_class.values() if q]
+        for _arrival, traj in queues[0] if len(queues) == 1 else heapq.merge(*queues):
+            if waiting.get(traj.id) is traj:
+                yield traj
+
     def take(self, traj: Trajectory) -> None:
         """Remove `traj`, wherever it waits; KeyError if it is not waiting here."""
         if self._waiting.get(traj.id) is not traj:
@@ -61,6 +72,22 @@ class FreshQueue:
         cls = traj.spec.workload_class
         self._counts[cls] -= 1
         self._skip(self._by_class[cls])
+
+    def take_all(self, trajs: list[Trajectory]) -> None:
+        """Remove every one of `trajs` (each as `take` would, the queues' heads skipped once);
+        KeyError, with nothing removed, if one is not waiting here."""
+        waiting, counts = self._waiting, self._counts
+        strangers = [t.id for t in trajs if waiting.get(t.id) is not t]
+        if strangers or len({t.id for t in trajs}) < len(trajs):
+            raise KeyError(strangers[0] if strangers else "a trajectory twice")
+        classes = set()
+        for traj in trajs:
+            del waiting[traj.id]
+            cls = traj.spec.workload_class
+            counts[cls] -= 1
+            classes.add(cls)
+        for cls in classes:
+            self._skip(self._by_class[cls])
 
     def _skip(self, q: deque[tuple[int, Trajectory]]) -> None:
         """Drop taken trajectories from the head of `q` (after each take: a head is always waiting)."""

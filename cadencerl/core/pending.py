@@ -56,6 +56,11 @@ class PendingSet:
             entries = sorted(entries, key=_context_of, reverse=True)
         return list(map(_trajectory_of, entries))
 
+    def shortest_first(self, version: int) -> Iterator[Trajectory]:
+        """`by_context(version)`, read lazily from the live order (no copy): read it through before
+        the set changes."""
+        return map(_trajectory_of, self._ordered.get(version, ()))
+
     def versions(self) -> list[int]:
         return sorted(self._by_version)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Protocol
+from typing import Iterable, Protocol
 
 from cadencerl.core.spec import TrajectorySpec
 
@@ -44,17 +44,15 @@ class Trajectory:
     migrations: int = 0
     placements: int = 0
     id: int = field(init=False, repr=False)   # spec.id, kept here: the key of every lookup of a decision
+    prompt_len: int = field(init=False, repr=False)   # spec.prompt_len, kept here: `context` reads no spec
 
     def __post_init__(self) -> None:
         self.id = self.spec.id
+        self.prompt_len = self.spec.prompt_len
 
     @property
     def group(self) -> int:
         return self.spec.group
-
-    @property
-    def prompt_len(self) -> int:
-        return self.spec.prompt_len
 
     @property
     def workload_class(self) -> str:
@@ -69,12 +67,19 @@ class Trajectory:
         """Tokens of KV this trajectory needs now: prompt + observations + generated. (`generated`
         inlined: policies read this for every resident they compare.)"""
         meter = self.meter
-        return self.spec.prompt_len + self.observation_tokens + (self.tokens if meter is None else meter.generated())
+        return self.prompt_len + self.observation_tokens + (self.tokens if meter is None else meter.generated())
 
     @property
     def version(self) -> int | None:
         """The version it would run under next: its latest."""
         return self.versions[-1] if self.versions else None
+
+
+def contexts(trajs: Iterable[Trajectory]) -> list[int]:
+    """Each trajectory's `context`, by the same sum, in one comprehension rather than a property
+    call each: a policy that sheds a worker reads every resident's."""
+    return [t.prompt_len + t.observation_tokens + (t.tokens if t.meter is None else t.meter.generated())
+            for t in trajs]
 
 
 def turn_target(traj: Trajectory, key: object) -> int:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Iterable, Protocol
+from typing import TYPE_CHECKING, Iterable, Iterator, Protocol
 
 from cadencerl.core.actions import Action
 from cadencerl.core.fresh import FreshQueue
@@ -65,6 +65,13 @@ class PoolView:
         if self.gate is None:
             return self.fresh.peek()
         return self.fresh.peek(self.gate.open_classes(self))
+
+    def fresh_in_order(self) -> Iterator[Trajectory]:
+        """Without an admission layer: the new sessions in the order `next_fresh` would give them
+        if each were admitted in turn (for a policy that books a whole stream before proposing it)."""
+        if self.gate is not None:
+            raise ValueError("an admission layer decides the next session only after each admission")
+        return self.fresh.in_order()
 
     def accepts_new(self, worker: Worker) -> bool:
         """May `worker` take a new session now? (Continuations are never held.)"""

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from cadencerl.core.trajectory import Trajectory
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class Worker:
     id: int
     accelerator: str

@@ -53,16 +53,14 @@ from __future__ import annotations
 
 import bisect
 from collections.abc import Iterator
-from operator import attrgetter
 
 from cadencerl.config import PolicySpec
-from cadencerl.core.actions import Action, Admit, Advance, Evict, Place
-from cadencerl.core.trajectory import Trajectory
+from cadencerl.core.actions import Action, Admit, Advance, Batch, Evict, Place
+from cadencerl.core.trajectory import Trajectory, contexts
 from cadencerl.core.view import PoolView
 from cadencerl.core.worker import Worker
-from cadencerl.policies.cadence_state import GrowthMeter, PromptHomes, RoomIndex
-
-_context = attrgetter("context")
+from cadencerl.policies.cadence_rooms import RoomIndex, RoomTerms
+from cadencerl.policies.cadence_state import GrowthMeter, PromptHomes
 
 
 class Cadence:
@@ -114,67 +112,103 @@ class Cadence:
             return False
         return self.params.concentrate_within_one_rank or len({w.affinity for w in workers}) > 1
 
-    def _shed(self, workers: list[Worker]) -> Iterator[Action]:
-        """Long out: a worker below its floor evicts its longest resident, never its last one."""
+    def _shed(self, workers: list[Worker], terms: RoomTerms | None = None) -> Iterator[Action]:
+        """Long out: a worker below its floor evicts its longest resident, never its last one.
+        One pass over the read terms finds the workers below their floor; only those are looked at."""
         if not self.params.pacing:
             return
-        for w in workers:
+        terms = terms or self._terms(workers)
+        for i in terms.below_floor():
+            w = workers[i]
             longest = None
             while len(w.residents) > 1 and w.headroom < self.floor(w):
                 self.kv_bound.add(w.version)
                 longest = longest or _longest_first(w)
                 yield Evict(next(longest).id)
+            terms.reread(i)
+
+    def _terms(self, workers: list[Worker]) -> RoomTerms:
+        return RoomTerms.read(workers, self.growth.rates, self.floor_frac, self.growth.horizon_s)
 
     # -- pacing ---------------------------------------------------------------------------------
 
     def _pace(self, view: PoolView, v: int, workers: list[Worker]) -> Iterator[Action]:
-        yield from self._shed(workers)
-        pending = view.pending.by_context(v)
-        spread = self.params.spread_when_underloaded and not pending
-        every = RoomIndex(workers, self._spare, by_load=spread)
+        terms = self._terms(workers)
+        yield from self._shed(workers, terms)   # each applied before the next is chosen; `terms` kept up
+        # Without an admission layer nothing is applied before the stream ends: its pending work is
+        # read in place; with one, each placement leaves the set as the stream goes, so it is copied.
+        pending = view.pending.shortest_first(v) if view.gate is None else iter(view.pending.by_context(v))
+        spread = self.params.spread_when_underloaded and not view.pending.count(v)
+        every = RoomIndex(terms, by_load=spread)
         newcomers = every
         if view.gate is not None:
-            newcomers = RoomIndex([w for w in workers if view.accepts_new(w)], self._spare, by_load=spread)
+            newcomers = RoomIndex(terms.select([view.accepts_new(w) for w in workers]), by_load=spread)
+        stream = self._stream(view, v, pending, every, newcomers, spread)
+        if view.gate is not None:   # the admission layer sees each admission before the next is chosen
+            for tid, wid, admit in stream:
+                yield Admit(wid, tid) if admit else Place(tid, wid)
+        else:
+            steps = list(stream)
+            if steps:
+                yield Batch(*zip(*steps))
+
+    def _stream(self, view: PoolView, v: int, pending: Iterator[Trajectory], every: RoomIndex, newcomers: RoomIndex,
+                spread: bool) -> Iterator[tuple[int, int, bool]]:
+        """Shortest first over fresh and pending work; feasibility is monotone in length, so the first
+        trajectory that fits nowhere ends its stream. Each placement is booked in the indexes, never
+        read back from a worker, so the stream may be applied as it goes or all at once. Yields
+        (trajectory id, worker id, admitted fresh?)."""
         pick = RoomIndex.least_loaded if spread else RoomIndex.tightest
-        residents = sum(len(w.residents) for w in workers) if spread else 0   # the mean load a home is held to
-        # Shortest first over fresh and pending work; feasibility is monotone in length, so the first
-        # trajectory that fits nowhere ends its stream.
-        # The budget falls by one per admission (every credit constraint at or above v does); it is
-        # re-read when it reaches zero, and every time when an admission layer holds its own count.
-        i, budget = 0, view.admissible(v)
-        nxt = pending[0] if pending else None
+        residents = every.total_load() if spread else 0   # the mean load a home is held to
+        gated = view.gate is not None
+        # The budget falls by one per admission (every credit constraint at or above v does), so
+        # without an admission layer it is read once; with one it is re-read every time (the layer
+        # holds its own count), which the layer's view of each admission as it is applied allows.
+        fresh_in_order = None if gated else view.fresh_in_order()
+        budget, fresh, fresh_context = view.admissible(v), None, 0
+        nxt = next(pending, None)
         nxt_context = nxt.context if nxt is not None else 0
+        delta = self.delta
         while True:
-            if budget == 0 or (view.gate is not None and budget > 0):
-                budget = view.admissible(v) or -1  # -1: no more fresh work this decision
-            fresh = view.next_fresh() if budget > 0 else None
+            if gated:
+                if budget >= 0:
+                    budget = view.admissible(v) or -1  # -1: no more fresh work this decision
+                fresh = view.next_fresh() if budget > 0 else None
+                fresh_context = fresh.context if fresh is not None else 0
+            elif budget == 0:
+                budget = -1
+            elif budget > 0 and fresh is None:
+                fresh = next(fresh_in_order, None)
+                fresh_context = fresh.context if fresh is not None else 0
             if fresh is None and nxt is None:
                 return
-            context = fresh.context if fresh is not None else 0
+            context = fresh_context
             is_fresh = fresh is not None and (nxt is None or context <= nxt_context)
-            traj, index = (fresh, newcomers) if is_fresh else (nxt, every)
-            need = (context if is_fresh else nxt_context) + self.delta
-            w = self._spread_pick(v, traj, index, need, residents / len(workers)) if spread else None
+            if is_fresh:
+                traj, index = fresh, newcomers
+            else:
+                traj, index, context = nxt, every, nxt_context
+            need = context + delta
+            w = self._spread_pick(v, traj, index, need, residents / len(every)) if spread else None
             w = w or self._home(traj, index, need) or pick(index, need)
             if w is None:
                 if is_fresh:
-                    budget = -1
+                    budget, fresh = -1, None
                 else:
                     nxt = None  # nothing longer fits either
                 continue
             self._note(traj, w)
             residents += 1
+            every.place(w, context)   # `index` is `every` or a subset of it
+            if newcomers is not every and w in newcomers:
+                newcomers.place(w, context)
             if is_fresh:
                 budget -= 1
-                yield Admit(w.id, traj.id)
+                fresh = None
             else:
-                i += 1
-                nxt = pending[i] if i < len(pending) else None
+                nxt = next(pending, None)
                 nxt_context = nxt.context if nxt is not None else 0
-                yield Place(traj.id, w.id)
-            every.update(w)   # `index` is `every` or a subset of it
-            if newcomers is not every and w in newcomers:
-                newcomers.update(w)
+            yield traj.id, w.id, is_fresh
 
     def _spread_pick(self, v: int, traj: Trajectory, index: RoomIndex, need: int,
                      mean_load: float) -> Worker | None:
@@ -188,20 +222,20 @@ class Cadence:
         home = self._home(traj, index, need)
         if home is None or w is None:
             return w
-        load = len(home.residents)
+        load = index.load(home)
         in_bounds = mode != "tie-break" and load + 1 <= mean_load
-        return home if in_bounds or load == len(w.residents) else w
+        return home if in_bounds or load == index.load(w) else w
 
     def _home(self, traj: Trajectory, index: RoomIndex, need: int) -> Worker | None:
         """Prompt affinity: the worker the last sample of this prompt went to, if it is a feasible candidate."""
         if self.homes is None:
             return None
-        wid = self.homes.get(traj.group)
+        wid = self.homes.get(traj.spec.group)
         return None if wid is None else index.candidate(wid, need)
 
     def _note(self, traj: Trajectory, w: Worker) -> None:
         if self.homes is not None:
-            self.homes.note(traj.group, w.id)
+            self.homes.note(traj.spec.group, w.id)
 
     # -- concentration --------------------------------------------------------------------------
 
@@ -269,11 +303,14 @@ class Cadence:
 
 
 def _longest_first(w: Worker) -> Iterator[Trajectory]:
-    """`w`'s residents, longest first (equal ones in residence order), read as they are evicted: one
-    scan finds the first, and only a second eviction sorts what is left."""
-    first = max(w.residents.values(), key=_context)
-    yield first
-    yield from sorted((t for t in w.residents.values() if t is not first), key=_context, reverse=True)
+    """`w`'s residents, longest first (equal ones in residence order), read as they are evicted:
+    each context is read once, one scan finds the first, and only a second eviction sorts the rest."""
+    residents = list(w.residents.values())
+    lengths = contexts(residents)
+    first = lengths.index(max(lengths))
+    yield residents[first]
+    rest = sorted(range(len(residents)), key=lengths.__getitem__, reverse=True)   # stable: equal ones in order
+    yield from (residents[i] for i in rest if i != first)
 
 
 def _fresh_ahead(view: PoolView, v: int) -> bool:
