@@ -190,11 +190,9 @@ class PolicySpec(_Strict):
       residents come back: the ablation `cadence-eager-drain` shows the loss), the second off.
     * spread_affinity: while CadenceRL spreads, a prompt's home is taken "tie-break-until-kv-binds"
       (default): whenever feasible once KV has bound under the version or the one before, until then
-      only when it ties the least-loaded worker; "capped-until-kv-binds" the same but up to the mean
-      load of the version's workers until KV binds (`cadence-capped-until-bound`); "home-first"
-      whenever feasible (`cadence-home-first`); "capped" always up to the mean
-      (`cadence-capped-affinity`); "tie-break" always only among the least loaded
-      (`cadence-balanced-spread`).
+      only if it ties the least-loaded worker; "capped-until-kv-binds" up to the mean load until then
+      (`cadence-capped-until-bound`); "home-first" (`cadence-home-first`); "capped" always up to the
+      mean (`cadence-capped-affinity`); "tie-break" always (`cadence-balanced-spread`).
     * concentrate_within_one_rank: a version whose workers all share one affinity rank concentrates
       too, draining onto equally fast, fuller workers (`cadence-flat-concentrate`); off (the
       default), such a version keeps pacing after its budget is spent.
