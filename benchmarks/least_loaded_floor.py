@@ -1,8 +1,8 @@
 """Does CadenceRL stay at or above the least-loaded floor when the pool is not KV-bound? (issue 12)
 
 Usage: python benchmarks/least_loaded_floor.py [--pools 16a16b,...] [--seeds 0,1,2]
-           [--policies cadence,cadence-home-first,cadence-capped-affinity] [--jobs J]
-           [--out benchmarks/results/least_loaded_floor.json]
+           [--policies cadence,cadence-capped-until-bound,cadence-home-first,cadence-capped-affinity]
+           [--floor-twin] [--jobs J] [--out benchmarks/results/least_loaded_floor.json]
 
 Runs `benchmarks/scenarios/POOL-b1024.yaml` (the built-in heterogeneous pools at batch 1,024,
 16 iterations: eta binds, not KV) for every pool and seed, with each CadenceRL variant and
@@ -10,6 +10,11 @@ Runs `benchmarks/scenarios/POOL-b1024.yaml` (the built-in heterogeneous pools at
 ratio to least-loaded's on the same workload. The goal: throughput >= 0.98x and P95 <= 1.00x
 ("ok"); a P95 within 0.5% is marked "tie". Seeds matter: one seed's hot spot can move a ratio by
 30%, so the summary counts every pool and seed.
+
+`--floor-twin` also runs the floor with its ties in load broken toward the highest worker id instead
+of the lowest (`least-loaded-ties-last`): the same rule with another arbitrary choice. Its ratio to
+the floor is the floor's own resolution on that pool and seed (on a mixed pool the ids order the
+accelerator types, so the tie-break decides which type a tie goes to).
 """
 
 from __future__ import annotations
@@ -24,23 +29,29 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from cadencerl.config import load_scenario_file  # noqa: E402
+from cadencerl.config import Scenario, load_scenario_file  # noqa: E402
+from cadencerl.policies.least_loaded import LeastLoaded  # noqa: E402
 from cadencerl.runs.registry import make_policy  # noqa: E402
 from cadencerl.runs.simulate import simulate  # noqa: E402
 from cadencerl.runs.steady import steady_view  # noqa: E402
 
 POOLS = "16a16b,16a16b8h,16a8h,16b8h,32a,32b,h800-16"
-VARIANTS = "cadence,cadence-home-first,cadence-capped-affinity"
+VARIANTS = "cadence,cadence-capped-until-bound,cadence-home-first,cadence-capped-affinity"
 FLOOR = "least-loaded"
+TWIN = "least-loaded-ties-last"
 MIN_THROUGHPUT, TIE = 0.98, 1.005
 
 
 def run_one(pool: str, seed: int, policy: str) -> dict:
     scenario = load_scenario_file(REPO / "benchmarks" / "scenarios" / f"{pool}-b1024.yaml")
     scenario = scenario.model_copy(update={"seed": seed})
-    r = steady_view(simulate(scenario, make_policy(policy, scenario)))
+    r = steady_view(simulate(scenario, _policy(policy, scenario)))
     return {"pool": pool, "seed": seed, "policy": policy, "throughput_tok_s": r["throughput_tok_s"],
             "latency_p95_s": r["latency_p95_s"], "evictions": r["evictions"], "preemptions": r["preemptions"]}
+
+
+def _policy(name: str, scenario: Scenario):
+    return LeastLoaded(ties_to_last=True) if name == TWIN else make_policy(name, scenario)
 
 
 def verdict(throughput: float, p95: float) -> str:
@@ -77,10 +88,11 @@ def main() -> None:
     ap.add_argument("--pools", default=POOLS)
     ap.add_argument("--seeds", default="0,1,2")
     ap.add_argument("--policies", default=VARIANTS)
+    ap.add_argument("--floor-twin", action="store_true", help=f"also run {TWIN}: the floor's own resolution")
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "least_loaded_floor.json")
     args = ap.parse_args()
-    pools, variants = args.pools.split(","), args.policies.split(",")
+    pools, variants = args.pools.split(","), args.policies.split(",") + ([TWIN] if args.floor_twin else [])
     seeds = [int(s) for s in args.seeds.split(",")]
     jobs = [(p, s, v) for p in pools for s in seeds for v in [*variants, FLOOR]]
     with ProcessPoolExecutor(args.jobs) as ex:

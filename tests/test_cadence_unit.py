@@ -204,7 +204,7 @@ def test_no_drain_while_the_newer_versions_workers_take_the_fresh_work():
     assert acts == [Admit(2, 50)]
 
 
-def test_while_spreading_the_prompts_home_is_taken_only_up_to_the_mean_load():
+def test_while_spreading_the_prompts_home_only_breaks_a_tie_among_the_least_loaded():
     def decide(**options):
         busy = worker(0, cap=10_000, residents=[traj(i, 100) for i in range(1, 7)])       # 6 residents
         light = worker(1, cap=10_000, residents=[traj(7, 100)])                           # 1
@@ -212,24 +212,26 @@ def test_while_spreading_the_prompts_home_is_taken_only_up_to_the_mean_load():
         siblings = [traj(10 + i, 50, group=5) for i in range(4)]
         return actions(view([busy, light, idle], fresh=siblings, admitted=100, batch=100, total=300), **options)
 
+    # the default while KV has not bound (and `cadence-balanced-spread` always): least-loaded's
+    # choice, the home breaking its ties: the second sample leaves the first (2 > 1 on worker 2),
+    # the third ties the least loaded (2 = 2) and stays with its sibling, the fourth leaves again
+    balanced = [Admit(1, 10), Admit(2, 11), Admit(2, 12), Admit(1, 13)]
+    assert decide() == balanced
+    assert decide(spread_affinity="tie-break") == balanced
     # up to the mean (8 residents over 3 workers, then 9, 10, 11): the first sample goes to the
     # least-loaded worker, the second follows it (2 + 1 <= 9/3), the third would make its home a
     # hot spot (3 + 1 > 10/3) and goes to the least-loaded worker, the fourth ties it (2 = 2) and
     # so stays with its sibling there
     capped = [Admit(1, 10), Admit(1, 11), Admit(2, 12), Admit(2, 13)]
     assert decide(spread_affinity="capped") == capped
-    # the default: capped too while KV has not bound under this version or the one before
-    assert decide() == capped
+    assert decide(spread_affinity="capped-until-kv-binds") == capped
     # home first (`cadence-home-first`, or the default once KV has bound): every sibling follows the first
     assert decide(spread_affinity="home-first") == [Admit(1, 10), Admit(1, 11), Admit(1, 12), Admit(1, 13)]
-    # balanced: the home only breaks ties among the least loaded
-    assert decide(spread_affinity="tie-break") \
-        == [Admit(1, 10), Admit(2, 11), Admit(2, 12), Admit(1, 13)]
 
 
 def test_once_kv_has_bound_under_the_version_or_the_one_before_the_prompts_home_is_taken_whenever_feasible():
-    def decide(bound: set[int], version: int = 0):
-        policy = Cadence(PARAMS)
+    def decide(bound: set[int], version: int = 0, **options):
+        policy = Cadence(PARAMS.model_copy(update=options))
         policy.kv_bound |= bound
         busy = worker(0, cap=10_000, version=version, residents=[traj(i, 100, version=version) for i in range(1, 7)])
         light = worker(1, cap=10_000, version=version, residents=[traj(7, 100, version=version)])
@@ -239,11 +241,14 @@ def test_once_kv_has_bound_under_the_version_or_the_one_before_the_prompts_home_
                             tags={version: 100}, consumed=100 * version, batch=100, total=100 * version + 300))
 
     home_first = [Admit(1, 10), Admit(1, 11), Admit(1, 12), Admit(1, 13)]
-    capped = [Admit(1, 10), Admit(1, 11), Admit(2, 12), Admit(2, 13)]
+    balanced = [Admit(1, 10), Admit(2, 11), Admit(2, 12), Admit(1, 13)]
     assert decide({0}) == home_first
     assert decide({0}, version=1) == home_first                 # bound under the version before
-    assert decide({0}, version=2) == capped                     # two versions ago: capped again
-    assert decide(set()) == capped
+    assert decide({0}, version=2) == balanced                   # two versions ago: least-loaded again
+    assert decide(set()) == balanced
+    capped = [Admit(1, 10), Admit(1, 11), Admit(2, 12), Admit(2, 13)]
+    assert decide({0}, spread_affinity="capped-until-kv-binds") == home_first
+    assert decide(set(), spread_affinity="capped-until-kv-binds") == capped
 
 
 def test_a_version_on_one_affinity_rank_keeps_pacing_after_its_budget_is_spent():

@@ -51,6 +51,9 @@ def test_least_loaded_admits_to_the_worker_with_fewest_residents_lowest_id_first
     ws = [worker(0, residents=[traj(1, 10), traj(2, 10)]), worker(1), worker(2, residents=[traj(3, 10)])]
     acts = pool(LeastLoaded(), ws, fresh=fresh(3)).decide()
     assert admits(acts) == [1, 1, 2]
+    # the floor's twin (benchmarks/least_loaded_floor.py --floor-twin): the same rule, ties to the highest id
+    ws = [worker(0, residents=[traj(1, 10), traj(2, 10)]), worker(1), worker(2, residents=[traj(3, 10)])]
+    assert admits(pool(LeastLoaded(ties_to_last=True), ws, fresh=fresh(3)).decide()) == [1, 2, 1]
 
 
 # -- sync and one-off -----------------------------------------------------------------------------

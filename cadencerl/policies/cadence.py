@@ -23,23 +23,23 @@ Where the paper is silent (each a named option in `PolicySpec`):
 * Tight fit serves to keep large gaps for long pending work; while a version has nothing pending,
   KV does not bind and fresh work is spread to the least-loaded feasible worker
   (`spread_when_underloaded`), so CadenceRL never trails the least-loaded floor on a light load.
-* While spreading, the prompt's home is taken only while it is no hot spot: if, with the sample,
-  it holds no more than the mean load of its version's workers (or ties the least-loaded one);
-  else the least-loaded feasible worker. Once KV has bound under the version or the one before
-  it (a worker shed below its floor), the home is taken whenever it is feasible
-  (`spread_affinity`). The home saves one prompt prefill, which on a memory-bound decode
-  batch hides mostly under the weight and KV reads, while the samples of one prompt have
-  correlated lengths: on a light load, following the home without bound piles a hard prompt's
-  samples onto one worker, a long-lived hot spot that sets the P95 (issue 12: 86% of admissions
-  followed the home, 3.7 residents above the least-loaded worker). Once KV binds, every worker
-  is near full and tight fit, not the home, decides the load; there home-first is worth its
-  prefill (the steady 16a16b8h run, batch 4,096: capped from the start cost 3% of throughput
-  over three seeds). No benefit estimate, no constant: a structural bound, as the paper's rules
-  are. Measured for issue 12 at batch 1,024 over the 7 heterogeneous pools and 3 seeds: P95
-  within 6% of the least-loaded floor everywhere (home-first throughout, `cadence-home-first`:
-  up to 32% worse, throughput down to 0.82x); `cadence-capped-affinity` caps it always. (A
-  per-placement break-even from the roofline model, prefill saved against the decode time of the
-  load gap, was measured and kept the hot spots: it cannot see the sample's correlated future length.)
+* While spreading, the choice is least-loaded's: the prompt's home is taken only if it ties the
+  least-loaded feasible worker (the home breaks the tie that least-loaded breaks by worker id),
+  so on a light load CadenceRL spreads exactly like the floor (issue 12, item 3). Once KV has
+  bound under the version or the one before it (a worker shed below its floor), the home is
+  taken whenever it is feasible (`spread_affinity`). The home saves one prompt prefill, which on
+  a memory-bound decode batch hides mostly under the weight and KV reads, while the samples of
+  one prompt have correlated lengths: on a light load, following the home piles a hard prompt's
+  samples onto one worker, a long-lived hot spot that sets the P95 (issue 12: home-first
+  throughout, `cadence-home-first`, up to 32% worse P95 at batch 1,024, throughput down to
+  0.82x); a home allowed up to the mean load of the version's workers (`cadence-capped-until-bound`,
+  the previous default) still runs it ahead of the least-loaded one (16a16b seed 1: 0.974x the
+  floor's throughput, 1.028x with the tie only). Once KV binds, every worker is near full and
+  tight fit, not the home, decides the load; there home-first is worth its prefill (the steady
+  16a16b8h run, batch 4,096: the home capped throughout, `cadence-capped-affinity`, cost 3% of
+  throughput over three seeds). No benefit estimate, no constant. (A per-placement break-even
+  from the roofline model, prefill saved against the decode time of the load gap, was measured
+  and kept the hot spots: it cannot see the sample's correlated future length.)
 * Concentration needs a higher-affinity worker to send the tail to: a version whose live workers
   all share one affinity rank keeps pacing after its budget is spent (`concentrate_within_one_rank`
   off). Draining onto equally fast, fuller workers only slows the tail it moves. (Measured for
@@ -216,14 +216,14 @@ class Cadence:
         feasible worker; None, while the home is taken whenever feasible, leaves the choice to that rule."""
         mode = self.params.spread_affinity
         kv_has_bound = v in self.kv_bound or v - 1 in self.kv_bound
-        if mode == "home-first" or (mode == "capped-until-kv-binds" and kv_has_bound):
+        if mode == "home-first" or (mode.endswith("-until-kv-binds") and kv_has_bound):
             return None
         w = index.least_loaded(need)
         home = self._home(traj, index, need)
         if home is None or w is None:
             return w
         load = index.load(home)
-        in_bounds = mode != "tie-break" and load + 1 <= mean_load
+        in_bounds = mode.startswith("capped") and load + 1 <= mean_load
         return home if in_bounds or load == index.load(w) else w
 
     def _home(self, traj: Trajectory, index: RoomIndex, need: int) -> Worker | None:

@@ -11,17 +11,27 @@ from cadencerl.policies.base import GroupAffinity, admit_fresh, advance_idle, gr
 
 
 class LeastLoaded:
+    """`ties_to_last` breaks a tie in load toward the highest worker id instead of the lowest: the same
+    rule with another arbitrary choice, which measures how far the floor itself moves on a mixed pool
+    (where the ids order the accelerator types)."""
+
     kv_transfer = False
 
-    def __init__(self, group_affinity: bool = False) -> None:
+    def __init__(self, group_affinity: bool = False, ties_to_last: bool = False) -> None:
         self.name = "least-loaded-grouped" if group_affinity else "least-loaded"
-        self._choose = grouped(least_loaded, GroupAffinity() if group_affinity else None)
+        self._pick = least_loaded_last if ties_to_last else least_loaded
+        self._choose = grouped(self._pick, GroupAffinity() if group_affinity else None)
 
     def decide(self, view: PoolView) -> Iterator[Action]:
         yield from advance_idle(view)
-        yield from place_pending(view, least_loaded)   # lost workers, tool returns
+        yield from place_pending(view, self._pick)   # lost workers, tool returns
         yield from admit_fresh(view, self._choose)
 
 
 def least_loaded(workers: list[Worker], _traj=None) -> Worker:
     return min(workers, key=lambda w: (w.load, w.id))
+
+
+def least_loaded_last(workers: list[Worker], _traj=None) -> Worker:
+    """The least-loaded worker, ties to the highest id."""
+    return min(workers, key=lambda w: (w.load, -w.id))
