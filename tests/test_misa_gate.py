@@ -253,17 +253,18 @@ def test_continuations_always_pass_a_closed_gate():
     assert Place(1, 0) in acts or Place(1, 1) in acts
 
 
-@pytest.mark.parametrize("overloaded", [False, True])
-def test_a_routers_continuation_goes_home_unless_home_is_overloaded(overloaded):
+@pytest.mark.parametrize("case", ["home", "queues", "hot spot"])
+def test_a_routers_continuation_goes_home_unless_home_is_overloaded_or_a_hot_spot(case):
     back = traj(1, 100)
     back.home = 0
-    home = loaded(0, 20, cap=10_000)                   # the least-loaded router would pick worker 1
-    if overloaded:
+    home = loaded(0, 16 if case == "hot spot" else 10, cap=10_000)   # the mean load is 10, or 12
+    light, heavy = loaded(1, 5, cap=10_000), loaded(2, 15, cap=10_000)  # the router alone picks `light`
+    if case == "queues":
         home.num_waiting = 2
-    p = pool(Admitted(MisaT({"rlvr": 1.0}), LeastLoadedRouter()), [home, worker(1, cap=10_000)],
-             pending=[back], admitted=21)
+    p = pool(Admitted(MisaT({"rlvr": 1.0}), LeastLoadedRouter()), [home, light, heavy],
+             pending=[back], admitted=31)
     acts = p.decide()
-    assert acts[0] == (Place(1, 1) if overloaded else Place(1, 0))
+    assert acts[0] == (Place(1, 0) if case == "home" else Place(1, 1))
 
 
 def test_in_front_of_a_policy_that_never_overcommits_full_kv_is_not_pressure():
