@@ -21,7 +21,10 @@ before the batched stream (07f5d23); two other helpers' simulations ran througho
   p99 0.99-1.46); the slowest concentration tick 1.29-1.64 ms (before: 1.36-1.90).
   load average 2.0-2.5, `chrt -f 10` (the run keeps its core): p50 0.48-0.53, p99 0.74-0.92 (before:
   p50 0.67-0.74, p99 0.99-1.47).
-So the goal is met in these 12 runs, with little margin: the p99 of a shared machine moves with
+  quiet machine (load average 0.8, nothing else running, main after the merge of issue 12's spread
+  default): p50 0.48-0.53 ms, p99 0.67-0.90 ms (07f5d23: p50 0.68-0.77, p99 1.00-1.38); the
+  concentration cascade's slowest tick 1.37-1.87 ms (timed apart, a few ticks per version).
+So the goal is met in these 18 runs, with little margin: the p99 of a shared machine moves with
 its load (intermediate versions, at load average 3-4.5: p99 up to 1.5 ms, before 2.0). What a
 tick costs now: about 0.15 ms
 over all workers (the growth probe, one read of every worker's room terms, the floor check, the
