@@ -176,6 +176,7 @@ def _batch(*steps) -> Batch:
 
 def _books(ctl):
     return ([(w.kv_used, sorted(w.residents), w.sessions) for w in ctl.workers], len(ctl.fresh), ctl.credits.admitted,
+            vars(ctl.counters),
             dict(ctl.credits.outstanding_by_tag), len(ctl.pending), dict(ctl.active_by_class),
             sorted((t.id, t.state.value, t.worker, t.versions[-1] if t.versions else None)
                    for t in ctl.trajectories.values()))
@@ -184,6 +185,7 @@ def _books(ctl):
 def _two_pools():
     def make():
         moved = traj(5, 300)
+        moved.kv_home = 1      # its KV sits on worker 1: a move to worker 0 migrates it
         return controller([worker(0, cap=1000, residents=[traj(1, 400)]), worker(1, cap=1000)],
                           fresh=[traj(2, 100), traj(3, 200), traj(4, 301)], pending=[moved])
     return make(), make()
@@ -207,6 +209,7 @@ def test_a_batch_leaves_the_books_as_its_actions_one_by_one_do():
     ([("admit", 2, 0), ("place", 3, 1)], "trajectory 3 is not pending"),
     ([("admit", 2, 0), ("admit", 5, 1)], "trajectory 5 is not fresh"),
     ([("admit", 2, 0), ("admit", 3, 7)], "worker 7 does not exist"),
+    ([("place", 5, 0), ("admit", 3, 0), ("admit", 4, 0)], "exceeds its KV capacity"),   # a move counts too
 ])
 def test_a_batch_with_one_bad_step_is_refused_whole(steps, error):
     ctl, untouched = _two_pools()
@@ -214,6 +217,18 @@ def test_a_batch_with_one_bad_step_is_refused_whole(steps, error):
         ctl.apply(_batch(*steps), 0.0)
     assert _books(ctl) == _books(untouched) and ctl.backend.calls == []
     ctl.apply(_batch(*steps[:1]), 0.0)   # its first step alone is fine
+
+
+@pytest.mark.parametrize("onto, error", [("newer", "cannot run on worker 1 at"), ("lost", "worker 1 does not exist or is lost")])
+def test_a_batch_moves_work_only_onto_a_live_worker_of_its_version(onto, error):
+    moved = traj(5, 300)
+    other = worker(1, version=1 if onto == "newer" else 0)
+    other.alive = onto != "lost"
+    ctl = controller([worker(0), other], fresh=[traj(2, 100)], pending=[moved], trainer_version=1)
+    untouched = _books(ctl)
+    with pytest.raises(ActionError, match=error):
+        ctl.apply(_batch(("admit", 2, 0), ("place", 5, 1)), 0.0)
+    assert _books(ctl) == untouched and ctl.backend.calls == []
 
 
 def test_a_batch_within_the_kv_is_accepted_up_to_exactly_full():

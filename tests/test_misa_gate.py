@@ -267,6 +267,20 @@ def test_a_routers_continuation_goes_home_unless_home_is_overloaded_or_a_hot_spo
     assert acts[0] == (Place(1, 0) if case == "home" else Place(1, 1))
 
 
+def test_continuations_fill_their_home_only_up_to_the_mean_load_as_they_are_placed():
+    """Four continuations of a home under the mean (loads 9, 5, 17): each placed one moves the
+    mean up with it, so three go home (a mean read once would stop at two); the fourth would put
+    the home over, and the router places it."""
+    backs = [traj(i, 100) for i in (1, 2, 3, 4)]
+    for b in backs:
+        b.home = 0
+    home, light, heavy = loaded(0, 9, cap=10_000), loaded(1, 5, cap=10_000), loaded(2, 17, cap=10_000)
+    p = pool(Admitted(MisaT({"rlvr": 1.0}), LeastLoadedRouter()), [home, light, heavy],
+             pending=backs, admitted=35)
+    acts = [a for a in p.decide() if isinstance(a, Place)]
+    assert acts[:4] == [Place(1, 0), Place(2, 0), Place(3, 0), Place(4, 1)]
+
+
 def test_in_front_of_a_policy_that_never_overcommits_full_kv_is_not_pressure():
     """CadenceRL keeps KV full on purpose (it evicts to its pending set): there the caps shrink
     only on preemptions and engine queues, and grow when they bind."""

@@ -109,9 +109,14 @@ def test_misa_goodput_is_a_named_admission_layer():
     assert make_policy("misa+cache-aware", builtin_scenario("mixed-h100")).misa.climb is None
 
 
-def test_in_front_of_a_policy_that_never_overcommits_there_is_nothing_to_climb():
+def test_in_front_of_a_policy_that_never_overcommits_the_climber_is_refused_by_name():
+    from cadencerl.config import ConfigError, builtin_scenario
     from cadencerl.routing.misa import Admitted
     from cadencerl.routing.routers import CacheAware
+    from cadencerl.runs.registry import make_policy
 
-    assert Admitted(MisaT({"rlvr": 1.0}, climb=GoodputClimb()), LeastLoaded()).misa.climb is None
+    with pytest.raises(ConfigError, match="admission: misa-goodput .* least-loaded never over-commits"):
+        Admitted(MisaT({"rlvr": 1.0}, climb=GoodputClimb()), LeastLoaded(), label="misa-goodput")
+    with pytest.raises(ConfigError, match="use misa"):
+        make_policy("misa-goodput+cadence", builtin_scenario("mixed-16a8h"))
     assert Admitted(MisaT({"rlvr": 1.0}, climb=GoodputClimb()), CacheAware()).misa.climb is not None

@@ -52,7 +52,9 @@ def check_placement(traj: Trajectory, w: Worker, pending: PendingSet) -> None:
 def batch_steps(batch: Batch, workers: list[Worker], trajectories: Mapping[int, Trajectory], pending: PendingSet,
                 queues_at_engine: bool) -> tuple[list[Trajectory], list[Worker], list[Worker]]:
     """Each step's trajectory and worker, and the workers of its admissions (one version), all
-    checked except the eta budget; ActionError naming the first step that would fail."""
+    checked except the eta budget; ActionError naming the first failing step of the first check
+    that fails (trajectories and versions are checked before KV, so the step named may not be the
+    first that would fail applied one by one; nothing is applied either way)."""
     tids, wids, admits = batch.trajs, batch.workers, batch.admits
     if not len(tids) == len(wids) == len(admits):
         raise ActionError("a batch's columns differ in length")

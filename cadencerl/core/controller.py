@@ -258,7 +258,10 @@ class Controller:
         self._attach(traj, w, restore, delay, now)
 
     def _batch(self, batch: Batch, now: float) -> None:
-        """Check the lot (see admission_checks), then apply its steps in order."""
+        """Check the lot (see admission_checks), then apply its steps in order. A backend that
+        raises while placing a step (a real server lost mid-batch) ends the run, as it does for a
+        single action: the steps before it stand but the batch's credits are not recorded, so the
+        books are not used again after such an error."""
         trajs, ws, admitted = batch_steps(batch, self.workers, self.trajectories, self.pending,
                                           self.queues_at_engine)
         if admitted:

@@ -22,7 +22,8 @@ Where the paper is silent (each a named option in `PolicySpec`):
   would have to preempt. Pacing never evicts a worker's last resident.
 * Tight fit serves to keep large gaps for long pending work; while a version has nothing pending,
   KV does not bind and fresh work is spread to the least-loaded feasible worker
-  (`spread_when_underloaded`), so CadenceRL never trails the least-loaded floor on a light load.
+  (`spread_when_underloaded`): on a light load CadenceRL should not trail the least-loaded floor
+  (measured in `benchmarks/least_loaded_floor.py`; the README says where it still does).
 * While spreading, the choice is least-loaded's: the prompt's home is taken only if it ties the
   least-loaded feasible worker (the home breaks the tie that least-loaded breaks by worker id),
   so on a light load CadenceRL spreads exactly like the floor (issue 12, item 3). Once KV has
@@ -82,7 +83,8 @@ class Cadence:
 
     def _spare(self, w: Worker) -> int:
         """Room for one more trajectory above the floor (with its growth); -1 without a free slot.
-        `floor` inlined: this is the hot path of every placement."""
+        The reference for the room terms `cadence_rooms` computes in bulk for pacing (a hypothesis
+        test holds them to it); concentration reads it directly."""
         load = len(w.residents)
         if load >= w.max_num_seqs:
             return -1

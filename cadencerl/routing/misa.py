@@ -56,6 +56,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
+from cadencerl.config import ConfigError
 from cadencerl.core.actions import Action, Admit, Place
 from cadencerl.core.mix import target_counts
 from cadencerl.core.trajectory import Trajectory
@@ -269,10 +270,11 @@ class Admitted:
         # A placement policy that never over-commits KV (CadenceRL packs it and evicts to its pending
         # set) keeps it full on purpose: there only preemptions and engine queues are pressure, and
         # the caps step aside when there is none.
+        if misa.climb is not None and not self.queues_at_engine:
+            raise ConfigError(f"admission: {label} climbs over-commit past the KV bands, and {inner.name} "
+                              "never over-commits KV (full KV is its packing); use misa")
         misa.kv_is_pressure = self.queues_at_engine
         misa.one_cohort = self.queues_at_engine
-        if not self.queues_at_engine:
-            misa.climb = None    # no KV bands there for the goodput climber to move (nor over-commit)
 
     def decide(self, view: PoolView) -> Iterator[Action]:
         self.misa.observe(view)
@@ -289,14 +291,16 @@ def keep_home(view: PoolView) -> Iterator[Action]:
     (the router's balance rule would otherwise move them and lose it) or above the mean load of its
     version's workers: a hot spot. Without the second bound the homes of long agentic sessions pile
     up on a light load (16 H200 at a quarter of the batch: 45 sessions on one worker, 1 on another),
-    which costs more decode time than the prefixes save (0.90x the router); under KV pressure the
-    loads even out by themselves and the bound rarely binds. CadenceRL's spread bounds its prompt
-    affinity the same way."""
+    which costs more decode time than the prefixes save (0.90x the router). Under KV pressure the
+    bound costs some prefixes (mixed-h200, 50 batches: 3.7% of throughput), a cost that keeping the
+    home unbounded only under pressure did not win back (benchmarks/misa/README.md)."""
     for v in view.pending.versions():
         peers = [w for w in view.alive() if w.version == v]
+        total = sum(w.load for w in peers)
         for traj in sorted(view.pending.at(v), key=lambda t: (t.departed_at, t.id)):
             home = view.workers[traj.home] if traj.home is not None else None
             if home is None or not home.alive or home.version != v or overloaded(home, traj.context):
                 continue
-            if home.load * len(peers) <= sum(w.load for w in peers):   # at or under the mean (placements apply as yielded)
+            if home.load * len(peers) <= total:    # at or under the mean load
                 yield Place(traj.id, home.id)
+                total += 1
