@@ -2,8 +2,7 @@
 
 The same object drives the simulator and real engines; only the backend differs. Policies propose,
 the controller disposes: every action is checked against capacity, version and staleness rules
-before the backend sees it, so a buggy policy fails loudly instead of corrupting a run.
-"""
+before the backend sees it, so a buggy policy fails loudly instead of corrupting a run."""
 
 from __future__ import annotations
 
@@ -258,10 +257,8 @@ class Controller:
         self._attach(traj, w, restore, delay, now)
 
     def _batch(self, batch: Batch, now: float) -> None:
-        """Check the lot (see admission_checks), then apply its steps in order. A backend that
-        raises while placing a step (a real server lost mid-batch) ends the run, as it does for a
-        single action: the steps before it stand but the batch's credits are not recorded, so the
-        books are not used again after such an error."""
+        """Check the lot (see admission_checks), then apply its steps in order (a backend raising
+        mid-batch, a lost real server, ends the run as it does for one action: no books reused)."""
         trajs, ws, admitted = batch_steps(batch, self.workers, self.trajectories, self.pending,
                                           self.queues_at_engine)
         if admitted:
