@@ -263,6 +263,8 @@ CLI_CASES = [
     ("report-jobs-absurd", ["report", "--out", "unused-dir", "--jobs", "100000"], "jobs"),
     ("config-is-a-device", ["sim", "--config", "/dev/null"], "not a regular file"),
     ("pool-up-too-many", ["pool", "up", "--workers", "100000"], "workers"),
+    ("pool-up-request-as-long-as-the-kv", ["pool", "up", "--workers", "1", "--kv-tokens", "4096",
+                                           "--max-model-len", "4096"], "max_model_len: 4096 needs at least 4128"),
     ("batch-size-zero", ["sim", "-s", "h800-16", "--batch-size", "0"], "--batch-size"),
     ("batch-size-above-trajectories", ["sim", "-s", "h800-16", "--trajectories", "64", "--batch-size", "65"],
      "trainer.batch_size"),

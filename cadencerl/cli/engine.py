@@ -14,6 +14,7 @@ import os
 import shutil
 import tempfile
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import typer
@@ -63,9 +64,9 @@ def pool_config(workers: int, kv_tokens: int, max_num_seqs: int, max_model_len: 
         fail(f"workers: {workers} local servers need a core each; this machine has {cores}")
     if kv_tokens > MAX_TOKENS or max_num_seqs > 65_536:
         fail(f"kv_tokens/max_num_seqs: at most {MAX_TOKENS} KV tokens and 65536 sequences per server")
-    cfg = PoolConfig(num_workers=workers, kv_tokens=kv_tokens, max_num_seqs=max_num_seqs,
-                     max_model_len=max_model_len or min(4096, kv_tokens), dtype=dtype,
-                     model_dir=default_model_dir())
+    cfg = PoolConfig(num_workers=workers, kv_tokens=kv_tokens, max_num_seqs=max_num_seqs, max_model_len=1,
+                     dtype=dtype, model_dir=default_model_dir())
+    cfg = replace(cfg, max_model_len=max_model_len or min(4096, cfg.longest_model_len(0)))
     try:
         cfg.validate()
     except ValueError as exc:

@@ -99,6 +99,11 @@ class PoolConfig:
         kv = self.kv_tokens if isinstance(self.kv_tokens, int) else self.kv_tokens[index]
         return -(-kv // self.block_size) * self.block_size
 
+    def longest_model_len(self, index: int) -> int:
+        """The longest max_model_len worker `index` starts with: vLLM keeps one block of its KV back
+        (8,192 KV tokens in 32-token blocks serve at most 8,160; it refuses to start past that)."""
+        return self.kv_tokens_of(index) - self.block_size
+
     @property
     def kv_bytes_per_token(self) -> int:
         return replace(
@@ -113,10 +118,11 @@ class PoolConfig:
         if self.block_size % 32:
             raise ValueError("vLLM CPU needs a block size that is a multiple of 32")
         for i in range(self.num_workers):
-            if self.kv_tokens_of(i) < self.max_model_len:
+            if self.longest_model_len(i) < self.max_model_len:
                 raise ValueError(
-                    f"worker {i}: kv_tokens {self.kv_tokens_of(i)} < max_model_len "
-                    f"{self.max_model_len}; vLLM refuses to start"
+                    f"max_model_len: {self.max_model_len} needs at least {self.max_model_len + self.block_size} "
+                    f"kv_tokens on worker {i} (it has {self.kv_tokens_of(i)}; vLLM keeps one block back "
+                    "and refuses to start)"
                 )
 
 

@@ -56,7 +56,7 @@ def engine_pool(
         num_workers=2,
         kv_tokens=8192,
         max_num_seqs=32,
-        max_model_len=2048,
+        max_model_len=8160,   # all the KV serves: long requests give an abort or a gauge time to land
         model_dir=tiny_model_dir,
         start_timeout_s=180,
     )

@@ -100,6 +100,10 @@ def test_arch_numbers() -> None:
 def test_pool_config_rejects_kv_smaller_than_a_request() -> None:
     with pytest.raises(ValueError, match="max_model_len"):
         PoolConfig(kv_tokens=1024, max_model_len=2048).validate()
+    # vLLM keeps one block back: a request as long as the whole KV does not start
+    with pytest.raises(ValueError, match="max_model_len: 8192 needs at least 8224 kv_tokens"):
+        PoolConfig(kv_tokens=8192, max_model_len=8192).validate()
+    PoolConfig(kv_tokens=8192, max_model_len=8160).validate()
     assert PoolConfig(kv_tokens=1000, max_model_len=512).kv_tokens_of(0) == 1024
 
 
@@ -188,8 +192,10 @@ def test_abort_then_resume_on_other_server(engine_pool: LocalPool) -> None:
     """However many tokens the abort lets through (a busy machine decides), the resumed ids continue
     exactly where the aborted stream stopped: the reference is taken afterwards, at that length. On a
     starved machine the whole request can finish before the abort reaches the server; that attempt
-    is retried with a new id (three tries), since the race is not what is under test."""
-    limit, more = 2000, 64
+    is retried with a new id (three tries), since the race is not what is under test. The request
+    asks for most of what the server's KV holds, so the abort has as long as the server's KV allows."""
+    more = 64
+    limit = engine_pool.config.max_model_len * 3 // 4 - len(PROMPT)   # a quarter of the KV left spare
 
     async def scenario() -> None:
         url_a, url_b = engine_pool.urls
@@ -219,25 +225,34 @@ def test_abort_then_resume_on_other_server(engine_pool: LocalPool) -> None:
 @pytest.mark.timeout(240)
 def test_cancel_disconnects_and_metrics_parse(engine_pool: LocalPool) -> None:
     """The server's gauges lag its stream (they refresh on the engine's stats interval), so every
-    metrics assertion polls, with a bound, until the server reports what must eventually show."""
+    metrics assertion polls, with a bound, until the server reports what must eventually show. The
+    streaming request asks for most of what the server's KV holds; on a starved machine it can still finish
+    before the gauges show it running, and that attempt is retried with a new id (three tries): the
+    race is not what is under test."""
+    prompt = PROMPT * 2
+    long = engine_pool.config.max_model_len * 3 // 4 - len(prompt)   # a quarter of the KV left spare
 
     async def scenario() -> None:
         async with VLLMClient(engine_pool.urls[1], model=MODEL) as client:
             before = await client.metrics()
-            await client.generate("warm-prefix", PROMPT * 2, 4)  # 80 tokens: 2 full blocks cached
-            streamed: list[int] = []
-            task = asyncio.create_task(
-                client.generate("cancel-1", PROMPT * 2, 1500, streamed.extend)
-            )
-            await wait_for_tokens(streamed, 8)
-            busy = await poll_metrics(
-                client,
-                lambda m: m.num_requests_running == 1
-                and 0 < m.kv_cache_usage
-                and m.prefix_cache_hits_total >= before.prefix_cache_hits_total + 64,
-                "the streaming request running with its prefix hit",
-            )
-            assert not task.done(), "the request finished before the gauges showed it"
+            await client.generate("warm-prefix", prompt, 4)  # 80 tokens: 2 full blocks cached
+            busy = None
+            for attempt in range(3):
+                streamed: list[int] = []
+                task = asyncio.create_task(client.generate(f"cancel-{attempt}", prompt, long, streamed.extend))
+                await wait_for_tokens(streamed, 8)
+                busy = await poll_metrics(
+                    client,
+                    lambda m: m.num_requests_running == 1
+                    and 0 < m.kv_cache_usage
+                    and m.prefix_cache_hits_total >= before.prefix_cache_hits_total + 64,
+                    "the streaming request running with its prefix hit",
+                    unless=task.done,
+                )
+                if busy is not None:
+                    break
+                assert (await task).finish_reason == "length"
+            assert busy is not None, "three requests finished before the gauges showed them running"
             assert busy.kv_cache_usage <= 1
             assert busy.prefix_cache_queries_total > before.prefix_cache_queries_total
             task.cancel()
@@ -251,15 +266,19 @@ def test_cancel_disconnects_and_metrics_parse(engine_pool: LocalPool) -> None:
                 "the request gone and its KV freed after the disconnect",
             )
 
-    run(scenario(), 60)
+    run(scenario(), 120)
 
 
 async def poll_metrics(
-    client: VLLMClient, done: Callable[[EngineMetrics], bool], what: str, timeout_s: float = 15.0
-) -> EngineMetrics:
-    """The first `/metrics` reading for which `done` holds; fails naming `what` after timeout_s."""
+    client: VLLMClient, done: Callable[[EngineMetrics], bool], what: str, timeout_s: float = 15.0,
+    unless: Callable[[], bool] = lambda: False,
+) -> EngineMetrics | None:
+    """The first `/metrics` reading for which `done` holds; None once `unless()` holds first (what
+    was to be seen is over); fails naming `what` after timeout_s."""
     deadline = time.monotonic() + timeout_s
     while not done(m := await client.metrics()):
+        if unless():
+            return None
         assert time.monotonic() < deadline, f"not seen within {timeout_s} s: {what} (last: {m})"
         await asyncio.sleep(0.05)
     return m
@@ -285,15 +304,18 @@ def test_model_mismatch_is_clear(engine_pool: LocalPool) -> None:
 def test_killed_server_gives_error_and_down_leaves_nothing(
     require_vllm: None, tiny_model_dir: Path, tmp_path: Path
 ) -> None:
-    """Own one-server pool: kill it mid-stream, then `down()` from its state file alone."""
+    """Own one-server pool: kill it mid-stream, then `down()` from its state file alone. The stream
+    asks for most of the server's KV so that the kill lands mid-stream even on a starved machine;
+    one that still finishes first is retried with a new id (three tries): the race is not under test."""
     config = PoolConfig(
         num_workers=1,
-        kv_tokens=4096,
+        kv_tokens=8192,
         max_num_seqs=8,
-        max_model_len=2048,
+        max_model_len=8160,
         model_dir=tiny_model_dir,
         start_timeout_s=180,
     )
+    long = config.max_model_len * 3 // 4 - len(PROMPT)
     pool = LocalPool(tmp_path / "pool", config)
     with pool:
         (server,) = pool.servers
@@ -302,9 +324,13 @@ def test_killed_server_gives_error_and_down_leaves_nothing(
 
         async def scenario() -> None:
             async with VLLMClient(server.url, model=MODEL, retries=2, backoff_s=0.05) as client:
-                streamed: list[int] = []
-                task = asyncio.create_task(client.generate("doomed", PROMPT, 1800, streamed.extend))
-                await wait_for_tokens(streamed, 8)
+                for attempt in range(3):
+                    streamed: list[int] = []
+                    task = asyncio.create_task(client.generate(f"doomed-{attempt}", PROMPT, long, streamed.extend))
+                    await wait_for_tokens(streamed, 8)
+                    if not task.done():
+                        break
+                    assert (await task).finish_reason == "length"
                 os.kill(server.pid, signal.SIGKILL)  # the API server dies mid-stream
                 outcome = await asyncio.wait_for(task, 15)
                 assert outcome.finish_reason == "error"
@@ -312,7 +338,7 @@ def test_killed_server_gives_error_and_down_leaves_nothing(
                 assert server.url in str(outcome.error)
                 assert outcome.token_ids == streamed and len(streamed) >= 8
 
-        run(scenario(), 60)
+        run(scenario(), 120)
         # What a separate `cadencerl ... down` would do: only the state dir is needed.
         assert down(pool.state_dir) == [server.pid]
         assert [pid for pid in members if pid_alive(pid)] == []
