@@ -138,7 +138,8 @@ def weight_pusher(model_dir: Path | None):
 def pool_up(workers: int = typer.Option(2, "--workers", help="servers to start (one core each)"),
             kv_tokens: int = typer.Option(8192, "--kv-tokens", help="KV cache per server, in tokens"),
             max_num_seqs: int = typer.Option(32, "--max-num-seqs"),
-            max_model_len: int | None = typer.Option(None, "--max-model-len"),
+            max_model_len: int | None = typer.Option(None, "--max-model-len", help="longest request a server "
+                                                     "takes (default: 4096, or its KV tokens less one block)"),
             dtype: str = typer.Option("bfloat16", "--dtype"),
             state_dir: Path = typer.Option(DEFAULT_STATE_DIR, "--state-dir"),
             ray: str | None = typer.Option(None, "--ray", help="Ray cluster address ('auto': the running one): "
