@@ -70,8 +70,7 @@ def batch_steps(batch: Batch, workers: list[Worker], trajectories: Mapping[int, 
         raise ActionError(f"a batch admits under one version, not {sorted({w.version for w in admitted})}")
     for traj, w, admit in zip(trajs, ws, admits):
         if admit:
-            if traj.state is not State.FRESH:
-                check_fresh(traj)
+            check_fresh(traj)
         else:
             check_placement(traj, w, pending)
     lengths = contexts(trajs)

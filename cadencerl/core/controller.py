@@ -226,8 +226,7 @@ class Controller:
         traj.admitted_at = now
         cls = traj.spec.workload_class
         self.active_by_class[cls] = self.active_by_class.get(cls, 0) + 1
-        attach(traj, w, self.workers, now)
-        self.backend.place(traj, w.id, Restore.PREFILL, 0.0)
+        self._attach(traj, w, Restore.PREFILL, 0.0, now)
 
     def _place_pending(self, a: Place, now: float) -> None:
         traj = self._traj(a.traj)
