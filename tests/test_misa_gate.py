@@ -194,7 +194,7 @@ def test_a_class_that_used_its_places_in_the_cohort_waits_for_the_capped_class_b
                   batch=1000, tags={0: 1990}, total=10_000)
     misa.observe(p.view)
     assert p.view.credits.admissible(0, 0) == 10
-    assert misa.cohort_places(p.view, ["agent", "rlhf"]) == {"agent": 1000, "rlhf": 1000}
+    assert misa.cohort_places(p.view, ["agent", "rlhf"], 0) == {"agent": 1000, "rlhf": 1000}
     misa.class_caps = {"agent": 10**6, "rlhf": 5}
     p.controller.active_by_class.update({"agent": 10**6, "rlhf": 5})   # rlhf at its cap, nothing to lend
     # agent is within the ahead bound (20) of its share, but its places are used: both wait
@@ -214,10 +214,11 @@ def test_in_front_of_a_router_new_sessions_join_the_oldest_cohort_with_budget_le
              trainer_version=1, batch=100, tags={0: 90}, total=10_000)
     misa.observe(p.view)
     assert misa.open_classes(p.view) == {"rlhf"}        # cohort 0: 100 places, agent used its 50
-    assert misa.cohort_version == 0 and misa.accepts(old) and not misa.accepts(new)
+    assert misa.filling(p.view) == 0 and misa.accepts(p.view, old) and not misa.accepts(p.view, new)
     p.controller.credits.record(0, 10)                  # cohort 0's budget is spent
+    # asked before open_classes: accepts reads the cohort from the view, not from the last question
+    assert misa.filling(p.view) == 1 and misa.accepts(p.view, new) and not misa.accepts(p.view, old)
     assert len(misa.open_classes(p.view)) == 1          # cohort 1, empty: either class may start it
-    assert misa.cohort_version == 1 and misa.accepts(new) and not misa.accepts(old)
 
 
 # -- quota lending ---------------------------------------------------------------------------------

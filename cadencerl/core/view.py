@@ -75,7 +75,7 @@ class PoolView:
 
     def accepts_new(self, worker: Worker) -> bool:
         """May `worker` take a new session now? (Continuations are never held.)"""
-        return self.gate is None or self.gate.accepts(worker)
+        return self.gate is None or self.gate.accepts(self, worker)
 
     def alive(self) -> list[Worker]:
         return [w for w in self.workers if w.alive]
@@ -85,11 +85,13 @@ class AdmissionGate(Protocol):
     """An admission layer in front of placement: it holds new sessions, never continuations.
 
     A policy that has one exposes it as its `gate` attribute; the controller hands it to every
-    view it builds (a policy never writes to the view)."""
+    view it builds (a policy never writes to the view). Every question takes the view it is asked
+    about, so each answer is a function of that view and the gate's own books (what it admitted
+    and learned), never of which question came before: a caller may ask them in any order."""
 
     def open_classes(self, view: PoolView) -> set[str]: ...
 
-    def accepts(self, worker: Worker) -> bool: ...
+    def accepts(self, view: PoolView, worker: Worker) -> bool: ...
 
     def remaining(self, view: PoolView) -> int: ...
 

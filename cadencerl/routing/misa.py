@@ -87,7 +87,6 @@ class MisaT:
     cohorts: dict[int, dict[str, int]] = field(default_factory=dict)   # per policy version, per class
     learner: Learner = field(default_factory=Learner)
     one_cohort: bool = False        # new sessions only into the cohort being balanced (see Admitted)
-    cohort_version: int = 0         # the cohort the gate balances
     kv_is_pressure: bool = True   # False in front of a policy that never over-commits KV (see Admitted)
     climb: GoodputClimb | None = None   # over-commit when measured goodput says it pays (misa_goodput.py)
     boost: float = 1.0              # the climber's multiplier on the KV bands (1: hold what is measured)
@@ -198,18 +197,18 @@ class MisaT:
             lead = {c: x - shift for c, x in lead.items()}     # sum to 1, so some class is always behind
         return {c: mix[c] * (done + lead[c]) - counts.get(c, 0) for c in waiting}
 
-    def cohort_places(self, view: PoolView, waiting: list[str]) -> dict[str, int]:
+    def cohort_places(self, view: PoolView, waiting: list[str], version: int) -> dict[str, int]:
         """Each waiting class's places in the cohort being filled: its target share (rounded
         as the trainer rounds a batch) of what the cohort will hold, the sessions it admitted so far
         plus the room the eta budget leaves it. A class that used its places waits even when a class
         still behind is held by its cap: the cohort is what the next batches consume (under eta 1 a
         full cohort is exactly one batch), so a session lent another class's place stays in it."""
-        counts = self.cohorts.get(self.cohort_version, {})
-        room = min(len(view.fresh), view.credits.admissible(self.cohort_version, view.next_batch))
+        counts = self.cohorts.get(version, {})
+        room = min(len(view.fresh), view.credits.admissible(version, view.next_batch))
         size = sum(counts.get(c, 0) for c in waiting) + room
         return target_counts({c: self.target_mix.get(c, 0.0) for c in waiting}, size)
 
-    def _filling(self, view: PoolView) -> int:
+    def filling(self, view: PoolView) -> int:
         """The cohort new sessions join: the trainer's, or in front of a router the oldest version
         a live worker is on that has eta budget left (the router fills it before its workers move)."""
         if not self.one_cohort:
@@ -225,9 +224,9 @@ class MisaT:
         active = view.active_by_class
         waiting = view.fresh.classes()
         unused = {c: max(0, cap - active.get(c, 0)) for c, cap in self.class_caps.items()}
-        self.cohort_version = self._filling(view)
-        cohort = self.cohorts.get(self.cohort_version, {})
-        places = self.cohort_places(view, waiting)
+        version = self.filling(view)
+        cohort = self.cohorts.get(version, {})
+        places = self.cohort_places(view, waiting, version)
         left = [c for c in waiting if cohort.get(c, 0) < places[c]]    # never empty while there is room
         deficit = self.deficits(left, view.credits.batch_size, cohort)
         bound = MAX_AHEAD * view.credits.batch_size
@@ -238,12 +237,12 @@ class MisaT:
             return set()
         return {max(open_, key=lambda c: (deficit[c], c))}
 
-    def accepts(self, w: Worker) -> bool:
+    def accepts(self, view: PoolView, w: Worker) -> bool:
         """Under its session cap and, with `one_cohort` (in front of a router), on the version of the
-        cohort being filled as the last `open_classes` found it: the gate protocol gives `accepts` no
-        view, and a router asks `next_fresh` (so `open_classes`) before it offers any worker a session."""
-        current = not self.one_cohort or w.version == self.cohort_version
-        return current and w.sessions < int(self.caps.get(w.id, 1))
+        cohort being filled in `view` (the one `open_classes` balances in the same view)."""
+        if w.sessions >= int(self.caps.get(w.id, 1)):
+            return False
+        return not self.one_cohort or w.version == self.filling(view)
 
     def remaining(self, view: PoolView) -> int:
         return sum(max(0, int(self.caps[w.id]) - w.sessions) for w in view.alive() if w.id in self.caps)
