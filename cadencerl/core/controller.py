@@ -15,6 +15,7 @@ from cadencerl.core.actions import ActionError, Admit, Advance, Batch, Evict, In
 from cadencerl.core.admission_checks import batch_steps, check_budget, check_fits, check_fresh, check_placement
 from cadencerl.core.backend import Backend, Finished, Restore, Timer, ToolReturned, TurnEnded, WorkerLost
 from cadencerl.core.credits import CreditModel
+from cadencerl.core.diagnostics import StallError, all_lost_message, conservation_problems, stall_message
 from cadencerl.core.fresh import FreshQueue
 from cadencerl.core.pending import PendingSet
 from cadencerl.core.recorder import Recorder
@@ -25,10 +26,6 @@ from cadencerl.core.residency import attach, detach, live_worker, retire
 from cadencerl.core.worker import Worker
 
 PUBLISH, MIX_WAIT = "publish", "mix-wait"   # timer tags: a batch trained; a short class's wait bound ran out
-
-
-class StallError(RuntimeError):
-    """Nothing can make progress: a policy bug or an impossible configuration."""
 
 
 @dataclass
@@ -122,14 +119,8 @@ class Controller:
         return self.done == len(self.trajectories) and self.trainer.all_consumed
 
     def _stalled(self) -> None:
-        pending = {v: self.pending.count(v) for v in self.pending.versions()}
-        lost = [w.id for w in self.workers if not w.alive] or "none"
-        raise StallError(
-            f"policy {self.policy.name!r} stalled at t={self.now:.1f}s: {len(self.fresh)} fresh, "
-            f"{len(self.pending)} pending (by version {pending}), {self.done}/{len(self.trajectories)} done, "
-            f"trainer at version {self.trainer.version}, worker versions {sorted({w.version for w in self.workers})}, "
-            f"workers lost: {lost}; knobs eta {self.params.eta}, delta {self.params.delta} tokens, largest worker "
-            f"KV {max(w.kv_capacity for w in self.workers)} tokens")
+        raise StallError(stall_message(self.policy.name, self.now, len(self.fresh), self.pending, self.done,
+                                       len(self.trajectories), self.trainer.version, self.workers, self.params))
 
     def _handle(self, ev) -> bool:
         """Apply one backend event; True when it warrants an immediate decision."""
@@ -160,9 +151,7 @@ class Controller:
             self._lose_worker(ev.worker, ev.time)
             self.lost_why[ev.worker] = ev.why
             if not any(w.alive for w in self.workers):
-                raise StallError(f"every worker is lost at t={ev.time:.1f}s, {self.done}/{len(self.trajectories)} "
-                                 f"done: " + "; ".join(f"worker {w}: {why or 'no reason given'}"
-                                                         for w, why in self.lost_why.items()))
+                raise StallError(all_lost_message(ev.time, self.done, len(self.trajectories), self.lost_why))
             return True
         return False
 
@@ -384,16 +373,5 @@ class Controller:
     # -- conservation -----------------------------------------------------------------------------
 
     def check_conservation(self) -> list[str]:
-        problems = list(self.backend.verify())
-        states = {}
-        for t in self.trajectories.values():
-            states[t.state] = states.get(t.state, 0) + 1
-            if t.state is State.DONE and t.completed_at < t.admitted_at:
-                problems.append(f"trajectory {t.id} completed before it was admitted")
-        if states.get(State.DONE, 0) != len(self.trajectories):
-            problems.append(f"not every trajectory completed: {({k.value: v for k, v in states.items()})}")
-        if len(self.pending):
-            problems.append(f"pending set not empty at the end: {len(self.pending)}")
-        if self.trainer.consumed != len(self.trajectories):
-            problems.append(f"trainer consumed {self.trainer.consumed} of {len(self.trajectories)}")
-        return problems
+        return conservation_problems(self.backend.verify(), self.trajectories.values(), len(self.pending),
+                                     self.trainer.consumed)
