@@ -3,28 +3,27 @@
 Every number is checked to be finite and inside a sane range, so a scenario that validates also
 runs to completion in bounded time (the limits below say what "sane" is; see the README).
 Types are strict: `trajectories: true` or `devices: "8"` is an error, not a silent 1 or 8.
+Reading the file itself (size, encoding, YAML/TOML syntax) is user_files.py's job.
 """
 
 from __future__ import annotations
 
 import math
 import re
-import tomllib
 from importlib import resources
 from pathlib import Path
 from typing import Annotated, Literal
 
-import yaml
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints, ValidationError, model_validator
 
 from cadencerl.hardware import catalog
 from cadencerl.hardware.perf import DoesNotFitError, make_perf
+from cadencerl.user_files import ConfigError, parse_scenario_file, read_text_file
 
 MAX_TRAJECTORIES = 1_000_000      # a run's work grows with it; the built-ins use 16,384
 MAX_TOKENS = 1 << 24              # any one length (16M tokens) or a KV cap
 MAX_SECONDS = 86_400.0            # any one duration: a day of virtual time
 MAX_SIGMA = 5.0                   # log-normal spread; exp(5) is already a factor of 148
-MAX_FILE_BYTES = 1 << 20          # a scenario file is a page of YAML, not a data set
 
 _UNSAFE = re.compile(r"[\[\]/\\\x00-\x1f\x7f]")
 
@@ -41,10 +40,6 @@ Count = Annotated[int, Field(gt=0, le=MAX_TRAJECTORIES)]
 Tokens = Annotated[int, Field(gt=0, le=MAX_TOKENS)]
 Seconds = Annotated[float, Field(ge=0, le=MAX_SECONDS)]
 Sigma = Annotated[float, Field(ge=0, le=MAX_SIGMA)]
-
-
-class ConfigError(ValueError):
-    """Bad user input; the message is one line that names the field."""
 
 
 class _Strict(BaseModel):
@@ -309,74 +304,10 @@ def load_scenario_dict(data: dict) -> Scenario:
         raise ConfigError(str(exc)) from None
 
 
-class _UniqueKeyLoader(yaml.SafeLoader):
-    """safe_load that refuses a key given twice in one mapping (PyYAML keeps the last silently)."""
-
-
-def _unique_mapping(loader: _UniqueKeyLoader, node: yaml.MappingNode, deep: bool = False) -> dict:
-    seen: set = set()
-    for key_node, _ in node.value:
-        if key_node.tag == "tag:yaml.org,2002:merge":
-            continue
-        key = loader.construct_object(key_node, deep=deep)
-        if isinstance(key, (list, dict)):
-            raise yaml.constructor.ConstructorError(None, None, "a mapping key must be a plain value",
-                                                    key_node.start_mark)
-        if key in seen:
-            raise yaml.constructor.ConstructorError(None, None, f"duplicate key {key!r}", key_node.start_mark)
-        seen.add(key)
-    return loader.construct_mapping(node, deep)
-
-
-_UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _unique_mapping)
-
-
-def _parse(path: Path, text: str) -> object:
-    """YAML or TOML by suffix; a syntax error keeps its line number."""
-    if path.suffix == ".toml":
-        try:
-            return tomllib.loads(text)
-        except tomllib.TOMLDecodeError as exc:
-            raise ConfigError(f"config: {path.name} is not valid TOML: {str(exc).splitlines()[0]}") from None
-        except RecursionError:
-            raise ConfigError(f"config: {path.name} nests too deeply to be a scenario") from None
-    try:
-        return yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 (a SafeLoader subclass)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" line {mark.line + 1}, column {mark.column + 1}:" if mark is not None else ""
-        what = getattr(exc, "problem", None) or str(exc).splitlines()[0]
-        raise ConfigError(f"config: {path.name} is not valid YAML:{where} {what}") from None
-    except RecursionError:
-        raise ConfigError(f"config: {path.name} nests too deeply to be a scenario") from None
-
-
-def read_text_file(path: Path, field: str, limit: int = MAX_FILE_BYTES) -> str:
-    """A user file as text: exists, is a file, not huge, UTF-8 (a BOM is fine), CRLF or LF."""
-    if path.is_dir():
-        raise ConfigError(f"{field}: {str(path)!r} is a directory, not a file")
-    if path.exists() and not path.is_file():
-        raise ConfigError(f"{field}: {str(path)!r} is not a regular file")
-    if not path.is_file():
-        raise ConfigError(f"{field}: no such file {str(path)!r}")
-    try:
-        size = path.stat().st_size
-        if size > limit:
-            raise ConfigError(f"{field}: {path.name} is {size:,} bytes; the limit is {limit:,}")
-        raw = path.read_bytes()
-    except OSError as exc:
-        raise ConfigError(f"{field}: cannot read {str(path)!r}: {exc.strerror or exc}") from None
-    try:
-        return raw.decode("utf-8-sig")
-    except UnicodeDecodeError as exc:
-        raise ConfigError(f"{field}: {path.name} is not UTF-8 text (byte 0x{raw[exc.start]:02x} at offset "
-                          f"{exc.start})") from None
-
-
 def load_scenario_file(path: str | Path) -> Scenario:
     """A scenario from a YAML or TOML file; a relative `workload.trace` is relative to the file."""
     path = Path(path)
-    data = _parse(path, read_text_file(path, "config"))
+    data = parse_scenario_file(path, read_text_file(path, "config"))
     if not isinstance(data, dict):
         raise ConfigError(f"config: {path.name} must hold a mapping of scenario fields")
     workload = data.get("workload")
