@@ -1,7 +1,7 @@
 """What decides whether a larger decode reserve delta raises CadenceRL's P95? (issue 12)
 
-Usage: python benchmarks/delta_trace.py [--setups 8b-hetero,14b-hetero,14b-h800,14b-h800-tick2] [--deltas 512,1024,2048,4096]
-           [--jobs J] [--out benchmarks/results/delta_trace.json]
+Usage: python benchmarks/delta_trace.py [--setups 8b-hetero,14b-hetero,14b-h800,...] [--deltas 512,1024,2048,4096]
+           [--jobs J] [--shed-at-reserve] [--out benchmarks/results/delta_trace.json]
 
 Runs CadenceRL in steady state (16 iterations of batch 4,096, figures over iterations 2..15) for each
 delta on each setup and prints, per run: steady throughput, P95 from admission and from submission,
@@ -16,8 +16,8 @@ evictions, the non-resident P95, and where delta enters the decisions:
 Setups: the built-in 16a16b8h (Qwen3-8B) and the same pool and workload with Qwen3-14B (the model of
 the paper's delta sweep, section 6.3), and the homogeneous 16 H800 pool with Qwen3-14B (the paper's
 homogeneous 14B runs), and that pool with a decision every 2 s (the growth between decisions then
-exceeds every delta swept). The counting index and the tracing policy are subclasses installed for
-this process only; the policy decides exactly as `cadence` does. What the figures show: README, "The
+exceeds every delta swept) and at batch 1,024 (eta binds, not KV). The counting index and the
+tracing policy are subclasses installed for this process only; the policy decides exactly as `cadence` does. What the figures show: README, "The
 decode reserve delta".
 """
 
@@ -38,7 +38,7 @@ from cadencerl.config import Scenario, builtin_scenario  # noqa: E402
 from cadencerl.core.trajectory import State  # noqa: E402
 from cadencerl.policies import cadence as cadence_module  # noqa: E402
 from cadencerl.core.actions import Batch, Evict, Place  # noqa: E402
-from cadencerl.policies.cadence import Cadence  # noqa: E402
+from cadencerl.policies.cadence import Cadence, _longest_first  # noqa: E402
 from cadencerl.policies.cadence_rooms import RoomIndex  # noqa: E402
 from cadencerl.core.worker import Worker  # noqa: E402
 from cadencerl.runs.registry import make_policy  # noqa: E402
@@ -54,6 +54,8 @@ SETUPS = {
     "14b-h800": ("h800-16", H800_14B),
     # the same with a decision every 2 s: a worker's growth between decisions (~4x) dwarfs every delta swept
     "14b-h800-tick2": ("h800-16", dict(H800_14B, policy={"tick_s": 2.0})),
+    # the same at batch 1,024 (16 iterations of it): eta binds, not KV
+    "14b-h800-b1024": ("h800-16", dict(H800_14B, workload={"trajectories": 16384}, trainer={"batch_size": 1024})),
 }
 
 
@@ -129,19 +131,36 @@ class TracingCadence(Cadence):
             yield a
 
 
+class ShedAtReserve(TracingCadence):
+    """The other reading of "the pacing decode reserve" (section 4.3), tried and not kept: pacing also
+    sheds below floor + delta, not below the floor (section 4.2 says the floor), so delta leaves no band."""
+
+    def _pace(self, view, v, workers):
+        for w in workers:
+            longest = None
+            while len(w.residents) > 1 and w.headroom < self.floor(w) + self.delta:
+                self.kv_bound.add(w.version)
+                longest = longest or _longest_first(w)
+                a = Evict(next(longest).id)
+                self._evicted(workers, a, "shed")
+                self.shed_growth.append(self.growth.tokens(w, len(w.residents)))
+                yield a
+        yield from super()._pace(view, v, workers)
+
+
 def scenario(setup: str, delta: int) -> Scenario:
     base, changes = SETUPS[setup]
-    changes = dict(changes, policy=dict(changes.get("policy", {}), delta=delta))
-    return builtin_scenario(base).with_overrides(**changes, **STEADY)
+    changes = dict(STEADY, **changes, policy=dict(changes.get("policy", {}), delta=delta))
+    return builtin_scenario(base).with_overrides(**changes)
 
 
-def run_one(setup: str, delta: int, probe: int | None = None) -> dict:
+def run_one(setup: str, delta: int, probe: int | None = None, shed_at_reserve: bool = False) -> dict:
     """One run's figures; `probe`: the trajectory whose life to return (None: the one at this run's P95)."""
     cadence_module.RoomIndex = CountingIndex
     CountingIndex.delta, CountingIndex.searches, CountingIndex.blocked = delta, 0, 0
     s = scenario(setup, delta)
     keep: dict = {}
-    policy = TracingCadence(make_policy("cadence", s).params)
+    policy = (ShedAtReserve if shed_at_reserve else TracingCadence)(make_policy("cadence", s).params)
     r = simulate(s, policy, keep=keep)
     ctl = keep["controller"]
     steady = steady_view(r)
@@ -182,6 +201,7 @@ def main() -> None:
     ap.add_argument("--setups", default=",".join(SETUPS))
     ap.add_argument("--deltas", default="512,1024,2048,4096")
     ap.add_argument("--jobs", type=int, default=1)
+    ap.add_argument("--shed-at-reserve", action="store_true", help="pacing sheds below floor + delta (ShedAtReserve)")
     ap.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "delta_trace.json"))
     args = ap.parse_args()
     setups = args.setups.split(",")
@@ -190,8 +210,9 @@ def main() -> None:
         sys.exit(f"setups: unknown {unknown} (known: {', '.join(SETUPS)})")
     deltas = [int(d) for d in args.deltas.split(",")]
     with ProcessPoolExecutor(args.jobs) as pool:
-        first = dict(zip(setups, pool.map(run_one, setups, [deltas[0]] * len(setups))))
-        rest = [(s, d, first[s]["probe"]["id"]) for s in setups for d in deltas[1:]]
+        first = dict(zip(setups, pool.map(run_one, setups, [deltas[0]] * len(setups), [None] * len(setups),
+                                          [args.shed_at_reserve] * len(setups))))
+        rest = [(s, d, first[s]["probe"]["id"], args.shed_at_reserve) for s in setups for d in deltas[1:]]
         later = iter(pool.map(run_one, *zip(*rest))) if rest else iter(())
     rows = [first[s] if d == deltas[0] else next(later) for s in setups for d in deltas]
     print(f"{'setup':<11}{'delta':>6}{'tok/s':>9}{'P95 adm':>9}{'P95 sub':>9}{'evict':>7}{'preempt':>8}"
