@@ -89,18 +89,20 @@ def print_tables(tables: list[Table], to_stderr: bool) -> None:
 
 
 def sensitivity_table(title: str, runs: list[dict], etas: list[int], deltas: list[int]) -> Table:
-    """Throughput / P95 for each (eta, delta) run: eta down the rows, delta across the columns; the
-    steady window's figures when every run has one."""
+    """Throughput / P95 from admission / P95 from submission for each (eta, delta) run: eta down the
+    rows, delta across the columns; the steady window's figures when every run has one. (Holding work
+    back shows only in latency from submission.)"""
     steady = all(r.get("steady_window_s") for r in runs)
-    tp, p95 = ("steady_throughput_tok_s", "steady_latency_p95_s") if steady else ("throughput_tok_s", "latency_p95_s")
-    table = Table(title=f"{title} {'steady-window ' if steady else ''}throughput tok/s / P95 s by eta (rows) and "
-                        "delta (columns)")
+    keys = ("throughput_tok_s", "latency_p95_s", "latency_from_submit_p95_s")
+    tp, p95, sub = (f"steady_{k}" for k in keys) if steady else keys
+    table = Table(title=f"{title} {'steady-window ' if steady else ''}throughput tok/s / P95 s from admission / "
+                        "P95 s from submission, by eta (rows) and delta (columns)")
     table.add_column("eta")
     for d in deltas:
         table.add_column(f"delta {d}", justify="right")
     for eta in etas:
         cells = [next(r for r in runs if r["eta"] == eta and r["delta"] == d) for d in deltas]
-        table.add_row(str(eta), *(f"{r[tp]:,.0f} / {r[p95]:.0f}" for r in cells))
+        table.add_row(str(eta), *(f"{r[tp]:,.0f} / {r[p95]:.0f} / {r[sub]:.0f}" for r in cells))
     return table
 
 

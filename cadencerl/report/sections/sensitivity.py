@@ -11,8 +11,9 @@ from cadencerl.report.matrix import DETAIL_POOL, pool_scenario
 
 def _sweep_rows(ctx: Report, s: Scenario, knob: str, values) -> tuple[list, list[dict]]:
     runs = [ctx.runner.run(s.with_overrides(policy={knob: v}), "cadence") for v in values]
-    rows = [[v, tok(r["throughput_tok_s"]), sec(r["latency_p95_s"]), sec(r["latency_p99_s"]),
-             pct(r["non_resident_p95"]), ctx.command("sim", s, "cadence", **{knob: v})] for v, r in zip(values, runs)]
+    rows = [[v, tok(r["throughput_tok_s"]), sec(r["latency_p95_s"]), sec(r["latency_from_submit_p95_s"]),
+             sec(r["latency_p99_s"]), pct(r["non_resident_p95"]), r["evictions"],
+             ctx.command("sim", s, "cadence", **{knob: v})] for v, r in zip(values, runs)]
     return rows, runs
 
 
@@ -39,19 +40,23 @@ def sensitivity(ctx: Report) -> str:
     monotone = all(b >= a for a, b in zip(p95s, p95s[1:]))
     dtp = [r["throughput_tok_s"] for r in delta_runs]
     dp95 = [r["latency_p95_s"] for r in delta_runs]
+    dsub = [r["latency_from_submit_p95_s"] for r in delta_runs]
+    devict = [r["evictions"] for r in delta_runs]
     if not monotone:
         ctx.mismatches.append(f"eta sweep on {DETAIL_POOL}: P95 does not rise monotonically with eta "
                               f"({', '.join(sec(v) for v in p95s)} s for eta {', '.join(map(str, etas))}).")
     if dp95[-1] <= dp95[0]:
         ctx.mismatches.append(f"delta sweep on {DETAIL_POOL}: raising delta from {deltas[0]} to {deltas[-1]} does not "
-                              f"raise P95 ({change(dp95[-1], dp95[0])}).")
+                              f"raise P95 ({change(dp95[-1], dp95[0])} from admission, "
+                              f"{change(dsub[-1], dsub[0])} from submission).")
     iterations = s.workload.trajectories // s.trainer.batch_size
     saturated = [e for e in etas if e + 1 >= iterations]
     saturation_note = "" if len(saturated) < 2 else (
         f" With {iterations} iterations, eta >= {saturated[0]} already lets the whole workload be in flight "
         "(the credit model bounds it to about (eta + 1) batches), so the points for eta = "
         f"{', '.join(map(str, saturated))} can only coincide.")
-    headers = ["value", "throughput tok/s", "P95 s", "P99 s", "non-resident P95", "reproduce"]
+    headers = ["value", "throughput tok/s", "P95 s (from admission)", "P95 s (from submission)", "P99 s",
+               "non-resident P95", "evictions (whole run)", "reproduce"]
     return "\n".join([
         "## 6. Sensitivity to eta and delta\n",
         "Paper (section 6.3): raising eta from 1 to 3 improves throughput, further increases reduce it, and latency "
@@ -68,7 +73,10 @@ def sensitivity(ctx: Report) -> str:
         f"{s.policy.delta} tokens).*\n",
         "### delta\n", ctx.setup_line(s, delta="swept"), "", md_table(["delta", *headers[1:]], delta_rows), "",
         f"Measured: from delta = {deltas[0]} to {deltas[-1]} throughput changes {change(dtp[-1], dtp[0])} and P95 "
-        f"changes {change(dp95[-1], dp95[0])}.\n",
+        f"changes {change(dp95[-1], dp95[0])} from admission, {change(dsub[-1], dsub[0])} from submission; evictions "
+        f"change {change(devict[-1], devict[0])}. A larger reserve widens the band between the fill (floor + delta) "
+        "and the shed line (the floor): fewer sheds, and each evicted trajectory waits longer for room for its context "
+        "+ delta; why the two offset: README, 'The decode reserve delta' (`benchmarks/delta_trace.py`).\n",
         f"![delta sweep]({delta_rel})\n",
         f"*Figure 6b. CadenceRL on {DETAIL_POOL}: aggregate decode throughput (left, thousands of tokens/s) and P95 "
         f"trajectory latency (right, seconds) against the decode reserve delta in tokens (eta = {s.policy.eta}).*\n"])
