@@ -183,11 +183,11 @@ class PolicySpec(_Strict):
       (drain only when a newer version has fresh work; only if the targets can take every resident
       of the source at once). The first is on (without it a drained worker has nowhere to go and its
       residents come back: the ablation `cadence-eager-drain` shows the loss), the second off.
-    * spread_affinity: while CadenceRL spreads, a prompt's home is taken "tie-break-until-kv-binds"
-      (default): whenever feasible once KV has bound under the version or the one before, until then
-      only if it ties the least-loaded worker; "capped-until-kv-binds" up to the mean load until then
-      (`cadence-capped-until-bound`); "home-first" (`cadence-home-first`); "capped" always up to the
-      mean (`cadence-capped-affinity`); "tie-break" always (`cadence-balanced-spread`).
+    * spread_affinity: while CadenceRL spreads, a prompt's home is taken "tie-break-until-kv-stays-bound"
+      (default): whenever feasible once KV has bound under two versions in a row, until then only if it
+      ties the least-loaded worker; "tie-break-until-kv-binds" after any bind under the version or the one
+      before (`cadence-any-bind`, the previous default); "capped-until-kv-binds" up to the mean load until
+      then (`cadence-capped-until-bound`); "home-first"; "capped" always up to the mean; "tie-break" always.
     * concentrate_within_one_rank: a version whose workers all share one affinity rank concentrates
       too, draining onto equally fast, fuller workers (`cadence-flat-concentrate`); off (the
       default), such a version keeps pacing after its budget is spent.
@@ -209,8 +209,8 @@ class PolicySpec(_Strict):
     drain_needs_fresh_ahead: bool = True
     drain_whole_source: bool = False
     concentrate_when_kv_bound: bool = True
-    spread_affinity: Literal["tie-break-until-kv-binds", "capped-until-kv-binds", "home-first", "capped",
-                             "tie-break"] = "tie-break-until-kv-binds"
+    spread_affinity: Literal["tie-break-until-kv-stays-bound", "tie-break-until-kv-binds", "capped-until-kv-binds",
+                             "home-first", "capped", "tie-break"] = "tie-break-until-kv-stays-bound"
     concentrate_within_one_rank: bool = False
 
 

@@ -229,19 +229,44 @@ def test_while_spreading_the_prompts_home_only_breaks_a_tie_among_the_least_load
     assert decide(spread_affinity="home-first") == [Admit(1, 10), Admit(1, 11), Admit(1, 12), Admit(1, 13)]
 
 
+def _decide_after_binds(bound: set[int], version: int = 0, **options) -> list:
+    """Four samples of one prompt admitted under `version`, KV having bound under the versions `bound`."""
+    policy = Cadence(PARAMS.model_copy(update=options))
+    policy.kv_bound |= bound
+    busy = worker(0, cap=10_000, version=version, residents=[traj(i, 100, version=version) for i in range(1, 7)])
+    light = worker(1, cap=10_000, version=version, residents=[traj(7, 100, version=version)])
+    idle = worker(2, cap=10_000, version=version, residents=[traj(8, 100, version=version)])
+    siblings = [traj(10 + i, 50, group=5) for i in range(4)]
+    return actions(view([busy, light, idle], policy, fresh=siblings, trainer_version=version,
+                        tags={version: 100}, consumed=100 * version, batch=100, total=100 * version + 300))
+
+
+_HOME_FIRST = [Admit(1, 10), Admit(1, 11), Admit(1, 12), Admit(1, 13)]
+_BALANCED = [Admit(1, 10), Admit(2, 11), Admit(2, 12), Admit(1, 13)]
+
+
+def test_the_prompts_home_is_taken_whenever_feasible_only_once_kv_has_bound_under_two_versions_in_a_row():
+    # the default: KV bound under the version and the one before it, or under the two before it
+    assert _decide_after_binds({3, 4}, version=4) == _HOME_FIRST
+    assert _decide_after_binds({2, 3}, version=4) == _HOME_FIRST
+    assert _decide_after_binds({0}, version=0) == _HOME_FIRST      # version 0 has no version before it
+    assert _decide_after_binds({0}, version=1) == _HOME_FIRST
+    # a bind in one version only (the tail of the one before, or this one's own) is a transient:
+    # the home only breaks a tie among the least loaded
+    assert _decide_after_binds({3}, version=4) == _BALANCED
+    assert _decide_after_binds({4}, version=4) == _BALANCED
+    assert _decide_after_binds({1, 3}, version=4) == _BALANCED
+    assert _decide_after_binds({2, 3}, version=5) == _BALANCED     # two in a row, but no longer recent
+    assert _decide_after_binds(set(), version=4) == _BALANCED
+    # the previous default (`cadence-any-bind`) takes the home after any bind under the version or the one before
+    assert _decide_after_binds({3}, version=4, spread_affinity="tie-break-until-kv-binds") == _HOME_FIRST
+
+
 def test_once_kv_has_bound_under_the_version_or_the_one_before_the_prompts_home_is_taken_whenever_feasible():
     def decide(bound: set[int], version: int = 0, **options):
-        policy = Cadence(PARAMS.model_copy(update=options))
-        policy.kv_bound |= bound
-        busy = worker(0, cap=10_000, version=version, residents=[traj(i, 100, version=version) for i in range(1, 7)])
-        light = worker(1, cap=10_000, version=version, residents=[traj(7, 100, version=version)])
-        idle = worker(2, cap=10_000, version=version, residents=[traj(8, 100, version=version)])
-        siblings = [traj(10 + i, 50, group=5) for i in range(4)]
-        return actions(view([busy, light, idle], policy, fresh=siblings, trainer_version=version,
-                            tags={version: 100}, consumed=100 * version, batch=100, total=100 * version + 300))
+        return _decide_after_binds(bound, version, **{"spread_affinity": "tie-break-until-kv-binds", **options})
 
-    home_first = [Admit(1, 10), Admit(1, 11), Admit(1, 12), Admit(1, 13)]
-    balanced = [Admit(1, 10), Admit(2, 11), Admit(2, 12), Admit(1, 13)]
+    home_first, balanced = _HOME_FIRST, _BALANCED
     assert decide({0}) == home_first
     assert decide({0}, version=1) == home_first                 # bound under the version before
     assert decide({0}, version=2) == balanced                   # two versions ago: least-loaded again

@@ -26,9 +26,14 @@ Where the paper is silent (each a named option in `PolicySpec`):
   (measured in `benchmarks/least_loaded_floor.py`; the README says where it still does).
 * While spreading, the choice is least-loaded's: the prompt's home is taken only if it ties the
   least-loaded feasible worker (the home breaks the tie that least-loaded breaks by worker id),
-  so on a light load CadenceRL spreads exactly like the floor (issue 12, item 3). Once KV has
-  bound under the version or the one before it (a worker shed below its floor), the home is
-  taken whenever it is feasible (`spread_affinity`). The home saves one prompt prefill, which on
+  so on a light load CadenceRL spreads exactly like the floor (issue 12, item 3). Once KV stays
+  bound (a worker shed below its floor under two versions in a row: the version and the one
+  before it, or the two before it), the home is taken whenever it is feasible (`spread_affinity`).
+  A bind under one version alone is a transient: at batch 1,024 a version's tail binds briefly and
+  the next version does not (every bind of the 35 benchmark runs is of this kind), and taking the
+  home after it put the next version's whole burst into prompt-sized hot spots (16a16b8h seed 3:
+  0.909x the floor's throughput; 1.002x without; `cadence-any-bind` is the earlier rule), while
+  in steady state at batch 4,096 every version binds. The home saves one prompt prefill, which on
   a memory-bound decode batch hides mostly under the weight and KV reads, while the samples of
   one prompt have correlated lengths: on a light load, following the home piles a hard prompt's
   samples onto one worker, a long-lived hot spot that sets the P95 (issue 12: home-first
@@ -216,17 +221,31 @@ class Cadence:
                      mean_load: float) -> Worker | None:
         """The prompt's home while it is no hot spot (see the module docstring), else the least-loaded
         feasible worker; None, while the home is taken whenever feasible, leaves the choice to that rule."""
-        mode = self.params.spread_affinity
-        kv_has_bound = v in self.kv_bound or v - 1 in self.kv_bound
-        if mode == "home-first" or (mode.endswith("-until-kv-binds") and kv_has_bound):
+        rule = self._home_rule(v)
+        if rule == "home-first":
             return None
         w = index.least_loaded(need)
         home = self._home(traj, index, need)
         if home is None or w is None:
             return w
         load = index.load(home)
-        in_bounds = mode.startswith("capped") and load + 1 <= mean_load
+        in_bounds = rule == "capped" and load + 1 <= mean_load
         return home if in_bounds or load == index.load(w) else w
+
+    def _home_rule(self, v: int) -> str:
+        """How far a prompt's home is followed while spreading under version `v`: "home-first",
+        "capped" (up to the mean load) or "tie-break" (only among the least loaded)."""
+        mode = self.params.spread_affinity
+        if mode == "tie-break-until-kv-stays-bound":
+            return "home-first" if self._kv_stays_bound(v) or self._kv_stays_bound(v - 1) else "tie-break"
+        if mode.endswith("-until-kv-binds"):
+            has_bound = v in self.kv_bound or v - 1 in self.kv_bound
+            return "home-first" if has_bound else mode.removesuffix("-until-kv-binds")
+        return mode
+
+    def _kv_stays_bound(self, v: int) -> bool:
+        """KV bound under `v` and under the version before it (version 0 has none before it)."""
+        return v in self.kv_bound and (v <= 0 or v - 1 in self.kv_bound)
 
     def _home(self, traj: Trajectory, index: RoomIndex, need: int) -> Worker | None:
         """Prompt affinity: the worker the last sample of this prompt went to, if it is a feasible candidate."""

@@ -46,6 +46,7 @@ CADENCE_ABLATIONS = {
     "cadence-whole-drain": dict(drain_whole_source=True),
     "cadence-eager-drain": dict(drain_needs_fresh_ahead=False),
     "cadence-always-concentrate": dict(concentrate_when_kv_bound=False),
+    "cadence-any-bind": dict(spread_affinity="tie-break-until-kv-binds"),
     "cadence-capped-until-bound": dict(spread_affinity="capped-until-kv-binds"),
     "cadence-capped-affinity": dict(spread_affinity="capped"),
     "cadence-home-first": dict(spread_affinity="home-first"),
