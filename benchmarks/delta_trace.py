@@ -1,7 +1,10 @@
 """What decides whether a larger decode reserve delta raises CadenceRL's P95? (issue 12)
 
 Usage: python benchmarks/delta_trace.py [--setups 8b-hetero,14b-hetero,14b-h800,...] [--deltas 512,1024,2048,4096]
-           [--jobs J] [--shed-at-reserve] [--out benchmarks/results/delta_trace.json]
+           [--jobs J] [--shed-at-reserve] [--out PATH]
+
+Results go to benchmarks/results/delta_trace.json, or with --shed-at-reserve (a variant, not the
+policy as registered) to delta_trace_shed_at_reserve.json, so the variant never overwrites them.
 
 Runs CadenceRL in steady state (16 iterations of batch 4,096, figures over iterations 2..15) for each
 delta on each setup and prints, per run: steady throughput, P95 from admission and from submission,
@@ -150,7 +153,7 @@ class ShedAtReserve(TracingCadence):
 
 def scenario(setup: str, delta: int) -> Scenario:
     base, changes = SETUPS[setup]
-    changes = dict(STEADY, **changes, policy=dict(changes.get("policy", {}), delta=delta))
+    changes = {**STEADY, **changes, "policy": {**changes.get("policy", {}), "delta": delta}}
     return builtin_scenario(base).with_overrides(**changes)
 
 
@@ -176,7 +179,7 @@ def run_one(setup: str, delta: int, probe: int | None = None, shed_at_reserve: b
     t = ctl.trajectories[probe]
     life = {"id": probe, "latency_s": t.completed_at - t.admitted_at, "admitted_s": t.admitted_at,
             "resident_s": t.resident_time, "final_context": t.context, "events": policy.life.get(probe, [])}
-    return {"setup": setup, "delta": delta, "throughput_tok_s": steady["throughput_tok_s"],
+    return {"setup": setup, "delta": delta, "shed_at_reserve": shed_at_reserve, "throughput_tok_s": steady["throughput_tok_s"],
             "p95_admission_s": steady["latency_p95_s"], "p95_submission_s": steady["latency_from_submit_p95_s"],
             "evictions": r["evictions"], "preemptions": r["preemptions"], "non_resident_p95": steady["non_resident_p95"],
             "searches": CountingIndex.searches, "delta_blocked": CountingIndex.blocked,
@@ -202,7 +205,7 @@ def main() -> None:
     ap.add_argument("--deltas", default="512,1024,2048,4096")
     ap.add_argument("--jobs", type=int, default=1)
     ap.add_argument("--shed-at-reserve", action="store_true", help="pacing sheds below floor + delta (ShedAtReserve)")
-    ap.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "delta_trace.json"))
+    ap.add_argument("--out", default=None, help="default: benchmarks/results/delta_trace[_shed_at_reserve].json")
     args = ap.parse_args()
     setups = args.setups.split(",")
     unknown = [x for x in setups if x not in SETUPS]
@@ -235,7 +238,8 @@ def main() -> None:
         events = " ".join(f"{t:.0f}:{e[0]}{c}" for t, e, c in p["events"])
         print(f"{r['setup']} delta {r['delta']}: #{p['id']} admitted {p['admitted_s']:.0f} s, latency {p['latency_s']:.0f} s, resident "
               f"{p['resident_s']:.0f} s, shed {r['shed']} / drained {r['drained']} in the run | {events}")
-    Path(args.out).write_text(json.dumps(rows, indent=1))
+    name = "delta_trace_shed_at_reserve.json" if args.shed_at_reserve else "delta_trace.json"
+    Path(args.out or REPO / "benchmarks" / "results" / name).write_text(json.dumps(rows, indent=1))
 
 
 if __name__ == "__main__":

@@ -62,6 +62,7 @@ def test_user_config_file_runs(tmp_path):
     (lambda t: t.replace("batch_size: 8", "batch_size: lots"), "trainer.batch_size"),
     (lambda t: t + "bogus: 1\n", "bogus"),
     (lambda t: t + "  : [\n", "not valid YAML"),
+    (lambda t: t + "policy:\n  spread_affinity: tie-break-until-kv-stay-bound\n", "policy.spread_affinity"),
 ])
 def test_bad_config_names_the_field(tmp_path, mutate, field):
     r = run("sim", "--config", write(tmp_path, mutate(GOOD)), "-p", "least-loaded")
@@ -141,3 +142,19 @@ def test_sim_says_how_to_get_the_reference_when_it_is_off(tmp_path):
     assert "throughput_fraction_of_reference" not in data
     assert f"{100 * data['throughput_fraction_of_bound']:.0f}%" in r.output
     assert "--reference" in " ".join(r.output.split())
+
+
+def test_sensitivity_cells_show_p95_from_admission_and_from_submission():
+    from cadencerl.cli.tables import sensitivity_table
+
+    def cells(runs):
+        table = sensitivity_table("t", runs, [1], [512, 4096])
+        return [list(c.cells)[0] for c in table.columns[1:]]
+
+    whole = [dict(eta=1, delta=d, throughput_tok_s=1000.0 * d, latency_p95_s=10.0 + d, latency_from_submit_p95_s=20.0 + d,
+                  steady_window_s=None) for d in (512, 4096)]
+    assert cells(whole) == ["512,000 / 522 / 532", "4,096,000 / 4106 / 4116"]
+    # with a steady window in every run, the cells are the steady window's figures
+    steady = [dict(r, steady_window_s=[1.0, 2.0], steady_throughput_tok_s=7.0, steady_latency_p95_s=8.0,
+                   steady_latency_from_submit_p95_s=9.0) for r in whole]
+    assert cells(steady) == ["7 / 8 / 9", "7 / 8 / 9"]
