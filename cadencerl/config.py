@@ -187,7 +187,9 @@ class PolicySpec(_Strict):
       (default): whenever feasible once KV has bound under two versions in a row, until then only if it
       ties the least-loaded worker; "tie-break-until-kv-binds" after any bind under the version or the one
       before (`cadence-any-bind`, the previous default); "capped-until-kv-binds" up to the mean load until
-      then (`cadence-capped-until-bound`); "home-first"; "capped" always up to the mean; "tie-break" always.
+      then (`cadence-capped-until-bound`); "home-first" (`cadence-home-first`); "capped" always up to the
+      mean (`cadence-capped-affinity`); "tie-break" always (`cadence-balanced-spread`). Version 0 has no
+      version before it, so a bind under it alone counts as staying bound.
     * concentrate_within_one_rank: a version whose workers all share one affinity rank concentrates
       too, draining onto equally fast, fuller workers (`cadence-flat-concentrate`); off (the
       default), such a version keeps pacing after its budget is spent.
