@@ -74,8 +74,8 @@ def sensitivity(ctx: Report) -> str:
         "### delta\n", ctx.setup_line(s, delta="swept"), "", md_table(["delta", *headers[1:]], delta_rows), "",
         f"Measured: from delta = {deltas[0]} to {deltas[-1]} throughput changes {change(dtp[-1], dtp[0])} and P95 "
         f"changes {change(dp95[-1], dp95[0])} from admission, {change(dsub[-1], dsub[0])} from submission; evictions "
-        f"change {change(devict[-1], devict[0])}. A larger reserve widens the band between the fill (floor + delta) "
-        "and the shed line (the floor): fewer sheds, and each evicted trajectory waits longer for room for its context "
+        f"change {change(devict[-1], devict[0])}. By design a larger reserve widens the band between the fill (floor + "
+        "delta) and the shed line (the floor): fewer sheds, and each evicted trajectory waits longer for room for its context "
         "+ delta; why the two offset: README, 'The decode reserve delta' (`benchmarks/delta_trace.py`).\n",
         f"![delta sweep]({delta_rel})\n",
         f"*Figure 6b. CadenceRL on {DETAIL_POOL}: aggregate decode throughput (left, thousands of tokens/s) and P95 "
