@@ -190,6 +190,10 @@ class PolicySpec(_Strict):
       then (`cadence-capped-until-bound`); "home-first" (`cadence-home-first`); "capped" always up to the
       mean (`cadence-capped-affinity`); "tie-break" always (`cadence-balanced-spread`). Version 0 has no
       version before it, so a bind under it alone counts as staying bound.
+    * spread_fair_share: while spreading and `spread_affinity` does not take the home whenever feasible
+      (by default: until KV stays bound), a worker admits fresh work only up to this multiple of its
+      share, by KV capacity, of the pool's residents plus the version's admissible work; 0 (the
+      default) sets no limit (`cadence-fair-share`: 1.5, the best of 1 / 1.5 / 2 on the issue-12 runs).
     * concentrate_within_one_rank: a version whose workers all share one affinity rank concentrates
       too, draining onto equally fast, fuller workers (`cadence-flat-concentrate`); off (the
       default), such a version keeps pacing after its budget is spent.
@@ -214,6 +218,7 @@ class PolicySpec(_Strict):
     spread_affinity: Literal["tie-break-until-kv-stays-bound", "tie-break-until-kv-binds", "capped-until-kv-binds",
                              "home-first", "capped", "tie-break"] = "tie-break-until-kv-stays-bound"
     concentrate_within_one_rank: bool = False
+    spread_fair_share: float = Field(default=0.0, ge=0, le=1000)
 
 
 class Scenario(_Strict):

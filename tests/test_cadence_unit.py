@@ -288,3 +288,23 @@ def test_a_version_on_one_affinity_rank_keeps_pacing_after_its_budget_is_spent()
     # the option on: the emptier worker drains onto the fuller one of the same rank
     acts = actions(state(), concentrate_when_kv_bound=False, concentrate_within_one_rank=True)
     assert acts[:2] == [Evict(2), Evict(1)] and Place(2, 1) in acts and Place(1, 1) in acts
+
+
+def test_a_fair_share_keeps_the_first_worker_at_a_version_from_taking_its_whole_budget():
+    def admitted(bound: frozenset[int] = frozenset(), **options) -> int:
+        policy = Cadence(PARAMS.model_copy(update=options))
+        policy.kv_bound |= bound
+        old = [worker(i, cap=10_000, residents=[traj(10 * i + j, 100) for j in range(1, 4)]) for i in (1, 2)]
+        lone = worker(0, cap=10_000, version=1)   # the first to reach version 1; the others run version 0's tail
+        fresh = [traj(100 + i, 50, group=100 + i) for i in range(12)]
+        acts = actions(view([lone, *old], policy, fresh=fresh, trainer_version=1, tags={0: 100}, consumed=100,
+                            batch=100, total=400))
+        assert all(a.worker == 0 for a in acts)
+        return len(acts)
+
+    assert admitted() == 12                              # the default: the whole admissible budget
+    # 6 residents + 12 admissible over 3 workers of equal KV: a share of 6, held from 7 on
+    assert admitted(spread_fair_share=1.0) == 7
+    assert admitted(spread_fair_share=2.0) == 12         # twice the share (13) exceeds the budget
+    # once KV has stayed bound (two versions in a row) every version binds: no share is kept
+    assert admitted(frozenset({0, 1}), spread_fair_share=1.0) == 12

@@ -24,6 +24,13 @@ Where the paper is silent (each a named option in `PolicySpec`):
   KV does not bind and fresh work is spread to the least-loaded feasible worker
   (`spread_when_underloaded`): on a light load CadenceRL should not trail the least-loaded floor
   (measured in `benchmarks/least_loaded_floor.py`; the README says where it still does).
+* `spread_fair_share` (a named variant, `cadence-fair-share`, off by default): while spreading and
+  until KV stays bound, a worker admits fresh work only up to its share (by KV capacity, times the
+  factor) of the pool's residents plus the version's admissible work. At batch 1,024 the first worker
+  to drain and advance otherwise takes a version's whole budget alone (16b8h seed 0, version 9: one
+  H800 at 256 residents for 200 s while the rest of the pool still runs version 8's tail), binds and
+  sheds, and those trajectories set the P95. Once KV stays bound it is off: held throughout, it cost
+  the steady 16a16b8h run 9% of its throughput (34,470 -> 31,455 tok/s).
 * While spreading, the choice is least-loaded's: the prompt's home is taken only if it ties the
   least-loaded feasible worker (the home breaks the tie that least-loaded breaks by worker id),
   so on a light load CadenceRL spreads exactly like the floor (issue 12, item 3). Once KV stays
@@ -176,6 +183,9 @@ class Cadence:
         nxt = next(pending, None)
         nxt_context = nxt.context if nxt is not None else 0
         delta = self.delta
+        shares = None   # held to a fair share only until KV stays bound (then every version binds)
+        if spread and self.params.spread_fair_share and self._home_rule(v) != "home-first":
+            shares = self._fair_shares(view, v)
         while True:
             if gated:
                 if budget >= 0:
@@ -198,6 +208,8 @@ class Cadence:
             need = context + delta
             w = self._spread_pick(v, traj, index, need, residents / len(every)) if spread else None
             w = w or self._home(traj, index, need) or pick(index, need)
+            if shares is not None and is_fresh and w is not None and index.load(w) >= shares[w.id]:
+                w = None   # the least loaded holds its share of the pool's work: the rest waits
             if w is None:
                 if is_fresh:
                     budget, fresh = -1, None
@@ -216,6 +228,16 @@ class Cadence:
                 nxt = next(pending, None)
                 nxt_context = nxt.context if nxt is not None else 0
             yield traj.id, w.id, is_fresh
+
+    def _fair_shares(self, view: PoolView, v: int) -> dict[int, float]:
+        """Each live worker's share of the pool's residents plus the fresh work admissible under `v`, in
+        proportion to its KV capacity and scaled by `spread_fair_share`: while spreading, a worker admits
+        fresh work only up to it, so the first worker to reach a version does not take the whole budget."""
+        live = [w for w in view.workers if w.alive]
+        residents = sum(len(w.residents) for w in live)
+        per_worker = int(self.params.spread_fair_share * (residents + max(view.admissible(v), 0)) / len(live)) + 1
+        mean_kv = sum(w.kv_capacity for w in live) / len(live)
+        return {w.id: per_worker * w.kv_capacity / mean_kv for w in live}
 
     def _spread_pick(self, v: int, traj: Trajectory, index: RoomIndex, need: int,
                      mean_load: float) -> Worker | None:
