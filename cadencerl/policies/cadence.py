@@ -183,8 +183,9 @@ class Cadence:
         nxt = next(pending, None)
         nxt_context = nxt.context if nxt is not None else 0
         delta = self.delta
+        rule = self._home_rule(v) if spread else None   # binds are recorded only by shedding, before the stream
         shares = None   # held to a fair share only until KV stays bound (then every version binds)
-        if spread and self.params.spread_fair_share and self._home_rule(v) != "home-first":
+        if spread and self.params.spread_fair_share and rule != "home-first":
             shares = self._fair_shares(view, v)
         while True:
             if gated:
@@ -206,7 +207,7 @@ class Cadence:
             else:
                 traj, index, context = nxt, every, nxt_context
             need = context + delta
-            w = self._spread_pick(v, traj, index, need, residents / len(every)) if spread else None
+            w = self._spread_pick(rule, traj, index, need, residents / len(every)) if spread else None
             w = w or self._home(traj, index, need) or pick(index, need)
             if shares is not None and is_fresh and w is not None and index.load(w) >= shares[w.id]:
                 w = None   # the least loaded holds its share of the pool's work: the rest waits
@@ -239,11 +240,11 @@ class Cadence:
         mean_kv = sum(w.kv_capacity for w in live) / len(live)
         return {w.id: per_worker * w.kv_capacity / mean_kv for w in live}
 
-    def _spread_pick(self, v: int, traj: Trajectory, index: RoomIndex, need: int,
+    def _spread_pick(self, rule: str, traj: Trajectory, index: RoomIndex, need: int,
                      mean_load: float) -> Worker | None:
         """The prompt's home while it is no hot spot (see the module docstring), else the least-loaded
-        feasible worker; None, while the home is taken whenever feasible, leaves the choice to that rule."""
-        rule = self._home_rule(v)
+        feasible worker; None, while the home is taken whenever feasible (`rule`, from `_home_rule`),
+        leaves the choice to that rule."""
         if rule == "home-first":
             return None
         w = index.least_loaded(need)

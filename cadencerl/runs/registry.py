@@ -32,7 +32,7 @@ def _tuned_cache_aware(scenario: Scenario) -> Policy:
     return router
 
 
-def _cadence(name: str, **options: bool | str) -> Callable[[Scenario], Policy]:
+def _cadence(name: str, **options: bool | str | float) -> Callable[[Scenario], Policy]:
     """CadenceRL with some of its mechanisms switched off (the ablation), under its own name."""
     return lambda s: Cadence(s.policy.model_copy(update=options), name=name)
 
