@@ -192,8 +192,8 @@ class PolicySpec(_Strict):
       version before it, so a bind under it alone counts as staying bound.
     * spread_fair_share: while spreading and `spread_affinity` does not take the home whenever feasible
       (by default: until KV stays bound), a worker admits fresh work only up to this multiple of its
-      share, by KV capacity, of the pool's residents plus the version's admissible work; 0 (the
-      default) sets no limit (`cadence-fair-share`: 1.5, the best of 1 / 1.5 / 2 on the issue-12 runs).
+      share, by KV capacity, of the pool's residents plus the version's admissible work (default 1.5,
+      the best of 1 / 1.5 / 2 on the issue-12 runs); 0 sets no limit (`cadence-no-fair-share`).
     * concentrate_within_one_rank: a version whose workers all share one affinity rank concentrates
       too, draining onto equally fast, fuller workers (`cadence-flat-concentrate`); off (the
       default), such a version keeps pacing after its budget is spent.
@@ -218,7 +218,7 @@ class PolicySpec(_Strict):
     spread_affinity: Literal["tie-break-until-kv-stays-bound", "tie-break-until-kv-binds", "capped-until-kv-binds",
                              "home-first", "capped", "tie-break"] = "tie-break-until-kv-stays-bound"
     concentrate_within_one_rank: bool = False
-    spread_fair_share: float = Field(default=0.0, ge=0, le=1000)
+    spread_fair_share: float = Field(default=1.5, ge=0, le=1000)
 
 
 class Scenario(_Strict):

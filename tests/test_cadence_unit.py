@@ -302,9 +302,24 @@ def test_a_fair_share_keeps_the_first_worker_at_a_version_from_taking_its_whole_
         assert all(a.worker == 0 for a in acts)
         return len(acts)
 
-    assert admitted() == 12                              # the default: the whole admissible budget
+    assert admitted(spread_fair_share=0.0) == 12         # no share: the whole admissible budget
     # 6 residents + 12 admissible over 3 workers of equal KV: a share of 6, held from 7 on
     assert admitted(spread_fair_share=1.0) == 7
+    assert admitted() == 10                              # the default, 1.5: held from int(1.5 x 6) + 1 on
     assert admitted(spread_fair_share=2.0) == 12         # twice the share (13) exceeds the budget
     # once KV has stayed bound (two versions in a row) every version binds: no share is kept
     assert admitted(frozenset({0, 1}), spread_fair_share=1.0) == 12
+
+
+def test_fresh_work_goes_on_to_a_larger_worker_under_its_share_once_the_least_loaded_holds_its_own():
+    policy = Cadence(PARAMS.model_copy(update={"spread_fair_share": 1.0}))
+    old = [worker(i, cap=10_000, residents=[traj(10 * i + j, 100) for j in range(1, 4)]) for i in (1, 2)]
+    small = worker(0, cap=10_000, version=1)
+    large = worker(3, cap=30_000, version=1, residents=[traj(40 + j, 100, group=40 + j) for j in range(5)])
+    fresh = [traj(100 + i, 50, group=100 + i) for i in range(12)]
+    acts = actions(view([small, *old, large], policy, fresh=fresh, trainer_version=1, tags={0: 100}, consumed=100,
+                        batch=100, total=400))
+    # 11 residents + 12 admissible over 4 workers: 6 each at the mean KV, so 4 for the small worker
+    # and 12 for the one with three times its KV (already holding 5)
+    assert sum(a.worker == 0 for a in acts) == 4
+    assert sum(a.worker == 3 for a in acts) == 7

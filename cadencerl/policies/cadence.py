@@ -24,13 +24,14 @@ Where the paper is silent (each a named option in `PolicySpec`):
   KV does not bind and fresh work is spread to the least-loaded feasible worker
   (`spread_when_underloaded`): on a light load CadenceRL should not trail the least-loaded floor
   (measured in `benchmarks/least_loaded_floor.py`; the README says where it still does).
-* `spread_fair_share` (a named variant, `cadence-fair-share`, off by default): while spreading and
-  until KV stays bound, a worker admits fresh work only up to its share (by KV capacity, times the
-  factor) of the pool's residents plus the version's admissible work. At batch 1,024 the first worker
-  to drain and advance otherwise takes a version's whole budget alone (16b8h seed 0, version 9: one
-  H800 at 256 residents for 200 s while the rest of the pool still runs version 8's tail), binds and
-  sheds, and those trajectories set the P95. Once KV stays bound it is off: held throughout, it cost
-  the steady 16a16b8h run 9% of its throughput (34,470 -> 31,455 tok/s).
+* `spread_fair_share` (1.5; `cadence-no-fair-share` turns it off): while spreading and until KV
+  stays bound, a worker admits fresh work only up to its share (by KV capacity, times the factor) of
+  the pool's residents plus the version's admissible work; fresh work goes to the least-loaded
+  feasible worker still under its share. At batch 1,024 the first worker to drain and advance
+  otherwise takes a version's whole budget alone (16b8h seed 0, version 9: one H800 at 256
+  residents for 200 s while the rest of the pool still runs version 8's tail), binds and sheds, and
+  those trajectories set the P95. Once KV stays bound it is off: held throughout, it cost the
+  steady 16a16b8h run 9% of its throughput (34,470 -> 31,455 tok/s).
 * While spreading, the choice is least-loaded's: the prompt's home is taken only if it ties the
   least-loaded feasible worker (the home breaks the tie that least-loaded breaks by worker id),
   so on a light load CadenceRL spreads exactly like the floor (issue 12, item 3). Once KV stays
@@ -207,10 +208,11 @@ class Cadence:
             else:
                 traj, index, context = nxt, every, nxt_context
             need = context + delta
-            w = self._spread_pick(rule, traj, index, need, residents / len(every)) if spread else None
+            caps = shares if is_fresh else None
+            w = self._spread_pick(rule, traj, index, need, residents / len(every), caps) if spread else None
             w = w or self._home(traj, index, need) or pick(index, need)
-            if shares is not None and is_fresh and w is not None and index.load(w) >= shares[w.id]:
-                w = None   # the least loaded holds its share of the pool's work: the rest waits
+            if caps is not None and w is not None and index.load(w) >= caps[w.id]:
+                w = None   # every feasible worker holds its share of the pool's work: the rest waits
             if w is None:
                 if is_fresh:
                     budget, fresh = -1, None
@@ -240,18 +242,20 @@ class Cadence:
         mean_kv = sum(w.kv_capacity for w in live) / len(live)
         return {w.id: per_worker * w.kv_capacity / mean_kv for w in live}
 
-    def _spread_pick(self, rule: str, traj: Trajectory, index: RoomIndex, need: int,
-                     mean_load: float) -> Worker | None:
+    def _spread_pick(self, rule: str, traj: Trajectory, index: RoomIndex, need: int, mean_load: float,
+                     caps: dict[int, float] | None) -> Worker | None:
         """The prompt's home while it is no hot spot (see the module docstring), else the least-loaded
-        feasible worker; None, while the home is taken whenever feasible (`rule`, from `_home_rule`),
-        leaves the choice to that rule."""
+        feasible worker, among those under their fair share (`caps`) if there are any; None, while
+        the home is taken whenever feasible (`rule`, from `_home_rule`), leaves the choice to that rule."""
         if rule == "home-first":
             return None
-        w = index.least_loaded(need)
+        w = index.least_loaded(need, caps)
         home = self._home(traj, index, need)
         if home is None or w is None:
             return w
         load = index.load(home)
+        if caps is not None and load >= caps[home.id]:
+            return w
         in_bounds = rule == "capped" and load + 1 <= mean_load
         return home if in_bounds or load == index.load(w) else w
 

@@ -140,13 +140,15 @@ class RoomIndex:
         i = bisect.bisect_left(by_room, need * _IDS)
         return self._workers[self._pos[by_room[i] % _IDS]] if i < len(by_room) else None
 
-    def least_loaded(self, need: int) -> Worker | None:
-        """The worker with the fewest residents whose spare room covers `need`."""
+    def least_loaded(self, need: int, caps: Mapping[int, float] | None = None) -> Worker | None:
+        """The worker with the fewest residents whose spare room covers `need` and, given `caps`
+        (worker id -> load), whose load is under its cap."""
         if self._by_load is None:
             raise ValueError("this index keeps no load order (by_load=False)")
-        pos, room = self._pos, self._room
+        pos, room, load = self._pos, self._room, self._load
         for code in self._by_load:
-            i = pos[code % _IDS]
-            if room[i] >= need:
+            wid = code % _IDS
+            i = pos[wid]
+            if room[i] >= need and (caps is None or load[i] < caps[wid]):
                 return self._workers[i]
         return None

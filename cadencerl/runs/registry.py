@@ -52,7 +52,7 @@ CADENCE_ABLATIONS = {
     "cadence-home-first": dict(spread_affinity="home-first"),
     "cadence-balanced-spread": dict(spread_affinity="tie-break"),
     "cadence-flat-concentrate": dict(concentrate_within_one_rank=True),
-    "cadence-fair-share": dict(spread_fair_share=1.5),
+    "cadence-no-fair-share": dict(spread_fair_share=0.0),
 }
 
 FACTORIES: dict[str, Callable[[Scenario], Policy]] = {
