@@ -1,7 +1,7 @@
 """Does CadenceRL stay at or above the least-loaded floor when the pool is not KV-bound? (issue 12)
 
-Usage: python benchmarks/least_loaded_floor.py [--pools 16a16b,...] [--seeds 0,1,2]
-           [--policies cadence,cadence-any-bind,cadence-capped-until-bound,cadence-home-first,cadence-capped-affinity]
+Usage: python benchmarks/least_loaded_floor.py [--pools 16a16b,...] [--seeds 0,1,...,9]
+           [--policies cadence,cadence-no-fair-share,cadence-any-bind,cadence-home-first]
            [--floor-twin] [--jobs J] [--out benchmarks/results/least_loaded_floor.json]
 
 Runs `benchmarks/scenarios/POOL-b1024.yaml` (the built-in heterogeneous pools at batch 1,024,
@@ -36,7 +36,7 @@ from cadencerl.runs.simulate import simulate  # noqa: E402
 from cadencerl.runs.steady import steady_view  # noqa: E402
 
 POOLS = "16a16b,16a16b8h,16a8h,16b8h,32a,32b,h800-16"
-VARIANTS = "cadence,cadence-any-bind,cadence-capped-until-bound,cadence-home-first,cadence-capped-affinity"
+VARIANTS = "cadence,cadence-no-fair-share"
 FLOOR = "least-loaded"
 TWIN = "least-loaded-ties-last"
 MIN_THROUGHPUT, TIE = 0.98, 1.005
@@ -86,7 +86,7 @@ def summary(rows: list[dict], variant: str) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--pools", default=POOLS)
-    ap.add_argument("--seeds", default="0,1,2")
+    ap.add_argument("--seeds", default="0,1,2,3,4,5,6,7,8,9")
     ap.add_argument("--policies", default=VARIANTS)
     ap.add_argument("--floor-twin", action="store_true", help=f"also run {TWIN}: the floor's own resolution")
     ap.add_argument("--jobs", type=int, default=2)
