@@ -79,9 +79,9 @@ class CountingIndex(RoomIndex):
         self._count(found, need, super().tightest)
         return found
 
-    def least_loaded(self, need: int):
-        found = super().least_loaded(need)
-        self._count(found, need, super().least_loaded)
+    def least_loaded(self, need: int, caps=None):
+        found = super().least_loaded(need, caps)
+        self._count(found, need, lambda n: super(CountingIndex, self).least_loaded(n, caps))
         return found
 
 

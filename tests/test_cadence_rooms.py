@@ -43,8 +43,8 @@ def _tightest(policy, ws, need):
     return min(fits, key=lambda w: (policy._spare(w), w.id), default=None)
 
 
-def _least_loaded(policy, ws, need):
-    fits = [w for w in ws if policy._spare(w) >= need]
+def _least_loaded(policy, ws, need, caps=None):
+    fits = [w for w in ws if policy._spare(w) >= need and (caps is None or len(w.residents) < caps[w.id])]
     return min(fits, key=lambda w: (len(w.residents), w.id), default=None)
 
 
@@ -69,6 +69,8 @@ def test_the_index_answers_as_the_scalar_rules_do_after_any_placements(spec, flo
         for need in needs:
             assert index.tightest(need) is _tightest(policy, ws, need)
             assert index.least_loaded(need) is _least_loaded(policy, ws, need)
+            caps = {w.id: 0.5 * need % 7 + w.id % 3 for w in ws}   # arbitrary caps, some under a load, some over
+            assert index.least_loaded(need, caps) is _least_loaded(policy, ws, need, caps)
             assert [index.candidate(o.id, need) is o for o in ws] == [policy._spare(o) >= need for o in ws]
         assert [index.load(o) for o in ws] == [len(o.residents) for o in ws]
     fresh = policy._terms(ws)          # reading the workers again gives what was booked
