@@ -89,10 +89,10 @@ class PoolConfig:
     host: str = HOST
     """The address servers bind (a Ray actor binds its node's address so other nodes reach it)."""
     die_with_parent: bool = False
+    """Servers get SIGTERM when the process that spawned them dies (a Ray actor whose node is lost)."""
     cpu_shares: tuple[float, ...] | None = None
     """Per worker, the share of one core it may use (1.0: no cap): a cgroup CPU quota, applied once
     the server is healthy and removed by `down` (engine/cpu_quota.py). Makes a server slower."""
-    """Servers get SIGTERM when the process that spawned them dies (a Ray actor whose node is lost)."""
 
     def kv_tokens_of(self, index: int) -> int:
         """KV tokens of worker `index`, rounded up to whole blocks."""
