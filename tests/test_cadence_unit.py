@@ -308,3 +308,25 @@ def test_a_fair_share_keeps_the_first_worker_at_a_version_from_taking_its_whole_
     assert admitted(spread_fair_share=2.0) == 12         # twice the share (13) exceeds the budget
     # once KV has stayed bound (two versions in a row) every version binds: no share is kept
     assert admitted(frozenset({0, 1}), spread_fair_share=1.0) == 12
+
+
+def test_a_shed_while_concentrating_records_a_bind_only_without_the_pacing_binds_option():
+    def state(policy):
+        # version 0's budget is spent (150 started under it), version 1 has fresh work; the weaker
+        # worker's tail has outgrown it (9500 used: 500 free < floor 1000), the stronger one has room
+        crowded = worker(0, cap=10_000, affinity=1, residents=[traj(1, 5000), traj(2, 4500)])
+        roomy = worker(1, cap=10_000, affinity=0, residents=[traj(3, 500)])
+        newer = worker(2, cap=10_000, affinity=0, version=1, residents=[traj(40, 8900, version=1)])
+        return view([crowded, roomy, newer], policy, fresh=[traj(50, 20)], trainer_version=1, admitted=150,
+                    batch=100, total=400)
+
+    counted = Cadence(PARAMS)
+    assert actions(state(counted))[:2] == [Evict(1), Place(1, 1)]   # long out, up the affinity order
+    assert counted.kv_bound == {0}
+    tail_only = Cadence(PARAMS.model_copy(update=dict(binds_while_pacing_only=True)))
+    assert actions(state(tail_only))[:2] == [Evict(1), Place(1, 1)]  # the same shed and placement
+    assert tail_only.kv_bound == set()
+    # a shed while the version paces (its fresh work not yet spent) still records the bind
+    crowded = worker(0, cap=10_000, residents=[traj(10, 5000), traj(11, 4500)])
+    actions(view([crowded, worker(1)], tail_only, fresh=[traj(60, 10)], admitted=100, batch=100, total=300))
+    assert tail_only.kv_bound == {0}

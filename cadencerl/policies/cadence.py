@@ -59,6 +59,13 @@ Where the paper is silent (each a named option in `PolicySpec`):
   issue 12: steady 16a16b8h, where old versions end on one rank, 34.0k -> 35.0k tok/s at seed 0,
   +2% over three seeds; h800-16 at batch 1,024 P95 within 1% of before, 32b trades 4% of its
   1.6x throughput lead for a lower P95.)
+* `binds_while_pacing_only` (a named variant, `cadence-pacing-binds`, off by default): only a shed
+  while the version paces records that KV bound under it; a shed while it concentrates (its budget
+  spent) is one worker's residual tail outgrowing it, not the version's fresh work binding the pool. Counted, a tail shed under version 0 at batch 1,024 (16b8h
+  seed 5: one BI-V150 at 92% KV, the H800s at 30-40%) turned on concentration and home-first for
+  every later version, which pinned every H800 to the old version by one tail trajectory each while
+  the first BI-V150s to advance took the whole next budget, bound and shed: a cascade of binds the
+  policy made itself (0.795x the floor's throughput; 1.067x with the option).
 * `drain_needs_fresh_ahead` and `drain_whole_source` add the gates an earlier version had.
 """
 
@@ -126,9 +133,10 @@ class Cadence:
             return False
         return self.params.concentrate_within_one_rank or len({w.affinity for w in workers}) > 1
 
-    def _shed(self, workers: list[Worker], terms: RoomTerms | None = None) -> Iterator[Action]:
+    def _shed(self, workers: list[Worker], terms: RoomTerms | None = None, binds: bool = True) -> Iterator[Action]:
         """Long out: a worker below its floor evicts its longest resident, never its last one.
-        One pass over the read terms finds the workers below their floor; only those are looked at."""
+        One pass over the read terms finds the workers below their floor; only those are looked at.
+        `binds`: does a shed here record that KV bound under the worker's version?"""
         if not self.params.pacing:
             return
         terms = terms or self._terms(workers)
@@ -136,7 +144,8 @@ class Cadence:
             w = workers[i]
             longest = None
             while len(w.residents) > 1 and w.headroom < self.floor(w):
-                self.kv_bound.add(w.version)
+                if binds:
+                    self.kv_bound.add(w.version)
                 longest = longest or _longest_first(w)
                 yield Evict(next(longest).id)
             terms.reread(i)
@@ -284,7 +293,7 @@ class Cadence:
     # -- concentration --------------------------------------------------------------------------
 
     def _concentrate(self, view: PoolView, v: int, workers: list[Worker]) -> Iterator[Action]:
-        yield from self._shed(workers)
+        yield from self._shed(workers, binds=not self.params.binds_while_pacing_only)
         yield from self._place_longest_first(view, v, workers)
         if view.pending.count(v):
             return  # the gate: a cascade resolves before another begins
