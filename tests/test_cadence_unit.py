@@ -310,10 +310,11 @@ def test_a_fair_share_keeps_the_first_worker_at_a_version_from_taking_its_whole_
     assert admitted(frozenset({0, 1}), spread_fair_share=1.0) == 12
 
 
-def test_a_shed_while_concentrating_records_a_bind_only_without_the_pacing_binds_option():
+
+def test_with_the_pacing_bind_option_a_shed_while_concentrating_does_not_start_a_drain():
     def state(policy):
-        # version 0's budget is spent (150 started under it), version 1 has fresh work; the weaker
-        # worker's tail has outgrown it (9500 used: 500 free < floor 1000), the stronger one has room
+        # version 0's budget is spent (150 started under it), version 1's only worker is full while fresh
+        # work waits; the weaker worker's tail has outgrown it (9500 used: 500 free < floor 1000)
         crowded = worker(0, cap=10_000, affinity=1, residents=[traj(1, 5000), traj(2, 4500)])
         roomy = worker(1, cap=10_000, affinity=0, residents=[traj(3, 500)])
         newer = worker(2, cap=10_000, affinity=0, version=1, residents=[traj(40, 8900, version=1)])
@@ -321,12 +322,15 @@ def test_a_shed_while_concentrating_records_a_bind_only_without_the_pacing_binds
                     batch=100, total=400)
 
     counted = Cadence(PARAMS)
-    assert actions(state(counted))[:2] == [Evict(1), Place(1, 1)]   # long out, up the affinity order
-    assert counted.kv_bound == {0}
-    tail_only = Cadence(PARAMS.model_copy(update=dict(binds_while_pacing_only=True)))
-    assert actions(state(tail_only))[:2] == [Evict(1), Place(1, 1)]  # the same shed and placement
-    assert tail_only.kv_bound == set()
-    # a shed while the version paces (its fresh work not yet spent) still records the bind
+    # long out, up the affinity order; the shed counts as a bind, so the rest of the worker drains too
+    # (its last resident stays pending: no room for it) and the emptied worker advances
+    assert actions(state(counted)) == [Evict(1), Place(1, 1), Evict(2), Advance(0, 1)]
+    assert counted.kv_bound == {0} and counted.paced_bound == set()
+    paced = Cadence(PARAMS.model_copy(update=dict(drain_needs_pacing_bind=True)))
+    assert actions(state(paced)) == [Evict(1), Place(1, 1)]   # the same shed, no drain
+    assert paced.kv_bound == {0} and paced.paced_bound == set()
+    # a shed while version 0 paced (its fresh work not yet spent) lets the drain go ahead
     crowded = worker(0, cap=10_000, residents=[traj(10, 5000), traj(11, 4500)])
-    actions(view([crowded, worker(1)], tail_only, fresh=[traj(60, 10)], admitted=100, batch=100, total=300))
-    assert tail_only.kv_bound == {0}
+    actions(view([crowded, worker(1)], paced, fresh=[traj(60, 10)], admitted=100, batch=100, total=300))
+    assert paced.paced_bound == {0}
+    assert actions(state(paced)) == [Evict(1), Place(1, 1), Evict(2), Advance(0, 1)]

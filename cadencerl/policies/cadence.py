@@ -59,13 +59,14 @@ Where the paper is silent (each a named option in `PolicySpec`):
   issue 12: steady 16a16b8h, where old versions end on one rank, 34.0k -> 35.0k tok/s at seed 0,
   +2% over three seeds; h800-16 at batch 1,024 P95 within 1% of before, 32b trades 4% of its
   1.6x throughput lead for a lower P95.)
-* `binds_while_pacing_only` (a named variant, `cadence-pacing-binds`, off by default): only a shed
-  while the version paces records that KV bound under it; a shed while it concentrates (its budget
-  spent) is one worker's residual tail outgrowing it, not the version's fresh work binding the pool. Counted, a tail shed under version 0 at batch 1,024 (16b8h
-  seed 5: one BI-V150 at 92% KV, the H800s at 30-40%) turned on concentration and home-first for
-  every later version, which pinned every H800 to the old version by one tail trajectory each while
-  the first BI-V150s to advance took the whole next budget, bound and shed: a cascade of binds the
-  policy made itself (0.795x the floor's throughput; 1.067x with the option).
+* `drain_needs_pacing_bind` (a named variant, `cadence-pacing-bind-drain`, off by default): a
+  version's workers drain only once a worker shed while the version paced: pacing's long out is
+  what displaces a tail. A shed while it concentrates (its budget spent) is one worker's residual
+  tail outgrowing it; counted, a single one under version 0 at batch 1,024 (16b8h seed 5: one
+  BI-V150 at 92% KV, the H800s at 30-40%) drained version 0's tail onto all eight H800s, one or a
+  few trajectories each, and held them at the old version while the first BI-V150s to advance took
+  the next version's whole budget, bound and shed; every later version repeated it (0.795x the
+  floor's throughput, H800s at 8% KV; 1.044x with the option).
 * `drain_needs_fresh_ahead` and `drain_whole_source` add the gates an earlier version had.
 """
 
@@ -93,6 +94,7 @@ class Cadence:
         self.growth = GrowthMeter(params.tick_s * params.growth_ticks)
         self.homes = PromptHomes() if params.prompt_affinity else None
         self.kv_bound: set[int] = set()   # versions under which a worker had to shed below its floor
+        self.paced_bound: set[int] = set()   # ... while the version paced (not while it concentrated)
         self.kv_staging = params.kv_preparation   # late-bound: staged on relays at departure (section 4.4)
 
     def floor(self, w: Worker, residents: int | None = None) -> int:
@@ -133,10 +135,10 @@ class Cadence:
             return False
         return self.params.concentrate_within_one_rank or len({w.affinity for w in workers}) > 1
 
-    def _shed(self, workers: list[Worker], terms: RoomTerms | None = None, binds: bool = True) -> Iterator[Action]:
+    def _shed(self, workers: list[Worker], terms: RoomTerms | None = None, pacing: bool = False) -> Iterator[Action]:
         """Long out: a worker below its floor evicts its longest resident, never its last one.
         One pass over the read terms finds the workers below their floor; only those are looked at.
-        `binds`: does a shed here record that KV bound under the worker's version?"""
+        Each shed records that KV bound under the worker's version (`pacing`: while it paced)."""
         if not self.params.pacing:
             return
         terms = terms or self._terms(workers)
@@ -144,8 +146,9 @@ class Cadence:
             w = workers[i]
             longest = None
             while len(w.residents) > 1 and w.headroom < self.floor(w):
-                if binds:
-                    self.kv_bound.add(w.version)
+                self.kv_bound.add(w.version)
+                if pacing:
+                    self.paced_bound.add(w.version)
                 longest = longest or _longest_first(w)
                 yield Evict(next(longest).id)
             terms.reread(i)
@@ -157,7 +160,7 @@ class Cadence:
 
     def _pace(self, view: PoolView, v: int, workers: list[Worker]) -> Iterator[Action]:
         terms = self._terms(workers)
-        yield from self._shed(workers, terms)   # each applied before the next is chosen; `terms` kept up
+        yield from self._shed(workers, terms, pacing=True)   # each applied before the next is chosen; `terms` kept up
         # Without an admission layer nothing is applied before the stream ends: its pending work is
         # read in place; with one, each placement leaves the set as the stream goes, so it is copied.
         pending = view.pending.shortest_first(v) if view.gate is None else iter(view.pending.by_context(v))
@@ -293,13 +296,14 @@ class Cadence:
     # -- concentration --------------------------------------------------------------------------
 
     def _concentrate(self, view: PoolView, v: int, workers: list[Worker]) -> Iterator[Action]:
-        yield from self._shed(workers, binds=not self.params.binds_while_pacing_only)
+        yield from self._shed(workers)
         yield from self._place_longest_first(view, v, workers)
         if view.pending.count(v):
             return  # the gate: a cascade resolves before another begins
         if self.params.drain_needs_fresh_ahead and not _fresh_ahead(view, v):
             return
-        if self.params.concentrate_when_kv_bound and v not in self.kv_bound:
+        bound = self.paced_bound if self.params.drain_needs_pacing_bind else self.kv_bound
+        if self.params.concentrate_when_kv_bound and v not in bound:
             return  # KV never bound under v: no displaced tail to concentrate, its workers drain by themselves
         for src in sorted((w for w in workers if w.residents), key=lambda w: (-w.affinity, w.kv_used, w.id)):
             # Work only moves up the affinity order; between equals it consolidates onto fuller workers.

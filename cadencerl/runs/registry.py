@@ -53,7 +53,7 @@ CADENCE_ABLATIONS = {
     "cadence-balanced-spread": dict(spread_affinity="tie-break"),
     "cadence-flat-concentrate": dict(concentrate_within_one_rank=True),
     "cadence-fair-share": dict(spread_fair_share=1.5),
-    "cadence-pacing-binds": dict(spread_fair_share=1.5, binds_while_pacing_only=True),
+    "cadence-pacing-bind-drain": dict(spread_fair_share=1.5, drain_needs_pacing_bind=True),
 }
 
 FACTORIES: dict[str, Callable[[Scenario], Policy]] = {
