@@ -119,8 +119,8 @@ class TracingCadence(Cadence):
         self.life.setdefault(a.traj, []).append((self.now, event, w.residents[a.traj].context))
         return w
 
-    def _shed(self, workers, terms=None):
-        for a in super()._shed(workers, terms):
+    def _shed(self, workers, terms=None, pacing=False):
+        for a in super()._shed(workers, terms, pacing):
             w = self._evicted(workers, a, "shed")
             self.shed_growth.append(self.growth.tokens(w, len(w.residents)))
             yield a
@@ -143,6 +143,7 @@ class ShedAtReserve(TracingCadence):
             longest = None
             while len(w.residents) > 1 and w.headroom < self.floor(w) + self.delta:
                 self.kv_bound.add(w.version)
+                self.paced_bound.add(w.version)
                 longest = longest or _longest_first(w)
                 a = Evict(next(longest).id)
                 self._evicted(workers, a, "shed")

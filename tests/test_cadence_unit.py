@@ -323,3 +323,28 @@ def test_fresh_work_goes_on_to_a_larger_worker_under_its_share_once_the_least_lo
     # and 12 for the one with three times its KV (already holding 5)
     assert sum(a.worker == 0 for a in acts) == 4
     assert sum(a.worker == 3 for a in acts) == 7
+
+
+def test_with_the_pacing_bind_option_a_shed_while_concentrating_does_not_start_a_drain():
+    def state(policy):
+        # version 0's budget is spent (150 started under it), version 1's only worker is full while fresh
+        # work waits; the weaker worker's tail has outgrown it (9500 used: 500 free < floor 1000)
+        crowded = worker(0, cap=10_000, affinity=1, residents=[traj(1, 5000), traj(2, 4500)])
+        roomy = worker(1, cap=10_000, affinity=0, residents=[traj(3, 500)])
+        newer = worker(2, cap=10_000, affinity=0, version=1, residents=[traj(40, 8900, version=1)])
+        return view([crowded, roomy, newer], policy, fresh=[traj(50, 20)], trainer_version=1, admitted=150,
+                    batch=100, total=400)
+
+    counted = Cadence(PARAMS.model_copy(update=dict(drain_needs_pacing_bind=False)))
+    # long out, up the affinity order; the shed counts as a bind, so the rest of the worker drains too
+    # (its last resident stays pending: no room for it) and the emptied worker advances
+    assert actions(state(counted)) == [Evict(1), Place(1, 1), Evict(2), Advance(0, 1)]
+    assert counted.kv_bound == {0} and counted.paced_bound == set()
+    paced = Cadence(PARAMS.model_copy(update=dict(drain_needs_pacing_bind=True)))
+    assert actions(state(paced)) == [Evict(1), Place(1, 1)]   # the same shed, no drain
+    assert paced.kv_bound == {0} and paced.paced_bound == set()
+    # a shed while version 0 paced (its fresh work not yet spent) lets the drain go ahead
+    crowded = worker(0, cap=10_000, residents=[traj(10, 5000), traj(11, 4500)])
+    actions(view([crowded, worker(1)], paced, fresh=[traj(60, 10)], admitted=100, batch=100, total=300))
+    assert paced.paced_bound == {0}
+    assert actions(state(paced)) == [Evict(1), Place(1, 1), Evict(2), Advance(0, 1)]

@@ -60,6 +60,17 @@ Where the paper is silent (each a named option in `PolicySpec`):
   issue 12: steady 16a16b8h, where old versions end on one rank, 34.0k -> 35.0k tok/s at seed 0,
   +2% over three seeds; h800-16 at batch 1,024 P95 within 1% of before, 32b trades 4% of its
   1.6x throughput lead for a lower P95.)
+* `drain_needs_pacing_bind` (a named variant, `cadence-pacing-bind-drain`, off by default): a
+  version's workers drain only once a worker shed while the version paced: pacing's long out is
+  what displaces a tail. A shed while it concentrates (its budget spent) is one worker's residual
+  tail outgrowing it; counted, a single one under version 0 at batch 1,024 (16b8h seed 5: one
+  BI-V150 at 92% KV, the H800s at 30-40%) drained version 0's tail onto all eight H800s, one or a
+  few trajectories each, and held them at the old version while the first BI-V150s to advance took
+  the next version's whole budget, bound and shed; every later version repeated it (0.795x the
+  floor's throughput, H800s at 8% KV; 1.044x with the option, the other 69 runs of the floor
+  benchmark unchanged but 16b8h seed 7, 1.002x -> 1.042x). Steady 16a16b8h (batch 4,096, seeds
+  0-2): 34,685 -> 35,512 tok/s, P95 513 -> 490 s on average; the home rule still counts every shed
+  (counted only while pacing there too: seed 2 lost 2.8% of its throughput).
 * `drain_needs_fresh_ahead` and `drain_whole_source` add the gates an earlier version had.
 """
 
@@ -87,6 +98,7 @@ class Cadence:
         self.growth = GrowthMeter(params.tick_s * params.growth_ticks)
         self.homes = PromptHomes() if params.prompt_affinity else None
         self.kv_bound: set[int] = set()   # versions under which a worker had to shed below its floor
+        self.paced_bound: set[int] = set()   # ... while the version paced (not while it concentrated)
         self.kv_staging = params.kv_preparation   # late-bound: staged on relays at departure (section 4.4)
 
     def floor(self, w: Worker, residents: int | None = None) -> int:
@@ -127,9 +139,10 @@ class Cadence:
             return False
         return self.params.concentrate_within_one_rank or len({w.affinity for w in workers}) > 1
 
-    def _shed(self, workers: list[Worker], terms: RoomTerms | None = None) -> Iterator[Action]:
+    def _shed(self, workers: list[Worker], terms: RoomTerms | None = None, pacing: bool = False) -> Iterator[Action]:
         """Long out: a worker below its floor evicts its longest resident, never its last one.
-        One pass over the read terms finds the workers below their floor; only those are looked at."""
+        One pass over the read terms finds the workers below their floor; only those are looked at.
+        Each shed records that KV bound under the worker's version (`pacing`: while it paced)."""
         if not self.params.pacing:
             return
         terms = terms or self._terms(workers)
@@ -138,6 +151,8 @@ class Cadence:
             longest = None
             while len(w.residents) > 1 and w.headroom < self.floor(w):
                 self.kv_bound.add(w.version)
+                if pacing:
+                    self.paced_bound.add(w.version)
                 longest = longest or _longest_first(w)
                 yield Evict(next(longest).id)
             terms.reread(i)
@@ -149,7 +164,7 @@ class Cadence:
 
     def _pace(self, view: PoolView, v: int, workers: list[Worker]) -> Iterator[Action]:
         terms = self._terms(workers)
-        yield from self._shed(workers, terms)   # each applied before the next is chosen; `terms` kept up
+        yield from self._shed(workers, terms, pacing=True)   # each applied before the next is chosen; `terms` kept up
         # Without an admission layer nothing is applied before the stream ends: its pending work is
         # read in place; with one, each placement leaves the set as the stream goes, so it is copied.
         pending = view.pending.shortest_first(v) if view.gate is None else iter(view.pending.by_context(v))
@@ -294,7 +309,8 @@ class Cadence:
             return  # the gate: a cascade resolves before another begins
         if self.params.drain_needs_fresh_ahead and not _fresh_ahead(view, v):
             return
-        if self.params.concentrate_when_kv_bound and v not in self.kv_bound:
+        bound = self.paced_bound if self.params.drain_needs_pacing_bind else self.kv_bound
+        if self.params.concentrate_when_kv_bound and v not in bound:
             return  # KV never bound under v: no displaced tail to concentrate, its workers drain by themselves
         for src in sorted((w for w in workers if w.residents), key=lambda w: (-w.affinity, w.kv_used, w.id)):
             # Work only moves up the affinity order; between equals it consolidates onto fuller workers.

@@ -53,6 +53,7 @@ CADENCE_ABLATIONS = {
     "cadence-balanced-spread": dict(spread_affinity="tie-break"),
     "cadence-flat-concentrate": dict(concentrate_within_one_rank=True),
     "cadence-no-fair-share": dict(spread_fair_share=0.0),
+    "cadence-pacing-bind-drain": dict(drain_needs_pacing_bind=True),
 }
 
 FACTORIES: dict[str, Callable[[Scenario], Policy]] = {
