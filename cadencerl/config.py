@@ -202,7 +202,7 @@ class PolicySpec(_Strict):
       affinity order pins the stronger workers to an old version (`cadence-always-concentrate`).
     * drain_needs_pacing_bind: with `concentrate_when_kv_bound`, only a shed while the version paced
       lets its workers drain, not one while it concentrates (its budget spent: one worker's tail
-      outgrowing it); `cadence-pacing-bind-drain`, with the fair share. Off, every shed counts.
+      outgrowing it); on by default. Off (`cadence-any-shed-drain`), every shed counts.
     """
 
     eta: int = Field(default=1, ge=0, le=1000)
@@ -222,7 +222,7 @@ class PolicySpec(_Strict):
                              "home-first", "capped", "tie-break"] = "tie-break-until-kv-stays-bound"
     concentrate_within_one_rank: bool = False
     spread_fair_share: float = Field(default=1.5, ge=0, le=1000)
-    drain_needs_pacing_bind: bool = False
+    drain_needs_pacing_bind: bool = True
 
 
 class Scenario(_Strict):

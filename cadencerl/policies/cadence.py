@@ -60,17 +60,17 @@ Where the paper is silent (each a named option in `PolicySpec`):
   issue 12: steady 16a16b8h, where old versions end on one rank, 34.0k -> 35.0k tok/s at seed 0,
   +2% over three seeds; h800-16 at batch 1,024 P95 within 1% of before, 32b trades 4% of its
   1.6x throughput lead for a lower P95.)
-* `drain_needs_pacing_bind` (a named variant, `cadence-pacing-bind-drain`, off by default): a
-  version's workers drain only once a worker shed while the version paced: pacing's long out is
-  what displaces a tail. A shed while it concentrates (its budget spent) is one worker's residual
-  tail outgrowing it; counted, a single one under version 0 at batch 1,024 (16b8h seed 5: one
-  BI-V150 at 92% KV, the H800s at 30-40%) drained version 0's tail onto all eight H800s, one or a
-  few trajectories each, and held them at the old version while the first BI-V150s to advance took
-  the next version's whole budget, bound and shed; every later version repeated it (0.795x the
-  floor's throughput, H800s at 8% KV; 1.044x with the option, the other 69 runs of the floor
-  benchmark unchanged but 16b8h seed 7, 1.002x -> 1.042x). Steady 16a16b8h (batch 4,096, seeds
-  0-2): 34,685 -> 35,512 tok/s, P95 513 -> 490 s on average; the home rule still counts every shed
-  (counted only while pacing there too: seed 2 lost 2.8% of its throughput).
+* `drain_needs_pacing_bind` (on; `cadence-any-shed-drain` turns it off): a version's workers drain
+  only once a worker shed while the version paced: pacing's long out is what displaces a tail. A
+  shed while it concentrates (its budget spent) is one worker's residual tail outgrowing it;
+  counted, a single one under version 0 at batch 1,024 (16b8h seed 5: one BI-V150 at 92% KV, the
+  H800s at 30-40%) drained version 0's tail onto all eight H800s, one or a few trajectories each,
+  and held them at the old version while the first BI-V150s to advance took the next version's whole
+  budget, bound and shed; every later version repeated it (0.795x the floor's throughput, H800s at
+  8% KV; 1.044x with the option, the other 69 runs of the floor benchmark unchanged but 16b8h seed
+  7, 1.002x -> 1.042x). Steady 16a16b8h (batch 4,096, seeds 0-2): 34,685 -> 35,512 tok/s, P95 513 ->
+  490 s on average; the home rule still counts every shed (counted only while pacing there too: seed
+  2 lost 2.8% of its throughput).
 * `drain_needs_fresh_ahead` and `drain_whole_source` add the gates an earlier version had.
 """
 

@@ -53,7 +53,7 @@ CADENCE_ABLATIONS = {
     "cadence-balanced-spread": dict(spread_affinity="tie-break"),
     "cadence-flat-concentrate": dict(concentrate_within_one_rank=True),
     "cadence-no-fair-share": dict(spread_fair_share=0.0),
-    "cadence-pacing-bind-drain": dict(drain_needs_pacing_bind=True),
+    "cadence-any-shed-drain": dict(drain_needs_pacing_bind=False),
 }
 
 FACTORIES: dict[str, Callable[[Scenario], Policy]] = {
