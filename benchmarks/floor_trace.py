@@ -1,7 +1,7 @@
 """Where does a CadenceRL run at batch 1,024 lose to the least-loaded floor? (issue 12)
 
 Usage: python benchmarks/floor_trace.py [--pool 16b8h] [--seed 5]
-           [--policies cadence-fair-share,cadence-pacing-bind-drain,least-loaded] [--every 10] [--out PATH]
+           [--policies cadence-any-shed-drain,cadence,least-loaded] [--every 10] [--out PATH]
 
 Runs `benchmarks/scenarios/POOL-b1024.yaml` with each policy and prints, over the steady window
 (first and last iterations left out, as `least_loaded_floor.py` judges them):
@@ -38,6 +38,9 @@ from cadencerl.policies.cadence import Cadence  # noqa: E402
 from cadencerl.runs.registry import make_policy  # noqa: E402
 from cadencerl.runs.simulate import simulate  # noqa: E402
 from cadencerl.runs.steady import steady_view  # noqa: E402
+
+# every shed lets a version drain (the default before drain_needs_pacing_bind), the default, the floor
+POLICIES = "cadence-any-shed-drain,cadence,least-loaded"
 
 
 class Traced:
@@ -119,7 +122,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--pool", default="16b8h")
     ap.add_argument("--seed", type=int, default=5)
-    ap.add_argument("--policies", default="cadence-fair-share,cadence-pacing-bind-drain,least-loaded")
+    ap.add_argument("--policies", default=POLICIES)
     ap.add_argument("--every", type=float, default=10.0, help="simulated seconds between snapshots")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
