@@ -6,7 +6,7 @@ Usage: python benchmarks/floor_trace.py [--pool 16b8h] [--seed 5]
 Runs `benchmarks/scenarios/POOL-b1024.yaml` with each policy and prints, over the steady window
 (first and last iterations left out, as `least_loaded_floor.py` judges them):
 
-* steady throughput and P95 (from admission);
+* steady throughput and P95 (from admission), and the whole run's evictions;
 * per accelerator type, from a snapshot of the pool every `--every` simulated seconds: the mean
   residents and KV use of a worker, how many versions it runs behind the trainer, and the share of
   snapshots in which it is "pinned": one or two residents of an older version and nothing else, so
@@ -105,8 +105,8 @@ def run(pool: str, seed: int, name: str, every_s: float) -> dict:
 
 
 def show(r: dict) -> None:
-    print(f"{r['policy']}: {r['throughput_tok_s']:,.0f} tok/s, P95 {r['latency_p95_s']:.1f} s, "
-          f"{r['evictions']} evictions (steady window)")
+    print(f"{r['policy']}: {r['throughput_tok_s']:,.0f} tok/s, P95 {r['latency_p95_s']:.1f} s (steady window), "
+          f"{r['evictions']} evictions (whole run)")
     for acc, f in r["by_type"].items():
         print(f"  {acc:8s} residents {f['residents']:6.1f}  KV {f['kv_use']:.2f}  "
               f"versions behind {f['versions_behind']:.2f}  pinned {f['pinned']:.0%}")

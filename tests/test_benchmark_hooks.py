@@ -28,7 +28,8 @@ def _parameters(fn) -> list[str]:
 
 def test_the_delta_trace_overrides_take_what_the_methods_they_replace_take():
     trace = _load("delta_trace")
-    for sub, base in ((trace.CountingIndex, RoomIndex), (trace.TracingCadence, Cadence), (trace.ShedAtReserve, Cadence)):
+    subclasses = ((trace.CountingIndex, RoomIndex), (trace.TracingCadence, Cadence), (trace.ShedAtReserve, Cadence))
+    for sub, base in subclasses:
         overridden = [n for n, f in vars(sub).items() if callable(f) and n in vars(base) and not n.startswith("__")]
         assert overridden, sub
         for name in overridden:
