@@ -1,5 +1,6 @@
 """The benchmarks that trace CadenceRL subclass its index and policy: an override whose parameters
-drift from the method it replaces breaks the benchmark only when it runs (minutes in), so check here."""
+drift from the method it replaces, or a default policy name the registry no longer has, breaks the
+benchmark only when it runs (minutes in), so check here."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from pathlib import Path
 
 from cadencerl.policies.cadence import Cadence
 from cadencerl.policies.cadence_rooms import RoomIndex
+from cadencerl.runs.registry import FACTORIES
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -26,8 +28,18 @@ def _parameters(fn) -> list[str]:
 
 def test_the_delta_trace_overrides_take_what_the_methods_they_replace_take():
     trace = _load("delta_trace")
-    for sub, base in ((trace.CountingIndex, RoomIndex), (trace.TracingCadence, Cadence)):
+    subclasses = ((trace.CountingIndex, RoomIndex), (trace.TracingCadence, Cadence), (trace.ShedAtReserve, Cadence))
+    for sub, base in subclasses:
         overridden = [n for n, f in vars(sub).items() if callable(f) and n in vars(base) and not n.startswith("__")]
         assert overridden, sub
         for name in overridden:
             assert _parameters(getattr(sub, name)) == _parameters(getattr(base, name)), (sub.__name__, name)
+
+
+def test_the_benchmarks_default_policies_are_registered():
+    floor = _load("least_loaded_floor")
+    defaults = {"floor_trace": _load("floor_trace").POLICIES.split(","),
+                "least_loaded_floor": [*floor.VARIANTS.split(","), floor.FLOOR]}
+    for benchmark, names in defaults.items():
+        for name in names:
+            assert name in FACTORIES, (benchmark, name)

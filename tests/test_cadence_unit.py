@@ -348,3 +348,16 @@ def test_with_the_pacing_bind_option_a_shed_while_concentrating_does_not_start_a
     actions(view([crowded, worker(1)], paced, fresh=[traj(60, 10)], admitted=100, batch=100, total=300))
     assert paced.paced_bound == {0}
     assert actions(state(paced)) == [Evict(1), Place(1, 1), Evict(2), Advance(0, 1)]
+
+
+def test_a_prompts_home_holding_its_share_passes_fresh_work_on_even_when_it_ties_the_least_loaded():
+    policy = Cadence(PARAMS.model_copy(update={"spread_fair_share": 1.0}))
+    old = [worker(i, cap=10_000, residents=[traj(10 * i + j, 100) for j in range(1, 4)]) for i in (1, 2)]
+    home = worker(0, cap=10_000, version=1, residents=[traj(30 + j, 100, group=30 + j) for j in range(4)])
+    large = worker(3, cap=30_000, version=1, residents=[traj(40 + j, 100, group=40 + j) for j in range(4)])
+    policy.homes.note(7, home.id)
+    # 14 residents + 1 admissible over 4 workers: a share of 4 at the mean KV, so 2.7 for the home (holding
+    # 4) and 8 for the worker with three times its KV; both hold 4, so the home would take the tie
+    acts = actions(view([home, *old, large], policy, fresh=[traj(100, 50, group=7)], trainer_version=1,
+                        tags={0: 100}, consumed=100, batch=100, total=400))
+    assert acts == [Admit(3, 100)]

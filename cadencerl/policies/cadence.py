@@ -311,7 +311,9 @@ class Cadence:
             return
         bound = self.paced_bound if self.params.drain_needs_pacing_bind else self.kv_bound
         if self.params.concentrate_when_kv_bound and v not in bound:
-            return  # KV never bound under v: no displaced tail to concentrate, its workers drain by themselves
+            # KV never bound under v (by default: while it paced): no displaced tail to concentrate, its
+            # workers drain by themselves
+            return
         for src in sorted((w for w in workers if w.residents), key=lambda w: (-w.affinity, w.kv_used, w.id)):
             # Work only moves up the affinity order; between equals it consolidates onto fuller workers.
             targets = [w for w in workers if w.affinity < src.affinity
