@@ -31,7 +31,7 @@ Where the paper is silent (each a named option in `PolicySpec`):
   otherwise takes a version's whole budget alone (16b8h seed 0, version 9: one H800 at 256
   residents for 200 s while the rest of the pool still runs version 8's tail), binds and sheds, and
   those trajectories set the P95. Once KV stays bound it is off: held throughout, it cost the
-  steady 16a16b8h run 9% of its throughput (34,470 -> 31,455 tok/s).
+  steady 16a16b8h run 9% of its throughput (34,470 -> 31,455 tok/s, before `drain_needs_pacing_bind`).
 * While spreading, the choice is least-loaded's: the prompt's home is taken only if it ties the
   least-loaded feasible worker (the home breaks the tie that least-loaded breaks by worker id),
   so on a light load CadenceRL spreads exactly like the floor (issue 12, item 3). Once KV stays
