@@ -67,10 +67,10 @@ Where the paper is silent (each a named option in `PolicySpec`):
   H800s at 30-40%) drained version 0's tail onto all eight H800s, one or a few trajectories each,
   and held them at the old version while the first BI-V150s to advance took the next version's whole
   budget, bound and shed; every later version repeated it (0.795x the floor's throughput, H800s at
-  8% KV; 1.044x with the option, the other 69 runs of the floor benchmark unchanged but 16b8h seed
-  7, 1.002x -> 1.042x). Steady 16a16b8h (batch 4,096, seeds 0-2): 34,685 -> 35,512 tok/s, P95 513 ->
-  490 s on average; the home rule still counts every shed (counted only while pacing there too: seed
-  2 lost 2.8% of its throughput).
+  8% KV; 1.036x with the option; of the other 69 runs of the floor benchmark only 16b8h seed 7
+  changes, 1.003x -> 1.068x). Steady 16a16b8h (batch 4,096, seeds 0-2): 34,685 -> 35,512 tok/s, P95
+  513 -> 490 s on average; the home rule still counts every shed (counted only while pacing there
+  too: seed 2 lost 2.8% of its throughput).
 * `drain_needs_fresh_ahead` and `drain_whole_source` add the gates an earlier version had.
 """
 
