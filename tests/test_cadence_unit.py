@@ -161,14 +161,20 @@ def test_concentration_waits_until_kv_has_bound_under_the_version():
     assert actions(state(policy))[:2] == [Evict(2), Evict(1)]  # bound under version 0: its tail concentrates
 
 
-def test_a_drained_worker_joins_an_intermediate_version_holding_weaker_tail_work():
-    strong = worker(0, cap=10_000, affinity=0, version=0)          # empty, can advance
-    weak_tail = worker(1, cap=10_000, affinity=2, version=1, residents=[traj(1, 8000, version=1)])
-    keeper = worker(2, cap=10_000, affinity=1, version=0, residents=[traj(2, 100)])
-    # budget: versions 0 and 1 are spent, version 2 has fresh room
-    v = view([strong, weak_tail, keeper], trainer_version=2, batch=100, total=1000,
-             tags={0: 100, 1: 200})
-    assert Advance(0, 1) in actions(v)
+def test_a_drained_worker_joins_an_intermediate_version_holding_weaker_tail_work_it_may_drain():
+    def advance(bound: set[int]):
+        policy = Cadence(PARAMS)
+        policy.paced_bound |= bound
+        strong = worker(0, cap=10_000, affinity=0, version=0)          # empty, can advance
+        weak_tail = worker(1, cap=10_000, affinity=2, version=1, residents=[traj(1, 8000, version=1)])
+        keeper = worker(2, cap=10_000, affinity=1, version=0, residents=[traj(2, 100)])
+        # budget: versions 0 and 1 are spent, version 2 has fresh room
+        v = view([strong, weak_tail, keeper], policy, trainer_version=2, batch=100, total=1000,
+                 tags={0: 100, 1: 200})
+        return next(a for a in actions(v) if isinstance(a, Advance) and a.worker == 0)
+
+    assert advance({1}) == Advance(0, 1)   # KV bound under 1 while it paced: its tail will drain onto it
+    assert advance(set()) == Advance(0, 2)   # it would not drain: the newest version, with fresh work
 
 
 def test_the_room_index_answers_tight_fit_and_least_loaded():

@@ -302,6 +302,14 @@ class Cadence:
 
     # -- concentration --------------------------------------------------------------------------
 
+    def _may_drain(self, v: int) -> bool:
+        """Whether version `v`'s workers may drain: with `concentrate_when_kv_bound`, only once KV bound
+        under it (by default: while it paced); before that there is no displaced tail, and its
+        workers drain by themselves."""
+        if not self.params.concentrate_when_kv_bound:
+            return True
+        return v in (self.paced_bound if self.params.drain_needs_pacing_bind else self.kv_bound)
+
     def _concentrate(self, view: PoolView, v: int, workers: list[Worker]) -> Iterator[Action]:
         yield from self._shed(workers)
         yield from self._place_longest_first(view, v, workers)
@@ -309,10 +317,7 @@ class Cadence:
             return  # the gate: a cascade resolves before another begins
         if self.params.drain_needs_fresh_ahead and not _fresh_ahead(view, v):
             return
-        bound = self.paced_bound if self.params.drain_needs_pacing_bind else self.kv_bound
-        if self.params.concentrate_when_kv_bound and v not in bound:
-            # KV never bound under v (by default: while it paced): no displaced tail to concentrate, its
-            # workers drain by themselves
+        if not self._may_drain(v):
             return
         for src in sorted((w for w in workers if w.residents), key=lambda w: (-w.affinity, w.kv_used, w.id)):
             # Work only moves up the affinity order; between equals it consolidates onto fuller workers.
@@ -358,12 +363,12 @@ class Cadence:
                 continue
             yield Advance(w.id, self._next_version(view, w))
 
-    @staticmethod
-    def _next_version(view: PoolView, w: Worker) -> int:
-        """Join an intermediate version first if weaker-affinity workers there still hold its tail."""
+    def _next_version(self, view: PoolView, w: Worker) -> int:
+        """Join an intermediate version first if weaker-affinity workers there still hold its tail and
+        may drain it (otherwise the joiner would only wait there, a version behind)."""
         for u in range(w.version + 1, view.trainer_version):
-            if view.admissible(u) == 0 and any(o.version == u and o.residents and o.affinity > w.affinity
-                                               for o in view.alive()):
+            if view.admissible(u) == 0 and self._may_drain(u) and any(
+                    o.version == u and o.residents and o.affinity > w.affinity for o in view.alive()):
                 return u
         return view.trainer_version
 
