@@ -223,11 +223,10 @@ class Cadence:
             else:
                 traj, index, context = nxt, every, nxt_context
             need = context + delta
-            caps = shares if is_fresh else None
-            w = self._spread_pick(rule, traj, index, need, residents / len(every), caps) if spread else None
-            w = w or self._home(traj, index, need) or pick(index, need)
-            if caps is not None and w is not None and index.load(w) >= caps[w.id]:
-                w = None   # every feasible worker holds its share of the pool's work: the rest waits
+            if spread and rule != "home-first":   # None: no feasible worker under its share, the rest waits
+                w = self._spread_pick(rule, traj, index, need, residents / len(every), shares if is_fresh else None)
+            else:
+                w = self._home(traj, index, need) or pick(index, need)
             if w is None:
                 if is_fresh:
                     budget, fresh = -1, None
@@ -259,11 +258,9 @@ class Cadence:
 
     def _spread_pick(self, rule: str, traj: Trajectory, index: RoomIndex, need: int, mean_load: float,
                      caps: dict[int, float] | None) -> Worker | None:
-        """The prompt's home while it is no hot spot (see the module docstring), else the least-loaded
-        feasible worker, among those under their fair share (`caps`) if there are any; None, while
-        the home is taken whenever feasible (`rule`, from `_home_rule`), leaves the choice to that rule."""
-        if rule == "home-first":
-            return None
+        """While the home is not taken whenever feasible (`rule`, from `_home_rule`): the prompt's home
+        while it is no hot spot (see the module docstring), else the least-loaded feasible worker;
+        with `caps`, only a worker under its fair share, else None."""
         w = index.least_loaded(need, caps)
         home = self._home(traj, index, need)
         if home is None or w is None:
