@@ -52,7 +52,7 @@ def positive(name: str, value: int | None) -> None:
 
 def pool_config(workers: int, kv_tokens: int, max_num_seqs: int, max_model_len: int | None, dtype: str):
     """A validated PoolConfig for local servers, or a one-line error (also when vllm is missing)."""
-    from cadencerl.engine.local_pool import PoolConfig, vllm_available, vllm_python
+    from cadencerl.engine.local_pool import PoolConfig, longest_model_len, vllm_available, vllm_python
 
     for name, value in (("workers", workers), ("kv_tokens", kv_tokens), ("max_num_seqs", max_num_seqs),
                         ("max_model_len", max_model_len)):
@@ -64,9 +64,9 @@ def pool_config(workers: int, kv_tokens: int, max_num_seqs: int, max_model_len: 
         fail(f"workers: {workers} local servers need a core each; this machine has {cores}")
     if kv_tokens > MAX_TOKENS or max_num_seqs > 65_536:
         fail(f"kv_tokens/max_num_seqs: at most {MAX_TOKENS} KV tokens and 65536 sequences per server")
-    cfg = PoolConfig(num_workers=workers, kv_tokens=kv_tokens, max_num_seqs=max_num_seqs, max_model_len=1,
-                     dtype=dtype, model_dir=default_model_dir())
-    cfg = replace(cfg, max_model_len=max_model_len or min(4096, cfg.longest_model_len(0)))
+    cfg = PoolConfig(num_workers=workers, kv_tokens=kv_tokens, max_num_seqs=max_num_seqs, dtype=dtype,
+                     max_model_len=max_model_len or min(4096, longest_model_len(kv_tokens)),
+                     model_dir=default_model_dir())
     try:
         cfg.validate()
     except ValueError as exc:

@@ -64,6 +64,12 @@ def vllm_available(python: str | None = None) -> bool:
         return False
 
 
+def longest_model_len(kv_tokens: int, block_size: int = 32) -> int:
+    """The longest max_model_len a server with `kv_tokens` of KV (rounded up to whole blocks) starts
+    with: vLLM keeps one block back (8,192 KV tokens in 32-token blocks serve at most 8,160)."""
+    return -(-kv_tokens // block_size) * block_size - block_size
+
+
 @dataclass(frozen=True)
 class PoolConfig:
     """How many servers and how each is sized. `kv_tokens` may differ per worker."""
@@ -100,9 +106,8 @@ class PoolConfig:
         return -(-kv // self.block_size) * self.block_size
 
     def longest_model_len(self, index: int) -> int:
-        """The longest max_model_len worker `index` starts with: vLLM keeps one block of its KV back
-        (8,192 KV tokens in 32-token blocks serve at most 8,160; it refuses to start past that)."""
-        return self.kv_tokens_of(index) - self.block_size
+        """The longest max_model_len worker `index` starts with (see `longest_model_len`)."""
+        return longest_model_len(self.kv_tokens_of(index), self.block_size)
 
     @property
     def kv_bytes_per_token(self) -> int:

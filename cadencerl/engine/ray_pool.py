@@ -23,10 +23,10 @@ import os
 import shutil
 import tempfile
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
-from cadencerl.engine.local_pool import LocalPool, PoolConfig, PoolError, vllm_python
+from cadencerl.engine.local_pool import LocalPool, PoolConfig, PoolError, longest_model_len, vllm_python
 from cadencerl.engine.server_specs import ServerSpec
 
 RESOURCE_PREFIX = "accelerator_type:"
@@ -51,10 +51,10 @@ class VLLMServerActor:
         self.node_id = ray.get_runtime_context().get_node_id()
         self.state_dir = Path(tempfile.mkdtemp(prefix=f"cadencerl-ray-{index}-", dir=state_root))
         config = PoolConfig(num_workers=1, kv_tokens=spec.kv_tokens, max_num_seqs=spec.max_num_seqs,
-                            max_model_len=max_model_len, model_dir=Path(model_dir),
+                            max_model_len=min(max_model_len, longest_model_len(spec.kv_tokens)),
+                            model_dir=Path(model_dir),
                             python=python, start_timeout_s=start_timeout_s, host=ray.util.get_node_ip_address(),
                             die_with_parent=True, cpu_shares=(spec.cpu_share,) if cpu_quota else None)
-        config = replace(config, max_model_len=min(max_model_len, config.longest_model_len(0)))
         self.pool = LocalPool(self.state_dir, config)
 
     def start(self) -> dict:
