@@ -32,12 +32,13 @@ import numpy as np
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "benchmarks"))
 
-from cadencerl.config import load_scenario_file  # noqa: E402
 from cadencerl.policies.cadence import Cadence  # noqa: E402
 from cadencerl.runs.registry import make_policy  # noqa: E402
 from cadencerl.runs.simulate import simulate  # noqa: E402
 from cadencerl.runs.steady import steady_view  # noqa: E402
+from least_loaded_floor import b1024_scenario  # noqa: E402  (the same runs the floor benchmark judges)
 
 # every shed lets a version drain (the default before drain_needs_pacing_bind), the default, the floor
 POLICIES = "cadence-any-shed-drain,cadence,least-loaded"
@@ -91,8 +92,7 @@ def tail_figures(trajectories, window: tuple[float, float], p95: float) -> dict[
 
 
 def run(pool: str, seed: int, name: str, every_s: float) -> dict:
-    scenario = load_scenario_file(REPO / "benchmarks" / "scenarios" / f"{pool}-b1024.yaml")
-    scenario = scenario.model_copy(update={"seed": seed})
+    scenario = b1024_scenario(pool, seed)
     traced = Traced(make_policy(name, scenario), every_s)
     keep: dict = {}
     result = steady_view(simulate(scenario, traced, keep=keep))

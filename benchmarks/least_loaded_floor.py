@@ -42,9 +42,14 @@ TWIN = "least-loaded-ties-last"
 MIN_THROUGHPUT, TIE = 0.98, 1.005
 
 
-def run_one(pool: str, seed: int, policy: str) -> dict:
+def b1024_scenario(pool: str, seed: int) -> Scenario:
+    """`benchmarks/scenarios/POOL-b1024.yaml` with the workload seed `seed`."""
     scenario = load_scenario_file(REPO / "benchmarks" / "scenarios" / f"{pool}-b1024.yaml")
-    scenario = scenario.model_copy(update={"seed": seed})
+    return scenario.model_copy(update={"seed": seed})
+
+
+def run_one(pool: str, seed: int, policy: str) -> dict:
+    scenario = b1024_scenario(pool, seed)
     r = steady_view(simulate(scenario, _policy(policy, scenario)))
     return {"pool": pool, "seed": seed, "policy": policy, "throughput_tok_s": r["throughput_tok_s"],
             "latency_p95_s": r["latency_p95_s"], "evictions": r["evictions"], "preemptions": r["preemptions"]}

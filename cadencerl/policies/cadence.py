@@ -250,7 +250,7 @@ class Cadence:
         """Each live worker's share of the pool's residents plus the fresh work admissible under `v`, in
         proportion to its KV capacity and scaled by `spread_fair_share`: while spreading, a worker admits
         fresh work only up to it, so the first worker to reach a version does not take the whole budget."""
-        live = [w for w in view.workers if w.alive]
+        live = view.alive()
         residents = sum(len(w.residents) for w in live)
         per_worker = int(self.params.spread_fair_share * (residents + max(view.admissible(v), 0)) / len(live)) + 1
         mean_kv = sum(w.kv_capacity for w in live) / len(live)
