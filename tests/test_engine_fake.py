@@ -14,6 +14,7 @@ import inspect
 import time
 from collections.abc import Callable, Iterator
 
+import httpx
 import pytest
 
 from cadencerl.api import RolloutPool
@@ -149,10 +150,29 @@ def test_evicted_trajectory_resumes_elsewhere_from_its_last_token() -> None:
 def test_broken_stream_on_a_live_server_is_reissued_from_its_last_token() -> None:
     with FakeVLLM(break_after_tokens=20) as a, streaming([a.url], 0, 0) as (backend, traj):
         advance_until(backend, finished)
-        assert backend.counts.retries == 1 and backend.lost == []
+        assert backend.counts.retries == 1 and backend.counts.retries_unsent == 0 and backend.lost == []
         (_, first, _), (_, second, rest) = a.state.requests
         assert len(second) > len(first) and second == expected_ids()[: len(second)]
         assert rest == TARGET - (len(second) - PROMPT_LEN)
+        assert backend.token_ids(0) == expected_ids() and backend.verify() == []
+
+
+def test_a_request_that_never_connected_is_reissued_and_counted_unsent(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A starved machine can time out a connect to a live server: the request was never sent."""
+    send = httpx.AsyncClient.send
+    timeouts = []
+
+    async def flaky_send(self, request: httpx.Request, **kwargs):
+        if request.url.path.endswith("/generate") and len(timeouts) < 2:   # both of the client's tries
+            timeouts.append(request.url.path)
+            raise httpx.ConnectTimeout("timed out", request=request)
+        return await send(self, request, **kwargs)
+
+    monkeypatch.setattr(httpx.AsyncClient, "send", flaky_send)
+    with FakeVLLM() as a, streaming([a.url], 0, 0) as (backend, traj):
+        advance_until(backend, finished)
+        assert len(timeouts) == 2 and len(a.state.requests) == 1      # the server saw one request
+        assert (backend.counts.retries, backend.counts.retries_unsent) == (1, 1) and backend.lost == []
         assert backend.token_ids(0) == expected_ids() and backend.verify() == []
 
 

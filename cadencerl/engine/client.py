@@ -51,6 +51,11 @@ class EngineConnectionError(EngineError):
     """The server could not be reached, or the connection broke mid-request."""
 
 
+class EngineUnreachableError(EngineConnectionError):
+    """No connection could be opened: the request never reached the server (a starved machine
+    can time out a connect to a live one), so sending it again cannot duplicate work."""
+
+
 class EngineTimeoutError(EngineError):
     """The server did not answer (or become healthy) in time."""
 
@@ -145,7 +150,7 @@ class VLLMClient:
                 return await call()
             except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
                 if attempt + 1 == self.retries:
-                    raise EngineConnectionError(
+                    raise EngineUnreachableError(
                         f"cannot connect after {self.retries} tries: {_describe(exc)}", url=url
                     ) from exc
                 await asyncio.sleep(self.backoff_s * 2**attempt)

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 from cadencerl.core.backend import WorkerLost
 from cadencerl.core.trajectory import Trajectory
-from cadencerl.engine.client import EngineError, EngineHTTPError, Liveness, VLLMClient
+from cadencerl.engine.client import EngineError, EngineHTTPError, EngineUnreachableError, Liveness, VLLMClient
 from cadencerl.engine.clock import EngineRunError, WallClock
 from cadencerl.engine.records import WorkerRecord
 
@@ -39,6 +39,7 @@ class Placement:
     failed: bool = False         # the stream broke; awaiting the worker's probe
     attempts: int = 0
     error: str = ""              # why the stream last broke
+    unsent: bool = False         # ... before its request reached the server (no connection)
     request_id: str = ""
     task: asyncio.Task | None = None
 
@@ -52,6 +53,7 @@ class StreamCounts:
     resumes_accepted: int = 0    # ... whose continued ids the server took and extended
     aborts: int = 0
     retries: int = 0             # streams re-issued on a worker that answered its probe
+    retries_unsent: int = 0      # ... of which the request had never reached the server
 
 
 class Streams:
@@ -143,7 +145,7 @@ class Streams:
                 self._clock.fail(EngineRunError(f"worker {p.worker} ({url}) rejected trajectory {p.traj.id}'s "
                                                 f"request: {outcome.error}"))
             elif outcome.finish_reason in ("error", "aborted"):   # nobody here asked for an abort
-                self._failed(p, str(outcome.error) if outcome.error else "the server aborted the request")
+                self._failed(p, outcome.error)
             else:
                 self.problems.append(f"trajectory {p.traj.id}: stream ended ({outcome.finish_reason}) at "
                                      f"{p.generated()} of {p.target} tokens")
@@ -181,8 +183,10 @@ class Streams:
 
     # -- failures ----------------------------------------------------------------------------------
 
-    def _failed(self, p: Placement, why: str) -> None:
-        p.failed, p.error = True, why
+    def _failed(self, p: Placement, error: EngineError | None) -> None:
+        p.failed = True
+        p.error = str(error) if error else "the server aborted the request"
+        p.unsent = isinstance(error, EngineUnreachableError)
         if p.worker not in self.probing and p.worker not in self.dead:
             self.probing.add(p.worker)
             self._clock.spawn(self._probe(p.worker))
@@ -196,6 +200,7 @@ class Streams:
             if verdict == "healthy" and not worn:
                 for p in broken:
                     self.counts.retries += 1
+                    self.counts.retries_unsent += p.unsent
                     self._launch(p)
             elif verdict == "healthy":
                 self.lose(worker, f"{self.MAX_ATTEMPTS} streams of trajectory {worn[0].traj.id} broke on a healthy "

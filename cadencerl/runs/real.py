@@ -157,6 +157,7 @@ def summarize_real(run: RealRun, wall_s: float) -> dict:
         resumes_accepted=backend.counts.resumes_accepted,
         aborts=backend.counts.aborts,
         stream_retries=backend.counts.retries,
+        stream_retries_unsent=backend.counts.retries_unsent,
         workers=[{**asdict(st), "label": label} for st, label in zip(backend.records, run.labels)],
     )
     return result
