@@ -56,18 +56,20 @@ def vllm_available(python: str | None = None) -> bool:
     """Whether `python` can import vLLM (checked without importing it here)."""
     code = "import importlib.util,sys; sys.exit(importlib.util.find_spec('vllm') is None)"
     try:
-        return (
-            subprocess.run([vllm_python(python), "-c", code], check=False, timeout=60).returncode
-            == 0
-        )
+        return subprocess.run([vllm_python(python), "-c", code], check=False, timeout=60).returncode == 0
     except (OSError, subprocess.TimeoutExpired):
         return False
+
+
+def whole_blocks(tokens: int, block_size: int) -> int:
+    """`tokens` rounded up to whole KV blocks (vLLM allocates KV by the block)."""
+    return -(-tokens // block_size) * block_size
 
 
 def longest_model_len(kv_tokens: int, block_size: int = 32) -> int:
     """The longest max_model_len a server with `kv_tokens` of KV (rounded up to whole blocks) starts
     with: vLLM keeps one block back (8,192 KV tokens in 32-token blocks serve at most 8,160)."""
-    return -(-kv_tokens // block_size) * block_size - block_size
+    return whole_blocks(kv_tokens, block_size) - block_size
 
 
 @dataclass(frozen=True)
@@ -103,7 +105,7 @@ class PoolConfig:
     def kv_tokens_of(self, index: int) -> int:
         """KV tokens of worker `index`, rounded up to whole blocks."""
         kv = self.kv_tokens if isinstance(self.kv_tokens, int) else self.kv_tokens[index]
-        return -(-kv // self.block_size) * self.block_size
+        return whole_blocks(kv, self.block_size)
 
     def longest_model_len(self, index: int) -> int:
         """The longest max_model_len worker `index` starts with (see `longest_model_len`)."""
