@@ -134,8 +134,10 @@ def test_kv_held_across_a_tool_wait_counts_as_pressure():
 
 # -- class deficit and its completion-time lead ----------------------------------------------------
 
-def gate_pool(misa, workers, fresh_, **state):
-    return pool(Admitted(misa, LeastLoaded()), workers, fresh=fresh_, **state)
+def gate_pool(misa, workers, fresh_, inner=None, **state):
+    """A pool behind MISA-T; the class quotas hold only in front of a policy that over-commits KV
+    (a router, `inner=LeastLoadedRouter()`)."""
+    return pool(Admitted(misa, inner or LeastLoaded()), workers, fresh=fresh_, **state)
 
 
 def admit_n(misa, cls, n, version=0):
@@ -178,7 +180,8 @@ def test_a_class_too_far_ahead_waits_but_some_class_always_may_go():
     p = gate_pool(misa, [worker(0, cap=1_000_000)], fresh(3, "agent"), batch=100)
     misa.observe(p.view)
     assert misa.open_classes(p.view) == {"agent"}      # rlhf has nothing waiting: agent goes
-    p = gate_pool(misa, [worker(0, cap=1_000_000)], fresh(3, "agent") + fresh(3, "rlhf", start=200), batch=100)
+    p = gate_pool(misa, [worker(0, cap=1_000_000)], fresh(3, "agent") + fresh(3, "rlhf", start=200), batch=100,
+                  inner=LeastLoadedRouter())
     misa.class_caps = {"agent": 1000, "rlhf": 0}
     p.controller.active_by_class["agent"] = 1000       # agent uses its whole quota: nothing to lend
     assert misa.open_classes(p.view) == set()          # rlhf capped, agent far ahead: both wait
@@ -191,7 +194,7 @@ def test_a_class_that_used_its_places_in_the_cohort_waits_for_the_capped_class_b
     admit_n(misa, "agent", 1000)
     admit_n(misa, "rlhf", 990)
     p = gate_pool(misa, [worker(0, cap=1_000_000)], fresh(20, "agent") + fresh(20, "rlhf", start=300),
-                  batch=1000, tags={0: 1990}, total=10_000)
+                  batch=1000, tags={0: 1990}, total=10_000, inner=LeastLoadedRouter())
     misa.observe(p.view)
     assert p.view.credits.admissible(0, 0) == 10
     assert misa.cohort_places(p.view, ["agent", "rlhf"], 0) == {"agent": 1000, "rlhf": 1000}
@@ -225,7 +228,8 @@ def test_in_front_of_a_router_new_sessions_join_the_oldest_cohort_with_budget_le
 
 def test_a_class_borrows_the_quota_the_others_leave_unused_and_a_class_under_its_own_always_passes():
     misa = MisaT(MIX)
-    p = gate_pool(misa, [worker(0, cap=1_000_000)], fresh(3, "agent") + fresh(1, "rlhf", start=300))
+    p = gate_pool(misa, [worker(0, cap=1_000_000)], fresh(3, "agent") + fresh(1, "rlhf", start=300),
+                  inner=LeastLoadedRouter())
     misa.observe(p.view)
     misa.class_caps = {"agent": 2, "rlhf": 5}
     admit_n(misa, "rlhf", 10)                          # rlhf ahead: agent is the one behind
@@ -234,6 +238,22 @@ def test_a_class_borrows_the_quota_the_others_leave_unused_and_a_class_under_its
     p.controller.active_by_class["agent"] = 6
     misa.cohorts = {}
     assert misa.open_classes(p.view) == {"rlhf"}       # agent past 2 + 4; rlhf under its own quota
+
+
+def test_in_front_of_a_policy_that_never_overcommits_kv_the_class_quotas_step_aside():
+    """They protect each class's KV from the others' over-commit; CadenceRL never over-commits, so
+    there a class past its quota still goes when it is the one behind (the cohort places hold the mix)."""
+    from cadencerl.policies.cadence import Cadence
+    from tests.pools import PARAMS
+
+    for inner, opens in ((LeastLoadedRouter(), set()), (Cadence(PARAMS), {"agent"})):
+        misa = MisaT(MIX)
+        p = gate_pool(misa, [worker(0, cap=1_000_000)], fresh(3, "agent") + fresh(1, "rlhf", start=300), inner=inner)
+        misa.observe(p.view)
+        misa.class_caps = {"agent": 2, "rlhf": 1}
+        admit_n(misa, "rlhf", 10)                      # agent is the one behind
+        p.controller.active_by_class.update({"agent": 2, "rlhf": 1})   # both at their quota: nothing lent
+        assert misa.open_classes(p.view) == opens, inner.name
 
 
 # -- continuations ---------------------------------------------------------------------------------
