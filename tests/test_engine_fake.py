@@ -275,7 +275,8 @@ def check_every_trajectory_once_and_exact(result: dict, pool: RolloutPool, batch
 def test_rollout_pool_on_a_fake_pair_hands_out_every_trajectory_once(pair: tuple[FakeVLLM, FakeVLLM]) -> None:
     result, pool, batches = run_pool([f.url for f in pair], kv_tokens=1024)
     check_every_trajectory_once_and_exact(result, pool, batches)
-    assert result["lost_workers"] == [] and result["stream_retries"] == 0
+    # only a request that never reached its server (a starved machine's connect timeout) is re-sent
+    assert result["lost_workers"] == [] and result["stream_retries"] == result["stream_retries_unsent"]
     assert all(w["samples"] > 0 and w["tokens_generated"] > 0 for w in result["workers"])
 
 

@@ -52,8 +52,8 @@ class EngineConnectionError(EngineError):
 
 
 class EngineUnreachableError(EngineConnectionError):
-    """No connection could be opened: the request never reached the server (a starved machine
-    can time out a connect to a live one), so sending it again cannot duplicate work."""
+    """No connection could be opened (httpx's transport writes nothing before it has one): the
+    request never reached the server, so sending it again cannot duplicate work."""
 
 
 class EngineTimeoutError(EngineError):

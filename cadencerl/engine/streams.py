@@ -39,7 +39,7 @@ class Placement:
     failed: bool = False         # the stream broke; awaiting the worker's probe
     attempts: int = 0
     error: str = ""              # why the stream last broke
-    unsent: bool = False         # ... before its request reached the server (no connection)
+    unsent: bool = False         # ... before its request reached the server (no connection opened)
     request_id: str = ""
     task: asyncio.Task | None = None
 

@@ -41,7 +41,8 @@ Three mechanisms (MISA-T abstract; reference/hardware.md), every figure observab
   fills it before that worker moves on), and only that version's workers take new sessions:
   otherwise sessions balanced for the trainer's cohort would land in an older one.
 
-In front of a placement policy that never over-commits KV (CadenceRL), full KV is that policy's
+In front of a placement policy that never over-commits KV (any the controller places for, e.g.
+CadenceRL; only `misa+cadence` is measured), full KV is that policy's
 packing, not pressure: only preemptions and engine queues shrink the caps there, and the per-class
 KV quotas step aside. They protect each class's KV from the others' over-commit, which that policy
 never does, so there they only pace admissions by completions: on mixed-16a8h every waiting class
@@ -222,8 +223,9 @@ class MisaT:
 
     def open_classes(self, view: PoolView) -> set[str]:
         """The class to admit next: among waiting classes with a place left in the cohort, within their
-        quota (`_within_quota`) and not too far ahead of their share, the one furthest behind. Deficits are taken among the classes with places left, so
-        one of them is always at or below its share: only the caps can close the gate."""
+        quota (`_within_quota`) and not too far ahead of their share, the one furthest behind.
+        Deficits are taken among the classes with places left, so one of them is always at or below
+        its share: only the caps (and, where the quotas step aside, the places) close the gate."""
         active = view.active_by_class
         waiting = view.fresh.classes()
         unused = {c: max(0, cap - active.get(c, 0)) for c, cap in self.class_caps.items()}

@@ -227,8 +227,8 @@ def test_abort_then_resume_on_other_server(engine_pool: LocalPool) -> None:
 @pytest.mark.engine
 @pytest.mark.timeout(240)
 def test_cancel_disconnects_and_metrics_parse(engine_pool: LocalPool) -> None:
-    """Once the streaming request has tokens, the server is paused with the request kept in flight
-    (vLLM's `/pause?mode=keep`), so the gauges are read while it cannot finish: they lag the stream
+    """Once the streaming request has tokens, the server is paused with the request and its KV kept
+    in flight (vLLM's `/pause?mode=keep&clear_cache=false`), so the gauges are read while it cannot finish: they lag the stream
     (they refresh on the engine's stats), and a starved machine used to let the request end before a
     reading showed it. On a starved machine it can still finish before the pause lands; that attempt
     is retried with a new id (three tries). Cancelling the stream then disconnects, and once resumed
@@ -247,7 +247,9 @@ def test_cancel_disconnects_and_metrics_parse(engine_pool: LocalPool) -> None:
                     streamed: list[int] = []
                     task = asyncio.create_task(client.generate(f"cancel-{attempt}", prompt, long, streamed.extend))
                     await wait_for_tokens(streamed, 8)
-                    (await dev.post("/pause", params={"mode": "keep"}, timeout=30)).raise_for_status()
+                    # keep the request and its KV (vLLM 0.32 clears caches on any pause unless told not to)
+                    keep = {"mode": "keep", "clear_cache": "false"}
+                    (await dev.post("/pause", params=keep, timeout=30)).raise_for_status()
                     busy = await poll_metrics(
                         client,
                         lambda m: m.num_requests_running == 1
@@ -267,7 +269,8 @@ def test_cancel_disconnects_and_metrics_parse(engine_pool: LocalPool) -> None:
                 with pytest.raises(asyncio.CancelledError):
                     await task
             finally:
-                (await dev.post("/resume", timeout=30)).raise_for_status()   # the pool is shared
+                resumed = await dev.post("/resume", timeout=30)   # the pool is shared: resume whatever happened
+            resumed.raise_for_status()
             await poll_metrics(
                 client,
                 lambda m: m.num_requests_running == 0
