@@ -41,7 +41,7 @@ from cadencerl.config import Scenario, builtin_scenario  # noqa: E402
 from cadencerl.core.trajectory import State  # noqa: E402
 from cadencerl.policies import cadence as cadence_module  # noqa: E402
 from cadencerl.core.actions import Batch, Evict, Place  # noqa: E402
-from cadencerl.policies.cadence import Cadence, _longest_first  # noqa: E402
+from cadencerl.policies.cadence import Cadence  # noqa: E402
 from cadencerl.policies.cadence_rooms import RoomIndex  # noqa: E402
 from cadencerl.core.worker import Worker  # noqa: E402
 from cadencerl.runs.registry import make_policy  # noqa: E402
@@ -140,12 +140,7 @@ class ShedAtReserve(TracingCadence):
 
     def _pace(self, view, v, workers):
         for w in workers:
-            longest = None
-            while len(w.residents) > 1 and w.headroom < self.floor(w) + self.delta:
-                self.kv_bound.add(w.version)
-                self.paced_bound.add(w.version)
-                longest = longest or _longest_first(w)
-                a = Evict(next(longest).id)
+            for a in self._shed_below(w, pacing=True, above_floor=self.delta):
                 self._evicted(workers, a, "shed")
                 self.shed_growth.append(self.growth.tokens(w, len(w.residents)))
                 yield a

@@ -141,21 +141,25 @@ class Cadence:
 
     def _shed(self, workers: list[Worker], terms: RoomTerms | None = None, pacing: bool = False) -> Iterator[Action]:
         """Long out: a worker below its floor evicts its longest resident, never its last one.
-        One pass over the read terms finds the workers below their floor; only those are looked at.
-        Each shed records that KV bound under the worker's version (`pacing`: while it paced)."""
+        One pass over the read terms finds the workers below their floor; only those are looked at."""
         if not self.params.pacing:
             return
         terms = terms or self._terms(workers)
         for i in terms.below_floor():
-            w = workers[i]
-            longest = None
-            while len(w.residents) > 1 and w.headroom < self.floor(w):
-                self.kv_bound.add(w.version)
-                if pacing:
-                    self.paced_bound.add(w.version)
-                longest = longest or _longest_first(w)
-                yield Evict(next(longest).id)
+            yield from self._shed_below(workers[i], pacing)
             terms.reread(i)
+
+    def _shed_below(self, w: Worker, pacing: bool, above_floor: int = 0) -> Iterator[Action]:
+        """Evict `w`'s longest residents, never its last, until its headroom clears its floor (as it
+        stands after each eviction) plus `above_floor`; each records that KV bound under its version
+        (`pacing`: while the version paced)."""
+        longest = None
+        while len(w.residents) > 1 and w.headroom < self.floor(w) + above_floor:
+            self.kv_bound.add(w.version)
+            if pacing:
+                self.paced_bound.add(w.version)
+            longest = longest or _longest_first(w)
+            yield Evict(next(longest).id)
 
     def _terms(self, workers: list[Worker]) -> RoomTerms:
         return RoomTerms.read(workers, self.growth.rates, self.floor_frac, self.growth.horizon_s)
