@@ -54,7 +54,7 @@ def test_a_corrupt_sweep_cache_is_not_bad_input(tmp_path):
                             "--json", str(target)])
     assert r.exit_code == 0, r.output
     assert json.loads(target.read_text())["trajectories_completed"] == 32
-    assert set(json.loads(path.read_text())["best"]) == set(sw.QUICK_GRID)
+    assert set(json.loads(path.read_text())["best"]) == {*sw.QUICK_GRID, "weight_update"}
 
 
 def test_json_is_written_whole(tmp_path):

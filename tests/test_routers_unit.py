@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from cadencerl.core.actions import Admit, Place
+from cadencerl.config import ConfigError
+from cadencerl.core.actions import Admit, Advance, Interrupt, Place
 from cadencerl.routing.misa import Admitted, MisaT
 from cadencerl.routing.routers import CacheAware, ConsistentHash, LeastLoadedRouter, RoundRobin, StickyLeastLoaded
 from cadencerl.policies.least_loaded import LeastLoaded
@@ -40,6 +41,33 @@ def test_a_router_places_continuations_first_in_departure_order():
     early.departed_at, late.departed_at = 3.0, 5.0
     acts = pool(RoundRobin(), [worker(0), worker(1)], pending=[late, early], fresh=fresh(1), admitted=2).decide()
     assert acts == [Place(2, 0), Place(1, 1), Admit(0, 100)]
+
+
+# -- how a router's workers take new weights ---------------------------------------------------------
+
+def behind_the_trainer():
+    """Version 0's budget spent, the trainer at 1: one worker still holds a resident, one is empty."""
+    return [loaded(0, 1), worker(1)], dict(trainer_version=1, admitted=100, batch=100, total=1000)
+
+
+def test_when_idle_a_routers_worker_moves_only_once_it_holds_nothing():
+    workers, state = behind_the_trainer()
+    acts = pool(CacheAware(), workers, **state).decide()
+    assert [a for a in acts if isinstance(a, (Advance, Interrupt))] == [Advance(1, 1)]
+
+
+def test_interrupting_moves_every_worker_at_publish_residents_and_all():
+    workers, state = behind_the_trainer()
+    p = pool(CacheAware(weight_update="interrupt"), workers, **state)
+    acts = p.decide()
+    assert [a for a in acts if isinstance(a, (Advance, Interrupt))] == [Interrupt(0, 1), Interrupt(1, 1)]
+    resident = p.controller.workers[0].residents[1000]
+    assert resident.versions == [0, 1] and resident.tag == 0   # spans versions, still counts for its start
+
+
+def test_an_unknown_weight_update_is_refused_by_name():
+    with pytest.raises(ConfigError, match="weight_update: expected one of when-idle, interrupt, got 'eager'"):
+        CacheAware(weight_update="eager")
 
 
 # -- round-robin, least-loaded, sticky ------------------------------------------------------------

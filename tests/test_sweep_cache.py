@@ -42,7 +42,7 @@ def test_a_corrupt_entry_is_swept_again_with_a_warning(scenario, caplog, corrupt
     path.write_bytes(corrupt.encode("utf-8", "surrogateescape"))
     with caplog.at_level(logging.WARNING, logger="cadencerl.runs.sweep"):
         best = sw.tuned_thresholds(scenario, GRID)
-    assert set(best) == set(GRID) and best["cache_threshold"] in GRID["cache_threshold"]
+    assert set(best) == {*GRID, "weight_update"} and best["cache_threshold"] in GRID["cache_threshold"]
     warnings = [r.getMessage() for r in caplog.records]
     assert len(warnings) == 1 and "\n" not in warnings[0] and str(path) in warnings[0]
     assert json.loads(path.read_text())["best"] == best   # repaired
@@ -84,3 +84,45 @@ def test_the_fingerprint_follows_every_simulating_source(tmp_path):
     assert sw.source_fingerprint(tmp_path, ("sim",)) == first
     (tmp_path / "sim" / "engine.py").write_text("STEP = 2\n")
     assert sw.source_fingerprint(tmp_path, ("sim",)) != first
+
+
+def test_the_weight_update_is_tuned_over_several_batches_for_each_system(monkeypatch):
+    from cadencerl.routing.routers import CacheAware
+    from cadencerl.runs import registry
+
+    long = small("h800-16", trajectories=400, batch=16)
+    calls = []
+    real = sw.simulate
+
+    def counted(scenario, policy):
+        calls.append((scenario.workload.trajectories, policy.name, getattr(policy, "inner", policy).weight_update))
+        return real(scenario, policy)
+
+    monkeypatch.setattr(sw, "simulate", counted)
+    point = {"cache_threshold": 0.3, "balance_abs_threshold": 16, "balance_rel_threshold": 1.5}
+    updates = sw.sweep_weight_update(long, lambda u: CacheAware(**point, weight_update=u))
+    n = sw.UPDATE_TUNE_BATCHES * 16
+    assert calls == [(n, "cache-aware", "when-idle"), (n, "cache-aware", "interrupt")]
+    assert [u["score_tok_s"] for u in updates] == sorted((u["score_tok_s"] for u in updates), reverse=True)
+    assert all(u["score_tok_s"] == u["steady_throughput_tok_s"] for u in updates)
+
+    # the tuned router runs its best; MISA-T in front of it keeps the thresholds, its own update is tuned
+    monkeypatch.setattr(sw, "tuned_thresholds", lambda s: {**point, "weight_update": "interrupt"})
+    assert registry.make_policy("cache-aware-tuned", long).weight_update == "interrupt"
+    calls.clear()
+    misa = registry.make_policy("misa+cache-aware-tuned", long)
+    assert [c[1:] for c in calls] == [("misa+cache-aware-tuned", "when-idle"), ("misa+cache-aware-tuned", "interrupt")]
+    best = json.loads(sw.cache_path(long, {"policy": ["misa+cache-aware-tuned"]}).read_text())["best"]
+    assert misa.inner.weight_update == best["weight_update"] and misa.inner.cache_threshold == 0.3
+    calls.clear()
+    assert registry.make_policy("misa+cache-aware-tuned", long).inner.weight_update == best["weight_update"]
+    assert calls == []   # cached
+
+
+def test_a_cached_best_without_a_known_weight_update_is_swept_again(scenario):
+    path = sw.cache_path(scenario, GRID)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"best": {"cache_threshold": 0.3, "balance_abs_threshold": 16, "balance_rel_threshold": 1.5}}))
+    best = sw.tuned_thresholds(scenario, GRID)
+    assert best["weight_update"] in sw.WEIGHT_UPDATES
+    assert json.loads(path.read_text())["best"] == best

@@ -22,6 +22,7 @@ from cadencerl.cli.tables import (
     scenarios_table,
     sensitivity_table,
     sweep_table,
+    weight_update_table,
 )
 from cadencerl.config import ConfigError, Scenario
 
@@ -148,7 +149,8 @@ def sensitivity(scenario: Optional[str] = ScenarioOpt, config: Optional[Path] = 
 def sweep(scenario: Optional[str] = ScenarioOpt, config: Optional[Path] = ConfigOpt,
           grid: str = typer.Option("quick", "--grid", help="quick (16 points) or full (75 points)"),
           json_out: Optional[str] = JsonOpt) -> None:
-    """Tune the cache-aware router's thresholds on a scenario; the best becomes `cache-aware-tuned`."""
+    """Tune the cache-aware router's thresholds and weight update on a scenario; the best becomes `cache-aware-tuned`."""
+    from cadencerl.routing.routers import CacheAware
     from cadencerl.runs import sweep as sw
 
     if grid not in ("quick", "full"):
@@ -158,11 +160,15 @@ def sweep(scenario: Optional[str] = ScenarioOpt, config: Optional[Path] = Config
     with progress_bar(True) as progress:
         task = progress.add_task(f"{s.name} / cache-aware sweep", total=None)
         results = sw.sweep(s, points, lambda done, total: progress.update(task, completed=done, total=total))
-    best, path = sw.save(s, points, results)
+        task = progress.add_task(f"{s.name} / weight update, {sw.UPDATE_TUNE_BATCHES} batches", total=None)
+        point = {k: results[0][k] for k in points}
+        updates = sw.sweep_weight_update(s, lambda u: CacheAware(**point, weight_update=u),
+                                         lambda done, total: progress.update(task, completed=done, total=total))
+    best, path = sw.save(s, points, results, updates)
     table = sweep_table(s.name, results)
     table.caption = f"best: {best} (saved for cache-aware-tuned in {path})"
-    print_tables([table], json_out == "-")
-    write_json(json_out, {"best": best, "results": results})
+    print_tables([table, weight_update_table(s.name, updates)], json_out == "-")
+    write_json(json_out, {"best": best, "results": results, "weight_update_results": updates})
 
 
 def scenarios() -> None:

@@ -117,6 +117,18 @@ def sweep_table(scenario: str, results: list[dict]) -> Table:
     return table
 
 
+def weight_update_table(scenario: str, results: list[dict]) -> Table:
+    """The sweep's second stage: the best thresholds under each weight update, best first."""
+    table = Table(title=f"{scenario}: weight update at the best thresholds (best first)")
+    for col in ("weight update", "throughput tok/s", "steady tok/s", "hit rate"):
+        table.add_column(col, justify="right")
+    for r in results:
+        steady = r["steady_throughput_tok_s"]
+        table.add_row(r["weight_update"], f"{r['throughput_tok_s']:,.0f}", "-" if steady is None else f"{steady:,.0f}",
+                      f"{100 * r['prefix_hit_rate']:.1f}%")
+    return table
+
+
 def scenarios_table() -> Table:
     """The built-in scenarios, one row each."""
     from cadencerl.config import builtin_names, builtin_scenario

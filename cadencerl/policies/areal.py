@@ -12,11 +12,11 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from cadencerl.core.actions import Action, Admit, Interrupt
+from cadencerl.core.actions import Action, Admit
 from cadencerl.core.trajectory import Trajectory
 from cadencerl.core.view import PoolView
 from cadencerl.core.worker import Worker
-from cadencerl.policies.base import GroupAffinity, fits, grouped, place_pending
+from cadencerl.policies.base import GroupAffinity, fits, grouped, interrupt_behind, place_pending
 
 
 class AReaL:
@@ -28,9 +28,7 @@ class AReaL:
         self._choose = grouped(lambda ws, _t: self._next(ws, lambda w: True), GroupAffinity() if group_affinity else None)
 
     def decide(self, view: PoolView) -> Iterator[Action]:
-        for w in view.alive():
-            if w.version < view.trainer_version:
-                yield Interrupt(w.id, view.trainer_version)
+        yield from interrupt_behind(view)
         workers = view.alive()
         yield from place_pending(view, self._sticky)   # tool returns, lost workers
         while (nxt := view.next_fresh()) is not None:

@@ -1,10 +1,10 @@
-"""Small pieces the policies share: budgeted admission and advancing idle workers."""
+"""Small pieces the policies share: budgeted admission and the two ways workers take new weights."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
 
-from cadencerl.core.actions import Action, Admit, Advance, Evict, Place
+from cadencerl.core.actions import Action, Admit, Advance, Evict, Interrupt, Place
 from cadencerl.core.trajectory import Trajectory
 from cadencerl.core.view import PoolView
 from cadencerl.core.worker import Worker
@@ -50,6 +50,15 @@ def advance_idle(view: PoolView, workers: Iterable[Worker] | None = None) -> Ite
     for w in workers if workers is not None else view.alive():
         if view.may_advance(w) and view.admissible(w.version) == 0:
             yield Advance(w.id, view.trainer_version)
+
+
+def interrupt_behind(view: PoolView) -> Iterator[Action]:
+    """Every live worker behind the trainer takes the new version at once: its running requests are
+    aborted and resume in place with the new weights, re-prefilled (AReaL's interruptible generation,
+    verl's and slime's partial rollout), so a trajectory may span versions."""
+    for w in view.alive():
+        if w.version < view.trainer_version:
+            yield Interrupt(w.id, view.trainer_version)
 
 
 def admit_fresh(view: PoolView, choose: Callable[[list[Worker], Trajectory], Worker | None]) -> Iterator[Action]:

@@ -9,6 +9,12 @@ router's own in-flight count per worker: it sees no KV or token figures.
 * `cache-aware` (vLLM Router / SGLang router): if the pool is imbalanced, least-loaded; else the
   worker holding the longest prefix of the request when the match rate clears `cache_threshold`,
   else least-loaded; the request's text is then inserted in the chosen worker's tree.
+
+How a router's workers take new weights is the rollout system's choice, not the router's, and the
+simulator models it here (`weight_update`): `when-idle` (a worker moves once it holds no resident of
+its version and that version's eta budget is spent) or `interrupt` (every worker moves at publish,
+its running requests aborted and re-prefilled: AReaL, verl's and slime's partial rollout). The
+cache-aware router's sweep covers both, so `cache-aware-tuned` runs with the better one.
 """
 
 from __future__ import annotations
@@ -17,12 +23,15 @@ import hashlib
 from bisect import bisect_right
 from collections.abc import Iterator
 
+from cadencerl.config import ConfigError
 from cadencerl.routing.prefix_tree import PrefixTree
 from cadencerl.core.actions import Action, Admit, Place
 from cadencerl.core.trajectory import Trajectory
 from cadencerl.core.view import PoolView
 from cadencerl.core.worker import Worker
-from cadencerl.policies.base import advance_idle
+from cadencerl.policies.base import advance_idle, interrupt_behind
+
+WEIGHT_UPDATES = {"when-idle": advance_idle, "interrupt": interrupt_behind}
 
 
 class Router:
@@ -31,12 +40,13 @@ class Router:
     name = "router"
     kv_transfer = False
     queues_at_engine = True
+    weight_update = "when-idle"     # a key of WEIGHT_UPDATES
 
     def route(self, view: PoolView, traj: Trajectory, workers: list[Worker]) -> Worker:
         raise NotImplementedError
 
     def decide(self, view: PoolView) -> Iterator[Action]:
-        yield from advance_idle(view)
+        yield from WEIGHT_UPDATES[self.weight_update](view)
         by_version: dict[int, list[Worker]] = {}
         for w in view.alive():
             by_version.setdefault(w.version, []).append(w)
@@ -121,7 +131,10 @@ class CacheAware(Router):
 
     def __init__(self, cache_threshold: float = 0.3, balance_abs_threshold: int = 64,
                  balance_rel_threshold: float = 1.5, eviction_interval_s: float = 120.0,
-                 max_tree_size: int = 2**26) -> None:
+                 max_tree_size: int = 2**26, weight_update: str = "when-idle") -> None:
+        if weight_update not in WEIGHT_UPDATES:
+            raise ConfigError(f"weight_update: expected one of {', '.join(WEIGHT_UPDATES)}, got {weight_update!r}")
+        self.weight_update = weight_update
         self.cache_threshold = cache_threshold
         self.balance_abs_threshold = balance_abs_threshold
         self.balance_rel_threshold = balance_rel_threshold

@@ -3,8 +3,9 @@
 Runs take Policy objects; the faces (CLI, report, API) resolve names here. `ADMISSION+PLACEMENT`
 (e.g. `misa+cache-aware`, or `misa-goodput+cache-aware` with the goodput climber) puts an admission
 layer in front of a placement policy, and
-`cache-aware-tuned` is the cache-aware router at the thresholds its sweep found best for the
-scenario (it may run the sweep, see `runs/sweep.py`).
+`cache-aware-tuned` is the cache-aware router at the thresholds and weight update its sweep found
+best for the scenario (it may run the sweep, see `runs/sweep.py`); an admission layer in front of
+it keeps the thresholds and gets the weight update that serves it best (each system its own best).
 """
 
 from __future__ import annotations
@@ -97,7 +98,19 @@ def make_policy(name: str, scenario: Scenario, admission: str | None = None) -> 
     if admission is not None and admission != "none" and admission not in ADMISSIONS:
         raise ConfigError(f"admission: unknown admission layer {admission!r} (known: none, {', '.join(ADMISSIONS)})")
     placement = FACTORIES[name](scenario)
-    if admission in ADMISSIONS:
+    if admission not in ADMISSIONS:
+        return placement
+
+    def admitted(inner: Policy) -> Policy:
         climb = GoodputClimb() if admission == "misa-goodput" else None
-        return Admitted(MisaT(scenario.workload.target_mix(), climb=climb), placement, label=admission)
-    return placement
+        return Admitted(MisaT(scenario.workload.target_mix(), climb=climb), inner, label=admission)
+
+    if name == "cache-aware-tuned":   # the tuned router's thresholds; the weight update tuned for this system
+        from cadencerl.runs.sweep import tuned_weight_update
+
+        def build(update: str) -> Policy:
+            router = FACTORIES[name](scenario)
+            router.weight_update = update
+            return admitted(router)
+        return build(tuned_weight_update(scenario, f"{admission}+{name}", build))
+    return admitted(placement)

@@ -8,6 +8,13 @@ Tuning runs use at most `TUNE_TRAJECTORIES` trajectories of the scenario to stay
 The grid holds both of vllm-router's documented defaults, which disagree (reference/routers.md):
 its CLI parser's 0.3 / 64 / 1.5 (what `cache-aware` runs untuned, and where a user starts) and its
 load-balancing docs' 0.5 / 32 / 1.1.
+
+A second stage tunes how the router's workers take new weights (`weight_update`, see
+`routing/routers.py`) at the best thresholds. Which pays depends on the load (interrupting at
+publish wins under KV pressure, where waiting for a worker to empty idles it; it loses on a light
+load, where it throws away prefixes), and it only shows across publishes, so this stage runs
+`UPDATE_TUNE_BATCHES` trainer batches and compares steady throughput: a two-batch tuning run
+holds one publish and cannot tell the two apart.
 """
 
 from __future__ import annotations
@@ -23,6 +30,7 @@ from functools import cache
 from pathlib import Path
 
 from cadencerl.config import Scenario
+from cadencerl.core.view import Policy
 from cadencerl.routing.routers import CacheAware
 from cadencerl.runs.outputs import write_atomic
 from cadencerl.runs.simulate import simulate
@@ -34,6 +42,8 @@ DOCUMENTED_DEFAULTS = ({"cache_threshold": 0.3, "balance_abs_threshold": 64, "ba
 FULL_GRID = {"cache_threshold": [0.1, 0.3, 0.5, 0.7, 0.9], "balance_abs_threshold": [8, 16, 32, 64, 128],
              "balance_rel_threshold": [1.1, 1.5, 2.0]}
 TUNE_TRAJECTORIES = 4096
+WEIGHT_UPDATES = ("when-idle", "interrupt")
+UPDATE_TUNE_BATCHES = 8
 log = logging.getLogger(__name__)
 
 
@@ -89,11 +99,32 @@ def sweep(scenario: Scenario, grid: dict | None = None,
     return sorted(results, key=lambda r: -r["throughput_tok_s"])
 
 
-def save(scenario: Scenario, grid: dict, results: list[dict]) -> tuple[dict, Path]:
-    """Cache the best point of a finished sweep (atomically: a reader never sees half a file)."""
-    best = {k: results[0][k] for k in grid}
+def sweep_weight_update(scenario: Scenario, build: Callable[[str], Policy],
+                        progress: Callable[[int, int], None] | None = None) -> list[dict]:
+    """`build(weight_update)` under each weight update, over `UPDATE_TUNE_BATCHES` batches; best
+    steady throughput first (the whole run's where the run is too short for a steady window)."""
+    batch = scenario.trainer.batch_size
+    tune = scenario
+    if scenario.workload.trajectories > UPDATE_TUNE_BATCHES * batch:
+        tune = scenario.with_overrides(workload={"trajectories": UPDATE_TUNE_BATCHES * batch})
+    results = []
+    for i, update in enumerate(WEIGHT_UPDATES):
+        r = simulate(tune, build(update))
+        steady = r.get("steady_throughput_tok_s") or None    # absent (or empty) on a run of under 3 batches
+        results.append({"weight_update": update, "throughput_tok_s": r["throughput_tok_s"],
+                        "steady_throughput_tok_s": steady, "prefix_hit_rate": r["prefix_hit_rate"],
+                        "score_tok_s": steady or r["throughput_tok_s"]})
+        if progress:
+            progress(i + 1, len(WEIGHT_UPDATES))
+    return sorted(results, key=lambda r: -r["score_tok_s"])
+
+
+def save(scenario: Scenario, grid: dict, results: list[dict], updates: list[dict]) -> tuple[dict, Path]:
+    """Cache the best setting of a finished sweep (atomically: a reader never sees half a file)."""
+    best = {**{k: results[0][k] for k in grid}, "weight_update": updates[0]["weight_update"]}
     path = cache_path(scenario, grid)
-    text = json.dumps({"scenario": scenario.name, "grid": grid, "best": best, "results": results}, indent=1)
+    text = json.dumps({"scenario": scenario.name, "grid": grid, "best": best, "results": results,
+                       "weight_update_results": updates}, indent=1)
     write_atomic(path, text)
     return best, path
 
@@ -104,7 +135,8 @@ def _cached_best(path: Path, grid: dict) -> dict | None:
         return None
     try:
         best = json.loads(path.read_text(encoding="utf-8"))["best"]
-        if set(best) != set(grid) or not all(best[k] in grid[k] for k in grid):
+        if set(best) != {*grid, "weight_update"} or not all(best[k] in grid[k] for k in grid) \
+                or best["weight_update"] not in WEIGHT_UPDATES:
             raise ValueError("its best point is not on the grid")
         return best
     except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError) as exc:
@@ -114,9 +146,22 @@ def _cached_best(path: Path, grid: dict) -> dict | None:
 
 def tuned_thresholds(scenario: Scenario, grid: dict | None = None,
                      progress: Callable[[int, int], None] | None = None) -> dict:
-    """The best grid point for `scenario`, from the cache or by sweeping now."""
+    """The best setting for `scenario` (grid point and weight update), from the cache or by sweeping now."""
     grid = grid or QUICK_GRID
     best = _cached_best(cache_path(scenario, grid), grid)
     if best is None:
-        best, _ = save(scenario, grid, sweep(scenario, grid, progress))
+        results = sweep(scenario, grid, progress)
+        point = {k: results[0][k] for k in grid}
+        best, _ = save(scenario, grid, results,
+                       sweep_weight_update(scenario, lambda u: CacheAware(**point, weight_update=u)))
     return best
+
+
+def tuned_weight_update(scenario: Scenario, label: str, build: Callable[[str], Policy]) -> str:
+    """The weight update that serves `build` best on `scenario` (the sweep's second stage, for a
+    policy in front of the tuned router: each system gets its own best), cached like a sweep."""
+    grid = {"policy": [label]}
+    best = _cached_best(cache_path(scenario, grid), grid)
+    if best is None:
+        best, _ = save(scenario, grid, [{"policy": label}], sweep_weight_update(scenario, build))
+    return best["weight_update"]

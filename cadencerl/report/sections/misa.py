@@ -17,8 +17,10 @@ def misa_t(ctx: Report) -> str:
              "Paper (MISA-T abstract): over a sweep-tuned cache-aware vLLM Router, +53.3% (Step3.7) and +43.6% "
              "(Qwen3.6-35B-A3B) rollout throughput with a high prefix-cache hit rate; in a 50-iteration run the "
              "consumed mixture stays close to the trainer target (D_TV 4.14 -> 2.71 pp). Below: this simulator. "
-             "`cache-aware-tuned` is the router with the thresholds its sweep found best for that scenario "
-             "(`cadencerl sweep`); MISA-T runs with its documented defaults, untuned.\n"]
+             "`cache-aware-tuned` is the router with the thresholds and weight update (a worker takes new weights when "
+             "idle, or all are interrupted at publish) its sweep found best for that scenario (`cadencerl sweep`); "
+             "MISA-T runs with its documented defaults, untuned, in front of that router; the weight update is tuned "
+             "for it the same way (each system gets its own best).\n"]
     values: dict[tuple[str, str], float] = {}
     mixes: dict[str, list[dict]] = {}
     for name in names:
@@ -43,7 +45,7 @@ def misa_t(ctx: Report) -> str:
         mix = ", ".join(f"{c} {100 * m:.1f}%" for c, m in w.target_mix().items())
         parts += [f"### {name}\n",
                   f"*Setup:* pool {describe_pool(s)}; model {s.model}; {w.trajectories} sessions, target mix {mix}; "
-                  f"trainer batch {s.trainer.batch_size}, seed {s.seed}, eta {s.policy.eta}. Tuned router thresholds: "
+                  f"trainer batch {s.trainer.batch_size}, seed {s.seed}, eta {s.policy.eta}. Tuned router setting: "
                   f"{best}.\n",
                   md_table(["policy", "throughput tok/s", "vs tuned router", "prefix hit rate", "D_TV pp",
                             "D_TV pp (steady)", "agent P95 s", "RLVR P95 s", "RLHF P95 s", "preemptions",
