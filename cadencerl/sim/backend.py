@@ -93,7 +93,9 @@ class SimBackend:
             self.kv.depart(traj.id, engine.id, traj.context, self._clock)
 
     def set_version(self, worker: int, version: int) -> None:
-        """The worker runs nothing until the new weights have reached it (see `weights.py`)."""
+        """The worker runs nothing until the new weights have reached it (see `weights.py`), and
+        nothing it cached under the old ones is hit again."""
+        self.engines[worker].cache.drop_cached()
         if self.weights is not None:
             self.engines[worker].ready_at = self.weights.ready_at(worker, version, self._clock)
             self._dirty.add(worker)

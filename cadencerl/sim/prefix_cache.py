@@ -60,6 +60,13 @@ class PrefixCache:
             _key, n = self.lru.popitem(last=False)
             self.cached_tokens -= n
 
+    def drop_cached(self) -> None:
+        """New weights make every cached prefix stale: the RL frameworks reset the prefix cache with
+        each weight update (the real pool pauses with `clear_cache=true`). Blocks of running
+        requests are not cached ones and stay."""
+        self.lru.clear()
+        self.cached_tokens = 0
+
     def _put(self, key, tokens: int) -> None:
         if key in self.lru:
             self.cached_tokens -= self.lru.pop(key)
