@@ -166,7 +166,8 @@ def sweep(scenario: Optional[str] = ScenarioOpt, config: Optional[Path] = Config
                                          lambda done, total: progress.update(task, completed=done, total=total))
     best, path = sw.save(s, points, results, updates)
     table = sweep_table(s.name, results)
-    table.caption = f"best: {best} (saved for cache-aware-tuned in {path})"
+    used = "for cache-aware-tuned " if grid == "quick" else ""
+    table.caption = f"best: {best} (saved {used}in {path})"
     print_tables([table, weight_update_table(s.name, updates)], json_out == "-")
     write_json(json_out, {"best": best, "results": results, "weight_update_results": updates})
 

@@ -11,10 +11,11 @@ router's own in-flight count per worker: it sees no KV or token figures.
   else least-loaded; the request's text is then inserted in the chosen worker's tree.
 
 How a router's workers take new weights is the rollout system's choice, not the router's, and the
-simulator models it here (`weight_update`): `when-idle` (a worker moves once it holds no resident of
-its version and that version's eta budget is spent) or `interrupt` (every worker moves at publish,
-its running requests aborted and re-prefilled: AReaL, verl's and slime's partial rollout). The
-cache-aware router's sweep covers both, so `cache-aware-tuned` runs with the better one.
+simulator models it here (`weight_update`): `when-idle` (a worker moves once it holds no resident,
+its version's eta budget is spent and it is not the last home of that version's unfinished work)
+or `interrupt` (every worker moves at publish, its running requests aborted and re-prefilled:
+AReaL, verl's and slime's partial rollout). The cache-aware router's sweep covers both, so
+`cache-aware-tuned` runs with the better one.
 """
 
 from __future__ import annotations

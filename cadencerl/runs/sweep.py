@@ -51,7 +51,7 @@ def cache_dir() -> Path:
     return Path(os.environ.get("CADENCERL_CACHE_DIR", Path.home() / ".cache" / "cadencerl")) / "sweeps"
 
 
-SIMULATED_BY = ("hardware", "core", "workload", "routing", "sim", "runs")   # packages a sweep's result depends on
+SIMULATED_BY = ("hardware", "core", "workload", "policies", "routing", "sim", "runs")   # packages a sweep's result depends on
 
 
 def source_fingerprint(root: Path, packages: tuple[str, ...] = SIMULATED_BY) -> str:

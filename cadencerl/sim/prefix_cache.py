@@ -4,7 +4,8 @@ Blocks of a request are shared while it runs; when it leaves (finishes, is abort
 they stay cached but evictable, least recently used first, as the running set needs room. Two
 kinds of prefix exist in a rollout: a prompt shared by the samples of one group, and one
 trajectory's own history (what a later turn of the same session, or a resume, can reuse).
-Hits are counted as vLLM counts them: tokens hit over tokens queried.
+Hits are counted as vLLM counts them: tokens hit over tokens queried. New weights empty the cache
+(`drop_cached`).
 """
 
 from __future__ import annotations
@@ -62,8 +63,9 @@ class PrefixCache:
 
     def drop_cached(self) -> None:
         """New weights make every cached prefix stale: the RL frameworks reset the prefix cache with
-        each weight update (the real pool pauses with `clear_cache=true`). Blocks of running
-        requests are not cached ones and stay."""
+        each weight update (the real pool pauses with `clear_cache=true`). A worker takes new weights
+        only empty or after an interrupt evicted its requests, so nothing is running (`in_use`
+        holds only running requests' prompts, released as they leave)."""
         self.lru.clear()
         self.cached_tokens = 0
 
