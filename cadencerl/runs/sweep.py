@@ -31,7 +31,7 @@ from pathlib import Path
 
 from cadencerl.config import Scenario
 from cadencerl.core.view import Policy
-from cadencerl.routing.routers import CacheAware
+from cadencerl.routing.routers import WEIGHT_UPDATES as ROUTER_WEIGHT_UPDATES, CacheAware
 from cadencerl.runs.outputs import write_atomic
 from cadencerl.runs.simulate import simulate
 
@@ -42,7 +42,7 @@ DOCUMENTED_DEFAULTS = ({"cache_threshold": 0.3, "balance_abs_threshold": 64, "ba
 FULL_GRID = {"cache_threshold": [0.1, 0.3, 0.5, 0.7, 0.9], "balance_abs_threshold": [8, 16, 32, 64, 128],
              "balance_rel_threshold": [1.1, 1.5, 2.0]}
 TUNE_TRAJECTORIES = 4096
-WEIGHT_UPDATES = ("when-idle", "interrupt")
+WEIGHT_UPDATES = tuple(ROUTER_WEIGHT_UPDATES)   # when-idle first: a tie keeps the old rule
 UPDATE_TUNE_BATCHES = 8
 log = logging.getLogger(__name__)
 
