@@ -150,7 +150,6 @@ def sweep(scenario: Optional[str] = ScenarioOpt, config: Optional[Path] = Config
           grid: str = typer.Option("quick", "--grid", help="quick (16 points) or full (75 points)"),
           json_out: Optional[str] = JsonOpt) -> None:
     """Tune the cache-aware router's thresholds and weight update on a scenario; the best becomes `cache-aware-tuned`."""
-    from cadencerl.routing.routers import CacheAware
     from cadencerl.runs import sweep as sw
 
     if grid not in ("quick", "full"):
@@ -158,12 +157,11 @@ def sweep(scenario: Optional[str] = ScenarioOpt, config: Optional[Path] = Config
     s = load_scenario(scenario, config, {}, json_out)
     points = sw.QUICK_GRID if grid == "quick" else sw.FULL_GRID
     with progress_bar(True) as progress:
-        task = progress.add_task(f"{s.name} / cache-aware sweep", total=None)
-        results = sw.sweep(s, points, lambda done, total: progress.update(task, completed=done, total=total))
-        task = progress.add_task(f"{s.name} / weight update, {sw.UPDATE_TUNE_BATCHES} batches", total=None)
-        point = {k: results[0][k] for k in points}
-        updates = sw.sweep_weight_update(s, lambda u: CacheAware(**point, weight_update=u),
-                                         lambda done, total: progress.update(task, completed=done, total=total))
+        grid_task = progress.add_task(f"{s.name} / cache-aware sweep", total=None)
+        update_task = progress.add_task(f"{s.name} / weight update, {sw.UPDATE_TUNE_BATCHES} batches", total=None)
+        results, updates = sw.tune(
+            s, points, lambda done, total: progress.update(grid_task, completed=done, total=total),
+            lambda done, total: progress.update(update_task, completed=done, total=total))
     best, path = sw.save(s, points, results, updates)
     table = sweep_table(s.name, results)
     used = "for cache-aware-tuned " if grid == "quick" else ""

@@ -97,9 +97,8 @@ def make_policy(name: str, scenario: Scenario, admission: str | None = None) -> 
         raise ConfigError(f"policy: unknown policy {name!r} (known: {', '.join(FACTORIES)})")
     if admission is not None and admission != "none" and admission not in ADMISSIONS:
         raise ConfigError(f"admission: unknown admission layer {admission!r} (known: none, {', '.join(ADMISSIONS)})")
-    placement = FACTORIES[name](scenario)
     if admission not in ADMISSIONS:
-        return placement
+        return FACTORIES[name](scenario)
 
     def admitted(inner: Policy) -> Policy:
         climb = GoodputClimb() if admission == "misa-goodput" else None
@@ -113,4 +112,4 @@ def make_policy(name: str, scenario: Scenario, admission: str | None = None) -> 
             router.weight_update = update
             return admitted(router)
         return build(tuned_weight_update(scenario, f"{admission}+{name}", build))
-    return admitted(placement)
+    return admitted(FACTORIES[name](scenario))

@@ -144,16 +144,21 @@ def _cached_best(path: Path, grid: dict) -> dict | None:
         return None
 
 
+def tune(scenario: Scenario, grid: dict, progress: Callable[[int, int], None] | None = None,
+         update_progress: Callable[[int, int], None] | None = None) -> tuple[list[dict], list[dict]]:
+    """Both stages: the threshold sweep, then the weight update at its best point."""
+    results = sweep(scenario, grid, progress)
+    point = {k: results[0][k] for k in grid}
+    return results, sweep_weight_update(scenario, lambda u: CacheAware(**point, weight_update=u), update_progress)
+
+
 def tuned_thresholds(scenario: Scenario, grid: dict | None = None,
                      progress: Callable[[int, int], None] | None = None) -> dict:
     """The best setting for `scenario` (grid point and weight update), from the cache or by sweeping now."""
     grid = grid or QUICK_GRID
     best = _cached_best(cache_path(scenario, grid), grid)
     if best is None:
-        results = sweep(scenario, grid, progress)
-        point = {k: results[0][k] for k in grid}
-        best, _ = save(scenario, grid, results,
-                       sweep_weight_update(scenario, lambda u: CacheAware(**point, weight_update=u)))
+        best, _ = save(scenario, grid, *tune(scenario, grid, progress))
     return best
 
 
