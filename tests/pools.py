@@ -56,8 +56,8 @@ class StubBackend:
     def evict(self, traj):
         self.calls.append(("evict", traj.id))
 
-    def set_version(self, worker, version):
-        self.calls.append(("set_version", worker, version))
+    def set_version(self, worker, version, keep_kv=False):
+        self.calls.append(("set_version", worker, version) + (("keep_kv",) if keep_kv else ()))
 
 
 @dataclass

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from cadencerl.config import ConfigError
-from cadencerl.core.actions import Admit, Advance, Interrupt, Place
+from cadencerl.core.actions import Admit, Advance, Interrupt, Place, UpdateInPlace
 from cadencerl.routing.misa import Admitted, MisaT
 from cadencerl.routing.routers import CacheAware, ConsistentHash, LeastLoadedRouter, RoundRobin, StickyLeastLoaded
 from cadencerl.policies.least_loaded import LeastLoaded
@@ -65,8 +65,21 @@ def test_interrupting_moves_every_worker_at_publish_residents_and_all():
     assert resident.versions == [0, 1] and resident.tag == 0   # spans versions, still counts for its start
 
 
+def test_updating_in_place_moves_every_worker_at_publish_keeping_its_residents():
+    workers, state = behind_the_trainer()
+    p = pool(CacheAware(weight_update="in-place"), workers, **state)
+    acts = p.decide()
+    moves = [a for a in acts if isinstance(a, (Advance, Interrupt, UpdateInPlace))]
+    assert moves == [UpdateInPlace(0, 1), UpdateInPlace(1, 1)]
+    w0 = p.controller.workers[0]
+    resident = w0.residents[1000]
+    assert w0.version == 1 and resident.worker == 0           # never left its worker
+    assert resident.versions == [0, 1] and resident.tag == 0
+    assert p.controller.counters.in_place_updates == 2 and p.controller.counters.evictions == 0
+
+
 def test_an_unknown_weight_update_is_refused_by_name():
-    with pytest.raises(ConfigError, match="weight_update: expected one of when-idle, interrupt, got 'eager'"):
+    with pytest.raises(ConfigError, match="weight_update: expected one of when-idle, interrupt, in-place, got 'eager'"):
         CacheAware(weight_update="eager")
 
 

@@ -102,7 +102,7 @@ def test_the_weight_update_is_tuned_over_several_batches_for_each_system(monkeyp
     point = {"cache_threshold": 0.3, "balance_abs_threshold": 16, "balance_rel_threshold": 1.5}
     updates = sw.sweep_weight_update(long, lambda u: CacheAware(**point, weight_update=u))
     n = sw.UPDATE_TUNE_BATCHES * 16
-    assert calls == [(n, "cache-aware", "when-idle"), (n, "cache-aware", "interrupt")]
+    assert calls == [(n, "cache-aware", u) for u in ("when-idle", "interrupt", "in-place")]
     assert [u["score_tok_s"] for u in updates] == sorted((u["score_tok_s"] for u in updates), reverse=True)
     assert all(u["score_tok_s"] == u["steady_throughput_tok_s"] for u in updates)
 
@@ -111,7 +111,7 @@ def test_the_weight_update_is_tuned_over_several_batches_for_each_system(monkeyp
     assert registry.make_policy("cache-aware-tuned", long).weight_update == "interrupt"
     calls.clear()
     misa = registry.make_policy("misa+cache-aware-tuned", long)
-    assert [c[1:] for c in calls] == [("misa+cache-aware-tuned", "when-idle"), ("misa+cache-aware-tuned", "interrupt")]
+    assert [c[1:] for c in calls] == [("misa+cache-aware-tuned", u) for u in ("when-idle", "interrupt", "in-place")]
     saved = json.loads(sw.cache_path(long, {"policy": ["misa+cache-aware-tuned"]}).read_text())
     best = saved["best"]
     assert best["weight_update"] == max(saved["weight_update_results"], key=lambda u: u["score_tok_s"])["weight_update"]

@@ -45,6 +45,15 @@ class Interrupt:
 
 
 @dataclass(frozen=True, slots=True)
+class UpdateInPlace:
+    """vLLM's `/pause?mode=keep`: freeze a worker's requests, update its weights, resume them with the
+    KV they hold (OpenRLHF's partial rollout, PipelineRL's in-flight updates): no re-prefill."""
+
+    worker: int
+    version: int
+
+
+@dataclass(frozen=True, slots=True)
 class Batch:
     """Admissions and placements applied in order as one: `trajs[i]` goes to `workers[i]`, admitted
     fresh where `admits[i]`, else placed from the pending set. The controller validates the lot
@@ -63,7 +72,7 @@ class Batch:
         return tuple(Admit(w, t) if a else Place(t, w) for t, w, a in zip(self.trajs, self.workers, self.admits))
 
 
-Action = Admit | Evict | Place | Advance | Interrupt | Batch
+Action = Admit | Evict | Place | Advance | Interrupt | UpdateInPlace | Batch
 
 
 class ActionError(ValueError):

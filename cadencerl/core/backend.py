@@ -105,7 +105,9 @@ class Backend(Protocol):
     def evict(self, traj: Trajectory) -> None:
         """Abort; afterwards `traj.tokens` holds every token it generated."""
 
-    def set_version(self, worker: int, version: int) -> None: ...
+    def set_version(self, worker: int, version: int, keep_kv: bool = False) -> None:
+        """The worker takes new weights: empty or just aborted, or (`keep_kv`) with its requests
+        frozen and resumed on the KV they hold."""
 
     def commit(self, now: float) -> None:
         """End of a decision: let the engines act on the changes."""

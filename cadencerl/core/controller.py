@@ -11,7 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from cadencerl.config import PolicySpec
-from cadencerl.core.actions import ActionError, Admit, Advance, Batch, Evict, Interrupt, Place
+from cadencerl.core.actions import ActionError, Admit, Advance, Batch, Evict, Interrupt, Place, UpdateInPlace
 from cadencerl.core.admission_checks import batch_steps, check_budget, check_fits, check_fresh, check_placement
 from cadencerl.core.backend import Backend, Finished, Restore, Timer, ToolReturned, TurnEnded, WorkerLost
 from cadencerl.core.credits import CreditModel
@@ -37,6 +37,7 @@ class Counters:
     migrated_kv_bytes: float = 0.0
     migrated_token_bytes: float = 0.0
     interrupts: int = 0
+    in_place_updates: int = 0
     decisions: int = 0
     samples: list[tuple[float, int, float, int]] = field(default_factory=list)  # (t, worker, mean ctx, n)
 
@@ -194,6 +195,8 @@ class Controller:
             self._advance(action)
         elif kind is Interrupt:
             self._interrupt(action, now)
+        elif kind is UpdateInPlace:
+            self._update_in_place(action)
         else:
             raise ActionError(f"unknown action {action!r}")
 
@@ -283,9 +286,7 @@ class Controller:
         w = live_worker(self.workers, a.worker)
         if w.residents:
             raise ActionError(f"worker {w.id} cannot advance with {len(w.residents)} residents")
-        if not w.version < a.version <= self.trainer.version:
-            raise ActionError(f"worker {w.id} cannot move from version {w.version} to {a.version} "
-                              f"(trainer at {self.trainer.version})")
+        self._check_newer(w, a.version)
         if strands_work(w, self.workers, self.pending, self.tool_waiting):
             raise ActionError(f"worker {w.id} is the last worker of version {w.version}, which still has work")
         w.version = a.version
@@ -311,11 +312,15 @@ class Controller:
                     traj.kv_home = None
                     self.tool_waiting[w.version] = self.tool_waiting.get(w.version, 0) + 1
 
+    def _check_newer(self, w: Worker, version: int) -> None:
+        if not w.version < version <= self.trainer.version:
+            raise ActionError(f"worker {w.id} cannot move from version {w.version} to {version} "
+                              f"(trainer at {self.trainer.version})")
+
     def _interrupt(self, a: Interrupt, now: float) -> None:
         """Abort, update weights, resume in place with re-prefill (the prefix cache is stale)."""
         w = live_worker(self.workers, a.worker)
-        if not w.version < a.version <= self.trainer.version:
-            raise ActionError(f"worker {w.id} cannot move from version {w.version} to {a.version}")
+        self._check_newer(w, a.version)
         residents = list(w.residents.values())
         for traj in residents:
             self.backend.evict(traj)
@@ -327,6 +332,17 @@ class Controller:
             traj.versions.append(a.version)
             traj.kv_home = None
             self._attach(traj, w, Restore.PREFILL, 0.0, now)
+        self._retag_stranded(w)
+
+    def _update_in_place(self, a: UpdateInPlace) -> None:
+        """Pause, update weights, resume: the residents keep their KV and go on with the new weights."""
+        w = live_worker(self.workers, a.worker)
+        self._check_newer(w, a.version)
+        w.version = a.version
+        self.backend.set_version(w.id, a.version, keep_kv=True)
+        self.counters.in_place_updates += 1
+        for traj in w.residents.values():
+            traj.versions.append(a.version)
         self._retag_stranded(w)
 
     def _traj(self, tid: int) -> Trajectory:

@@ -31,8 +31,10 @@ from cadencerl.engine.records import WorkerRecord
 from cadencerl.engine.server_metrics import EngineMetrics
 from cadencerl.engine.streams import Placement, StreamCounts, Streams
 
-WeightUpdate = Callable[[int, str, int], None]
-"""Called as hook(worker, url, version) when a worker moves to a new policy version."""
+WeightUpdate = Callable[..., None]
+"""Called as hook(worker, url, version) when a worker moves to a new policy version, and with
+`keep_kv=True` added when its requests are to be kept through the update (a policy that updates
+in place: the hook pauses with vLLM's `mode=keep`, see `weights.WeightPusher`)."""
 
 
 @dataclass(frozen=True)
@@ -162,11 +164,12 @@ class EngineBackend:
     def evict(self, traj: Trajectory) -> None:
         self.streams.evict(traj)
 
-    def set_version(self, worker: int, version: int) -> None:
+    def set_version(self, worker: int, version: int, keep_kv: bool = False) -> None:
         if self.records:
             self.records[worker].versions.append((self.now(), version))
         if self.weight_update is not None:
-            self.weight_update(worker, self.urls[worker], version)
+            extra = {"keep_kv": True} if keep_kv else {}
+            self.weight_update(worker, self.urls[worker], version, **extra)
 
     def commit(self, now: float) -> None:
         """Placements started their streams already; the loop runs them on the next advance."""

@@ -58,6 +58,8 @@ class ControllerCollector:
                                   ("evictions", c.evictions, "residents evicted to pending"),
                                   ("migrations", c.migrations, "trajectories resumed on another worker"),
                                   ("interrupts", c.interrupts, "workers interrupted for a new version"),
+                                  ("in_place_updates", c.in_place_updates,
+                                   "workers updated in place, their requests kept"),
                                   ("decisions", c.decisions, "policy decisions")):
             yield _counter(f"cadencerl_{name}", text, value)
         tokens = sum(t.generated for t in list(ctl.trajectories.values()))

@@ -14,6 +14,9 @@ Why this shape:
   needs no torch. Servers on other nodes need the folder on a shared filesystem.
 - The push is synchronous: the controller calls it as a worker advances, when by construction the
   worker holds no residents, so pausing that one server costs the pool nothing but the pause.
+  A worker updated in place (`keep_kv`) pauses with `mode=keep` instead: its requests are frozen
+  through the reload and go on with the new weights on the KV they hold (vLLM clears no cache in
+  that mode), as OpenRLHF's partial rollout does.
 """
 
 from __future__ import annotations
@@ -112,10 +115,11 @@ class WeightPusher:
         self.pushes: list[WeightPush] = []
         self._http = httpx.Client(timeout=httpx.Timeout(timeout_s), trust_env=False)
 
-    def __call__(self, worker: int, url: str, version: int) -> None:
+    def __call__(self, worker: int, url: str, version: int, keep_kv: bool = False) -> None:
         path = str(self.versions.path(version))      # written before the pause, not during it
         start = time.perf_counter()
-        self._post(url, "/pause", params={"mode": "abort", "clear_cache": "true"})
+        pause = {"mode": "keep"} if keep_kv else {"mode": "abort", "clear_cache": "true"}
+        self._post(url, "/pause", params=pause)
         try:
             before = time.perf_counter()
             self._post(url, "/collective_rpc", json={"method": "reload_weights", "kwargs": {"weights_path": path}})

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
 
-from cadencerl.core.actions import Action, Admit, Advance, Evict, Interrupt, Place
+from cadencerl.core.actions import Action, Admit, Advance, Evict, Interrupt, Place, UpdateInPlace
 from cadencerl.core.trajectory import Trajectory
 from cadencerl.core.view import PoolView
 from cadencerl.core.worker import Worker
@@ -59,6 +59,15 @@ def interrupt_behind(view: PoolView) -> Iterator[Action]:
     for w in view.alive():
         if w.version < view.trainer_version:
             yield Interrupt(w.id, view.trainer_version)
+
+
+def update_in_place(view: PoolView) -> Iterator[Action]:
+    """Every live worker behind the trainer takes the new version at once, its running requests
+    frozen meanwhile and resumed on the KV they hold (vLLM's `/pause?mode=keep`, OpenRLHF's partial
+    rollout, PipelineRL's in-flight updates): no re-prefill, and a trajectory may span versions."""
+    for w in view.alive():
+        if w.version < view.trainer_version:
+            yield UpdateInPlace(w.id, view.trainer_version)
 
 
 def admit_fresh(view: PoolView, choose: Callable[[list[Worker], Trajectory], Worker | None]) -> Iterator[Action]:

@@ -12,10 +12,12 @@ router's own in-flight count per worker: it sees no KV or token figures.
 
 How a router's workers take new weights is the rollout system's choice, not the router's, and the
 simulator models it here (`weight_update`): `when-idle` (a worker moves once it holds no resident,
-its version's eta budget is spent and it is not the last home of that version's unfinished work)
-or `interrupt` (every worker moves at publish, its running requests aborted and re-prefilled:
-AReaL, verl's and slime's partial rollout). The cache-aware router's sweep covers both, so
-`cache-aware-tuned` runs with the better one.
+its version's eta budget is spent and it is not the last home of that version's unfinished work),
+`interrupt` (every worker moves at publish, its running requests aborted and re-prefilled:
+AReaL, verl's and slime's partial rollout) or `in-place` (every worker moves at publish, its
+running requests frozen through the update and resumed on their KV: vLLM's `/pause?mode=keep`,
+OpenRLHF, PipelineRL). The cache-aware router's sweep covers all three, so `cache-aware-tuned`
+runs with the best.
 """
 
 from __future__ import annotations
@@ -30,9 +32,9 @@ from cadencerl.core.actions import Action, Admit, Place
 from cadencerl.core.trajectory import Trajectory
 from cadencerl.core.view import PoolView
 from cadencerl.core.worker import Worker
-from cadencerl.policies.base import advance_idle, interrupt_behind
+from cadencerl.policies.base import advance_idle, interrupt_behind, update_in_place
 
-WEIGHT_UPDATES = {"when-idle": advance_idle, "interrupt": interrupt_behind}
+WEIGHT_UPDATES = {"when-idle": advance_idle, "interrupt": interrupt_behind, "in-place": update_in_place}
 
 
 class Router:

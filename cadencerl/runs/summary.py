@@ -102,6 +102,7 @@ def summarize(scenario_name: str, policy_name: str, ctl: Controller, engines: Se
         "migrated_kv_bytes": c.migrated_kv_bytes,
         "migrated_token_bytes": c.migrated_token_bytes,
         "interrupts": c.interrupts,
+        "in_place_updates": c.in_place_updates,
         "prefill_tokens": int(sum(e.prefill_tokens for e in engines)),
         **steady_figures(trajs, {tid: i for i, tid in enumerate(ctl.trajectories)}, ctl.credits.batch_size,
                          ctl.credits.eta, publish, generated),

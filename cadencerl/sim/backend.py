@@ -92,10 +92,12 @@ class SimBackend:
         if self.kv is not None:
             self.kv.depart(traj.id, engine.id, traj.context, self._clock)
 
-    def set_version(self, worker: int, version: int) -> None:
+    def set_version(self, worker: int, version: int, keep_kv: bool = False) -> None:
         """The worker runs nothing until the new weights have reached it (see `weights.py`), and
-        nothing it cached under the old ones is hit again."""
-        self.engines[worker].cache.drop_cached()
+        nothing it cached under the old ones is hit again, unless it keeps its KV (vLLM's
+        `/pause?mode=keep` clears no cache: its requests and cached prefixes go on as they are)."""
+        if not keep_kv:
+            self.engines[worker].cache.drop_cached()
         if self.weights is not None:
             self.engines[worker].ready_at = self.weights.ready_at(worker, version, self._clock)
             self._dirty.add(worker)

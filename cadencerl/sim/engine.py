@@ -60,7 +60,7 @@ class SimEngine:
     prefilling: list[Request] = field(default_factory=list)    # admitted, prompt still being computed
     chunks: list = field(default_factory=list)                 # (request, tokens) of the step in progress
     mixed_end: float = -1.0        # >= 0 while a step carrying prefill chunks is in progress
-    ready_at: float = 0.0          # new weights arrive then; nothing is admitted before
+    ready_at: float = 0.0          # new weights arrive then; nothing is admitted or stepped before
     steps: int = 0                 # decode steps committed so far
     lag: int = 0                   # steps finished since seg_start, observed by sync but not committed
     ctx_total: int = 0             # KV tokens of the running set at `steps`
@@ -162,7 +162,7 @@ class SimEngine:
             self.seg_start = now
         self._relieve_overflow()
         self._admit(now)
-        if self.line is None and self.prefilling:
+        if self.line is None and self.prefilling and now >= self.ready_at:
             self._start_mixed(now)
         return self._plan(now)
 
@@ -178,7 +178,7 @@ class SimEngine:
         self._collect_finished(finished)
         self._relieve_overflow()
         self._admit(now)
-        if self.prefilling:
+        if self.prefilling and now >= self.ready_at:
             self._start_mixed(now)
         self._trim()
         return self._plan(now)
@@ -310,7 +310,11 @@ class SimEngine:
         if self.mixed_end >= 0:
             return self.mixed_end
         if self.line is None:
-            return self.ready_at if self.waiting and now < self.ready_at else None
+            return self.ready_at if (self.waiting or self.prefilling) and now < self.ready_at else None
+        if now < self.ready_at:
+            # Paused for new weights with requests kept (`/pause?mode=keep`): they go on from then
+            # (the step in progress is redone, a step's time against a pause of seconds).
+            self.seg_start = max(self.seg_start, self.ready_at)
         heap = self.finish_heap
         while heap and (not heap[0][3].live or heap[0][3].step0 < 0 or heap[0][2] != heap[0][3].joins):
             heapq.heappop(heap)

@@ -123,3 +123,30 @@ def test_a_run_pushes_every_version_and_consumes_nothing_staler_than_eta(engine_
     pauses = [p.pause_s for p in pushes]
     print(f"\n{len(pauses)} pushes; pause median {1000 * statistics.median(pauses):.0f} ms, "
           f"max {1000 * max(pauses):.0f} ms")
+
+
+@pytest.mark.engine
+def test_an_update_in_place_keeps_the_request_in_flight_and_goes_on_with_the_new_weights(
+        engine_pool: LocalPool, pusher: WeightPusher) -> None:
+    """`keep_kv`: vLLM's `/pause?mode=keep` freezes the request through the reload; it then ends
+    whole (not aborted), its first tokens the old weights' and the rest the new ones'."""
+    url, prompt, n = engine_pool.urls[1], [5, 901, 77, 1234, 42, 3000], 1024
+    body = {"model": SERVED_MODEL_NAME, "prompt": prompt, "max_tokens": n, "temperature": 0,
+            "ignore_eos": True, "return_token_ids": True}
+    base = httpx.post(f"{url}/v1/completions", json=body, timeout=120, trust_env=False).json()
+    base_ids = base["choices"][0]["token_ids"]
+    ids, finish = [], None
+    with httpx.stream("POST", f"{url}/v1/completions", json={**body, "stream": True}, timeout=120,
+                      trust_env=False) as response:
+        for line in response.iter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            choice = json.loads(line[len("data: "):])["choices"][0]
+            ids += choice.get("token_ids") or []
+            finish = choice.get("finish_reason") or finish
+            if ids and not pusher.pushes:
+                pusher(1, url, 1, keep_kv=True)          # the request is a few tokens in
+    assert pusher.server_version(url) == "1"
+    assert finish == "length" and len(ids) == n       # kept whole: an abort would have ended it
+    assert ids[:4] == base_ids[:4]                    # begun with the old weights ...
+    assert ids != base_ids                            # ... and finished with the new ones
