@@ -1,0 +1,111 @@
+"""MISA-T and the tuned router under every weight update, on the whole run (issue 13).
+
+`cadencerl compare` gives each side the weight update its sweep's second stage picked from an
+8-batch tuning run (`runs/sweep.py`). Over 50 batches the order of the three can differ, so a
+ratio taken at the tuned picks may flatter either side. This runs both systems under each weight
+update (`when-idle`, `interrupt`, `in-place`; `routing/routers.py`) on the whole scenario, at the
+router's tuned thresholds, and prints each side's best and the ratio of the bests.
+
+Usage: python benchmarks/misa/weight_updates.py -c benchmarks/misa/mixed-h200-50.yaml [--jobs 2]
+       python benchmarks/misa/weight_updates.py -s mixed-h100-235b --trajectories 102400 --batch-size 2048
+       [--out FILE, default benchmarks/results/misa_weight_updates_<file stem or scenario>[-<trajectories>].json]
+
+Set CADENCERL_CACHE_DIR to the folder a `compare` of the same scenario used, and the thresholds
+come from its sweep instead of a new one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO))
+
+from rich.console import Console  # noqa: E402
+from rich.table import Table  # noqa: E402
+
+from cadencerl.config import Scenario, builtin_scenario, load_scenario_file  # noqa: E402
+from cadencerl.core.view import Policy  # noqa: E402
+from cadencerl.routing.misa import Admitted, MisaT  # noqa: E402
+from cadencerl.routing.routers import WEIGHT_UPDATES, CacheAware  # noqa: E402
+from cadencerl.runs.simulate import simulate  # noqa: E402
+from cadencerl.runs.sweep import tuned_thresholds  # noqa: E402
+
+SYSTEMS = ("misa+cache-aware-tuned", "cache-aware-tuned")
+FIGURES = ("throughput_tok_s", "steady_throughput_tok_s", "latency_p95_s", "prefix_hit_rate",
+           "mixture_dtv_steady_pp", "preemptions")
+
+
+def scenario_of(args: argparse.Namespace) -> Scenario:
+    s = load_scenario_file(Path(args.config)) if args.config else builtin_scenario(args.scenario)
+    return s.resized(args.trajectories, args.batch_size) if args.trajectories else s
+
+
+def policy(system: str, scenario: Scenario, thresholds: dict, update: str) -> Policy:
+    """The tuned router at these thresholds with this weight update, alone or behind MISA-T."""
+    router = CacheAware(**thresholds, weight_update=update)
+    router.name = "cache-aware-tuned"
+    if system == "cache-aware-tuned":
+        return router
+    return Admitted(MisaT(scenario.workload.target_mix()), router, label="misa")
+
+
+def run_one(args: argparse.Namespace, thresholds: dict, system: str, update: str) -> dict:
+    scenario = scenario_of(args)
+    r = simulate(scenario, policy(system, scenario, thresholds, update))
+    return {"system": system, "weight_update": update, **{k: r.get(k) for k in FIGURES}}
+
+
+def table(name: str, rows: list[dict]) -> Table:
+    t = Table(title=f"{name}: each system under each weight update, whole run")
+    for col in ("system", "weight update", "tok/s", "steady tok/s", "P95 s", "hit rate", "steady D_TV pp", "preemptions"):
+        t.add_column(col, justify="right")
+    for r in rows:
+        t.add_row(r["system"], r["weight_update"], f"{r['throughput_tok_s']:,.0f}",
+                  f"{r['steady_throughput_tok_s']:,.0f}", f"{r['latency_p95_s']:.1f}",
+                  f"{100 * r['prefix_hit_rate']:.1f}%", f"{r['mixture_dtv_steady_pp']:.2f}", f"{r['preemptions']:,}")
+    return t
+
+
+def best(rows: list[dict], system: str) -> dict:
+    """A system's best weight update by steady throughput (what the sweep's second stage ranks by)."""
+    return max((r for r in rows if r["system"] == system), key=lambda r: r["steady_throughput_tok_s"])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("-c", "--config", help="a scenario file")
+    source.add_argument("-s", "--scenario", help="a built-in scenario")
+    parser.add_argument("--trajectories", type=int, help="sessions per run")
+    parser.add_argument("--batch-size", type=int, help="trainer batch (with --trajectories)")
+    parser.add_argument("--jobs", type=int, default=2)
+    parser.add_argument("--out", help="JSON file (default benchmarks/results/misa_weight_updates_<scenario>.json)")
+    args = parser.parse_args()
+    scenario = scenario_of(args)
+    thresholds = {k: v for k, v in tuned_thresholds(scenario).items() if k != "weight_update"}
+    runs = [(system, update) for system in SYSTEMS for update in WEIGHT_UPDATES]
+    with ProcessPoolExecutor(args.jobs) as pool:
+        rows = list(pool.map(run_one, *zip(*[(args, thresholds, s, u) for s, u in runs])))
+    label = f"{scenario.name} ({scenario.workload.trajectories:,} sessions, batch {scenario.trainer.batch_size:,})"
+    console = Console(width=None if sys.stdout.isatty() else 150)   # a log keeps every column
+    console.print(table(label, rows))
+    misa, router = best(rows, SYSTEMS[0]), best(rows, SYSTEMS[1])
+    ratio = misa["throughput_tok_s"] / router["throughput_tok_s"]
+    steady = misa["steady_throughput_tok_s"] / router["steady_throughput_tok_s"]
+    console.print(f"thresholds {thresholds}; best: MISA-T {misa['weight_update']}, router {router['weight_update']}; "
+                  f"MISA-T / router, each at its best: {ratio:.3f}x whole, {steady:.3f}x steady")
+    stem = Path(args.config).stem if args.config else args.scenario
+    stem += f"-{args.trajectories}" if args.trajectories else ""
+    out = Path(args.out or REPO / "benchmarks" / "results" / f"misa_weight_updates_{stem}.json")
+    out.write_text(json.dumps({"scenario": label, "thresholds": thresholds, "rows": rows,
+                               "ratio_of_bests": ratio, "steady_ratio_of_bests": steady}, indent=2) + "\n")
+    console.print(f"written {out}")
+
+
+if __name__ == "__main__":
+    main()
