@@ -153,13 +153,17 @@ class WorkloadSpec(_Shape):
 
 class TrainerSpec(_Strict):
     """`mix`: "target" forms each batch toward the workload's target mix, waiting at most
-    `mix_wait_s` for a short class (core/trainer.py); "completion" takes completion order."""
+    `mix_wait_s` for a short class (core/trainer.py); "completion" takes completion order.
+    `cluster`: the pool's cluster the trainer sits in (new weights reach its workers over their
+    own NICs alone); by default the H800 workers' cluster if the pool has one (the CadenceRL
+    setup trains on H800), else a cluster of its own behind the cross-cluster link."""
 
     batch_size: Count
     train_time_s: Seconds = 10.0
     train_time_per_token_s: float = Field(default=0.0, ge=0, le=1.0)
     mix: Literal["target", "completion"] = "target"
     mix_wait_s: Seconds = 120.0
+    cluster: SafeName | None = None
 
 
 class PolicySpec(_Strict):
@@ -252,6 +256,10 @@ class Scenario(_Strict):
                 raise ValueError(f"pool.{i}: {exc}") from None
         if self.affinity is not None:
             _check_affinity(self.affinity, {g.accelerator for g in self.pool})
+        clusters = sorted({g.cluster or g.accelerator for g in self.pool})
+        if self.trainer.cluster is not None and self.trainer.cluster not in clusters:
+            raise ValueError(f"trainer.cluster: {self.trainer.cluster!r} is not a cluster of the pool "
+                             f"(its clusters: {', '.join(clusters)})")
         if self.trainer.batch_size > self.workload.trajectories:
             raise ValueError(
                 f"trainer.batch_size: {self.trainer.batch_size} is more than workload.trajectories "

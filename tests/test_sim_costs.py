@@ -199,3 +199,18 @@ def test_the_cpu_pair_chunks_prefill_like_its_real_servers():
     assert {p.token_budget for p in perfs} == {2048}            # no --max-num-batched-tokens is passed
     assert {p.accel.kv_block_tokens for p in perfs} == {PoolConfig().block_size}
     assert {w.kv_capacity for w in workers} == {8192}
+
+
+def test_a_scenario_may_put_its_trainer_in_a_cluster_of_the_pool():
+    """Named, the trainer's cluster takes the weights over its NICs alone (no cross-cluster copy);
+    a name that is not one of the pool's clusters is refused, naming the field."""
+    from cadencerl.config import ConfigError
+    from tests.conftest import sim, small
+
+    s = small("32b", trajectories=96, batch=32, cap=1024)
+    away = sim(s, "least-loaded")
+    local = sim(s.with_overrides(trainer={"cluster": s.pool[0].cluster or s.pool[0].accelerator}), "least-loaded")
+    assert away["link_bytes"].get("cross-cluster", 0) > 0 and local["link_bytes"].get("cross-cluster", 0) == 0
+    assert 0 < local["weight_wait_s"] < away["weight_wait_s"]
+    with pytest.raises(ConfigError, match="trainer.cluster: 'elsewhere' is not a cluster of the pool"):
+        s.with_overrides(trainer={"cluster": "elsewhere"})

@@ -14,9 +14,11 @@ Why this shape:
   needs no torch. Servers on other nodes need the folder on a shared filesystem.
 - The push is synchronous: the controller calls it as a worker advances, when by construction the
   worker holds no residents, so pausing that one server costs the pool nothing but the pause.
-  A worker updated in place (`keep_kv`) pauses with `mode=keep` instead: its requests are frozen
-  through the reload and go on with the new weights on the KV they hold (vLLM clears no cache in
-  that mode), as OpenRLHF's partial rollout does.
+  A worker updated in place (`keep_kv`) pauses with `mode=keep&clear_cache=false` instead: its
+  requests are frozen through the reload and go on with the new weights on the KV they hold, as
+  OpenRLHF's partial rollout does. `clear_cache=false` matters: the route's docs say the flag is
+  ignored in that mode, but the engine still clears on it, preempting every running request (its
+  KV recomputed on resume).
 """
 
 from __future__ import annotations
@@ -118,7 +120,7 @@ class WeightPusher:
     def __call__(self, worker: int, url: str, version: int, keep_kv: bool = False) -> None:
         path = str(self.versions.path(version))      # written before the pause, not during it
         start = time.perf_counter()
-        pause = {"mode": "keep"} if keep_kv else {"mode": "abort", "clear_cache": "true"}
+        pause = {"mode": "keep", "clear_cache": "false"} if keep_kv else {"mode": "abort", "clear_cache": "true"}
         self._post(url, "/pause", params=pause)
         try:
             before = time.perf_counter()

@@ -40,7 +40,7 @@ def simulate(scenario: Scenario, policy: Policy, *, exact: bool = False,
     trajectories = [Trajectory(s) for s in specs]
     links = Links()
     weights = WeightSync(catalog.model(scenario.model).weight_bytes, [w.cluster for w in workers],
-                         [w.tp for w in workers], _trainer_cluster(workers),
+                         [w.tp for w in workers], _trainer_cluster(workers, scenario.trainer.cluster),
                          getattr(policy, "weight_sync", "on-demand"), links)
     kv = KvMoves(workers, perfs, links, staging=getattr(policy, "kv_staging", False)) if policy.kv_transfer else None
     backend = SimBackend(perfs, key, exact=exact, weights=weights, kv=kv)
@@ -77,6 +77,9 @@ def simulate(scenario: Scenario, policy: Policy, *, exact: bool = False,
 
 
 
-def _trainer_cluster(workers: list[Worker]) -> str | None:
-    """The trainer trains on H800 (CadenceRL setup): it shares the H800 workers' cluster if any."""
+def _trainer_cluster(workers: list[Worker], named: str | None) -> str | None:
+    """The scenario's `trainer.cluster`, else the H800 workers' cluster if any (the CadenceRL setup
+    trains on H800), else None: a cluster of its own."""
+    if named is not None:
+        return named
     return next((w.cluster for w in workers if w.accelerator == catalog.TRAINER_ACCELERATOR), None)

@@ -13,7 +13,7 @@ import signal
 import socket
 import struct
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Coroutine
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -36,7 +36,8 @@ from cadencerl.engine.client import (
     ModelMismatchError,
     VLLMClient,
 )
-from cadencerl.engine.server_metrics import EngineMetrics, parse_metrics
+from cadencerl.engine.server_metrics import parse_metrics
+from tests.engine.waits import poll_metrics, wait_for_tokens
 
 T = TypeVar("T")
 MODEL = "tiny"
@@ -54,13 +55,6 @@ def closed_port_url() -> str:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return f"http://127.0.0.1:{sock.getsockname()[1]}"
-
-
-async def wait_for_tokens(received: list[int], count: int, timeout_s: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while len(received) < count:
-        assert time.monotonic() < deadline, f"only {len(received)} tokens after {timeout_s} s"
-        await asyncio.sleep(0.005)
 
 
 # --- no server needed ---------------------------------------------------------------------------
@@ -285,21 +279,6 @@ def test_cancel_disconnects_and_metrics_parse(engine_pool: LocalPool) -> None:
             )
 
     run(scenario(), 120)
-
-
-async def poll_metrics(
-    client: VLLMClient, done: Callable[[EngineMetrics], bool], what: str, timeout_s: float = 15.0,
-    unless: Callable[[], bool] = lambda: False,
-) -> EngineMetrics | None:
-    """The first `/metrics` reading for which `done` holds; None once `unless()` holds first (what
-    was to be seen is over); fails naming `what` after timeout_s."""
-    deadline = time.monotonic() + timeout_s
-    while not done(m := await client.metrics()):
-        if unless():
-            return None
-        assert time.monotonic() < deadline, f"not seen within {timeout_s} s: {what} (last: {m})"
-        await asyncio.sleep(0.05)
-    return m
 
 
 @pytest.mark.engine
