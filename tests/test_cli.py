@@ -92,6 +92,7 @@ def test_malformed_trace_line_names_the_line(tmp_path):
     (["sim"], "--scenario"),
     (["sim", "--config", "/no/such/file.yaml"], "no such file"),
     (["compare", "-s", "h800-16", "--policies", ","], "at least one policy"),
+    (["compare", "-s", "mixed-h200", "--trainer-cluster", "elsewhere"], "trainer.cluster: 'elsewhere'"),
 ])
 def test_bad_cli_arguments(args, text):
     r = run(*args)

@@ -8,6 +8,7 @@ router's tuned thresholds, and prints each side's best and the ratio of the best
 
 Usage: python benchmarks/misa/weight_updates.py -c benchmarks/misa/mixed-h200-50.yaml [--jobs 2]
        python benchmarks/misa/weight_updates.py -s mixed-h100-235b --trajectories 102400 --batch-size 2048
+       [--trainer-cluster h100]
        [--out FILE, default benchmarks/results/misa_weight_updates_<file stem or scenario>[-<trajectories>].json]
 
 Set CADENCERL_CACHE_DIR to the folder a `compare` of the same scenario used, and the thresholds
@@ -42,7 +43,8 @@ FIGURES = ("throughput_tok_s", "steady_throughput_tok_s", "latency_p95_s", "pref
 
 def scenario_of(args: argparse.Namespace) -> Scenario:
     s = load_scenario_file(Path(args.config)) if args.config else builtin_scenario(args.scenario)
-    return s.resized(args.trajectories, args.batch_size) if args.trajectories else s
+    s = s.resized(args.trajectories, args.batch_size) if args.trajectories else s
+    return s.with_overrides(trainer={"cluster": args.trainer_cluster}) if args.trainer_cluster else s
 
 
 def policy(system: str, scenario: Scenario, thresholds: dict, update: str) -> Policy:
@@ -83,6 +85,7 @@ def main() -> None:
     source.add_argument("-s", "--scenario", help="a built-in scenario")
     parser.add_argument("--trajectories", type=int, help="sessions per run")
     parser.add_argument("--batch-size", type=int, help="trainer batch (with --trajectories)")
+    parser.add_argument("--trainer-cluster", help="put the trainer in this cluster of the pool")
     parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument("--out", help="JSON file (default benchmarks/results/misa_weight_updates_<scenario>.json)")
     args = parser.parse_args()
@@ -101,6 +104,7 @@ def main() -> None:
                   f"MISA-T / router, each at its best: {ratio:.3f}x whole, {steady:.3f}x steady")
     stem = Path(args.config).stem if args.config else args.scenario
     stem += f"-{args.trajectories}" if args.trajectories else ""
+    stem += f"-trainer-in-{args.trainer_cluster}" if args.trainer_cluster else ""
     out = Path(args.out or REPO / "benchmarks" / "results" / f"misa_weight_updates_{stem}.json")
     out.write_text(json.dumps({"scenario": label, "thresholds": thresholds, "rows": rows,
                                "ratio_of_bests": ratio, "steady_ratio_of_bests": steady}, indent=2) + "\n")

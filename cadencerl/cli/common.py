@@ -70,6 +70,8 @@ BatchOpt = typer.Option(None, "--batch-size", min=1,
                         help="trainer batch (default: the scenario's, scaled with --trajectories)")
 EtaOpt = typer.Option(None, "--eta", min=0, help="staleness bound (default: the scenario's)")
 DeltaOpt = typer.Option(None, "--delta", min=0, help="decode reserve per trajectory, tokens (default: the scenario's)")
+TrainerClusterOpt = typer.Option(None, "--trainer-cluster",
+                                 help="put the trainer in this cluster of the pool (default: the scenario's)")
 
 
 def load_scenario(name: Optional[str], config: Optional[Path], overrides: dict,
@@ -95,6 +97,8 @@ def load_scenario(name: Optional[str], config: Optional[Path], overrides: dict,
                 changes.setdefault("policy", {})[key] = overrides[key]
         if overrides.get("seed") is not None:
             changes["seed"] = overrides["seed"]
+        if overrides.get("trainer_cluster") is not None:
+            changes["trainer"] = {"cluster": overrides["trainer_cluster"]}
         return s.with_overrides(**changes) if changes else s
     except ConfigError as exc:
         fail(str(exc))

@@ -10,7 +10,7 @@ from typing import Optional
 
 import typer
 
-from cadencerl.cli.common import BatchOpt, ConfigOpt, DeltaOpt, EtaOpt, JsonOpt, ScenarioOpt, SeedOpt
+from cadencerl.cli.common import BatchOpt, ConfigOpt, DeltaOpt, EtaOpt, JsonOpt, ScenarioOpt, SeedOpt, TrainerClusterOpt
 from cadencerl.cli.common import TrajectoriesOpt, bug, fail, int_list, load_scenario, progress_bar, write_json
 from cadencerl.cli.tables import (
     comparison_table,
@@ -91,10 +91,11 @@ def sim(scenario: Optional[str] = ScenarioOpt, config: Optional[Path] = ConfigOp
         exact: bool = typer.Option(False, "--exact", help="step every decode iteration (reference mode)"),
         reference: bool = typer.Option(REFERENCE_BY_DEFAULT, "--reference/--no-reference", help=REFERENCE_HELP),
         seed: Optional[int] = SeedOpt, trajectories: Optional[int] = TrajectoriesOpt,
-        batch_size: Optional[int] = BatchOpt, eta: Optional[int] = EtaOpt, delta: Optional[int] = DeltaOpt) -> None:
+        batch_size: Optional[int] = BatchOpt, eta: Optional[int] = EtaOpt, delta: Optional[int] = DeltaOpt,
+        trainer_cluster: Optional[str] = TrainerClusterOpt) -> None:
     """Simulate one policy on a scenario and print its figures."""
     s = load_scenario(scenario, config, dict(seed=seed, trajectories=trajectories, batch_size=batch_size, eta=eta,
-                                             delta=delta), json_out)
+                                             delta=delta, trainer_cluster=trainer_cluster), json_out)
     to_stderr = json_out == "-"
     if admission not in (None, "none"):
         if "+" in policy:
@@ -112,9 +113,11 @@ def compare(scenario: Optional[str] = ScenarioOpt, config: Optional[Path] = Conf
             json_out: Optional[str] = JsonOpt,
             reference: bool = typer.Option(REFERENCE_BY_DEFAULT, "--reference/--no-reference", help=REFERENCE_HELP),
             seed: Optional[int] = SeedOpt, trajectories: Optional[int] = TrajectoriesOpt,
-            batch_size: Optional[int] = BatchOpt, eta: Optional[int] = EtaOpt, delta: Optional[int] = DeltaOpt) -> None:
+            batch_size: Optional[int] = BatchOpt, eta: Optional[int] = EtaOpt, delta: Optional[int] = DeltaOpt,
+            trainer_cluster: Optional[str] = TrainerClusterOpt) -> None:
     """Run several policies on the same seeded workload, side by side."""
-    knobs = dict(seed=seed, trajectories=trajectories, batch_size=batch_size, eta=eta, delta=delta)
+    knobs = dict(seed=seed, trajectories=trajectories, batch_size=batch_size, eta=eta, delta=delta,
+                 trainer_cluster=trainer_cluster)
     s = load_scenario(scenario, config, knobs, json_out)
     names = [p.strip() for p in policies.split(",") if p.strip()]
     if not names:
