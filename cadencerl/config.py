@@ -65,6 +65,11 @@ class WorkerGroup(_Strict):
     def workers(self) -> int:
         return self.devices // self.tp
 
+    @property
+    def cluster_name(self) -> str:
+        """Its cluster; unnamed, each accelerator type is a cluster of its own."""
+        return self.cluster or self.accelerator
+
 
 class LengthDist(_Strict):
     """A log-normal body clipped at `cap` (the clipped mass is the point mass at the cap)."""
@@ -256,7 +261,7 @@ class Scenario(_Strict):
                 raise ValueError(f"pool.{i}: {exc}") from None
         if self.affinity is not None:
             _check_affinity(self.affinity, {g.accelerator for g in self.pool})
-        clusters = sorted({g.cluster or g.accelerator for g in self.pool})
+        clusters = sorted({g.cluster_name for g in self.pool})
         if self.trainer.cluster is not None and self.trainer.cluster not in clusters:
             raise ValueError(f"trainer.cluster: {self.trainer.cluster!r} is not a cluster of the pool "
                              f"(its clusters: {', '.join(clusters)})")

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from cadencerl.core.actions import ActionError, Admit, Advance, Batch, Evict, Interrupt, Place
+from cadencerl.core.actions import ActionError, Admit, Advance, Batch, Evict, Interrupt, Place, UpdateInPlace
 from cadencerl.core.trajectory import State
 from tests.pools import pool, traj, worker
 
@@ -148,13 +148,15 @@ def test_advancing_is_allowed_while_another_worker_keeps_the_version():
 
 
 @pytest.mark.parametrize("target", [0, 2])
-def test_interrupting_to_a_version_outside_the_published_ones_is_refused(target):
+@pytest.mark.parametrize("move", [Interrupt, UpdateInPlace])
+def test_moving_residents_to_a_version_outside_the_published_ones_is_refused(move, target):
     t = traj(1, 100)
     ctl = controller([worker(0, residents=[t])], trainer_version=1)
     with pytest.raises(ActionError, match=f"from version 0 to {target}"):
-        ctl.apply(Interrupt(0, target), 0.0)
-    ctl.apply(Interrupt(0, 1), 0.0)
-    assert t.state is State.RESIDENT and t.versions == [0, 1]
+        ctl.apply(move(0, target), 0.0)
+    assert ctl.workers[0].version == 0 and t.versions == [0]
+    ctl.apply(move(0, 1), 0.0)
+    assert t.state is State.RESIDENT and t.versions == [0, 1] and t.worker == 0
 
 
 def test_a_refused_action_leaves_the_state_untouched():

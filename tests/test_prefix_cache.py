@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from cadencerl.runs.assemble import build_pool
 from cadencerl.sim.backend import SimBackend
 from cadencerl.sim.prefix_cache import PrefixCache
@@ -86,9 +88,67 @@ class FixedPause:
         pass
 
 
-def test_an_update_in_place_freezes_the_running_request_then_resumes_it_on_its_kv():
-    """vLLM's `/pause?mode=keep`: no step runs until the weights arrive, nothing is re-prefilled,
-    and what the worker cached stays (that mode clears no cache)."""
+@pytest.mark.parametrize("exact", [False, True])
+@pytest.mark.parametrize("mid_prefill", [False, True])
+def test_an_update_in_place_freezes_the_engine_then_resumes_its_requests_on_their_kv(exact, mid_prefill):
+    """vLLM's `/pause?mode=keep`: the step in flight ends, then no decode step and no prefill chunk
+    runs until the weights arrive; nothing is re-prefilled, and what the worker cached stays (that
+    mode clears no cache). One request is decoding; with `mid_prefill` another has its first chunk
+    in flight when the update lands."""
+    from cadencerl.config import PolicySpec
+    from cadencerl.core.actions import Admit, UpdateInPlace
+    from cadencerl.core.controller import Controller
+    from cadencerl.core.spec import HiddenLength, TrajectorySpec
+    from cadencerl.core.trajectory import Trajectory
+    from cadencerl.routing.routers import CacheAware
+
+    workers, perfs = build_pool(small())
+    sim = SimBackend(perfs, KEY, exact=exact, weights=FixedPause(5.0))
+    sim.start(workers)
+    decoding = Trajectory(TrajectorySpec(0, 0, 512, HiddenLength(50_000, KEY)))
+    prefilling = Trajectory(TrajectorySpec(1, 1, 30_000, HiddenLength(50_000, KEY)))
+    ctl = Controller(CacheAware(weight_update="in-place"), sim, workers, [decoding, prefilling], batch_size=2,
+                     params=PolicySpec(eta=1), train_time_s=1.0)
+    ctl.apply(Admit(0, 0), 0.0)
+    sim.commit(0.0)
+    run_until(sim, 2.0)
+    sim.sync(2.0)                                                     # as the controller does before deciding
+    engine = sim.engines[0]
+    engine.cache.release(group=9, traj=99, prompt_len=64, context=200)   # another session's blocks
+    if mid_prefill:
+        ctl.apply(Admit(0, 1), 2.0)
+        sim.commit(2.0)
+        run_until(sim, 2.05)                                          # its first chunk's step has begun
+        sim.sync(2.05)
+        assert engine.mixed_end > 2.05
+    ctl.trainer.version = 1
+    ctl.apply(UpdateInPlace(0, 1), sim._clock)
+    sim.commit(sim._clock)                                            # the weights arrive 5 s later
+    resume = sim._clock + 5.0
+    request = sim._requests[0]
+    run_until(sim, resume - 4.0)
+    sim.sync(resume - 4.0)
+    frozen_at, chunked = request.generated(), engine.prefill_tokens
+    assert frozen_at > 50                                             # it had been decoding for a while
+    assert chunked == 512 + (engine.perf.token_budget - 1 if mid_prefill else 0)   # the chunk in flight ended
+    run_until(sim, resume - 0.1)
+    sim.sync(resume - 0.1)
+    assert (request.generated(), engine.prefill_tokens) == (frozen_at, chunked)   # nothing ran meanwhile
+    run_until(sim, resume + 1e-3)
+    if mid_prefill:                                                   # its next chunk starts as the weights land
+        assert engine.mixed_end > resume and engine.seg_start == pytest.approx(resume)
+    run_until(sim, resume + 8.0)
+    sim.sync(resume + 8.0)
+    assert sim._requests[0] is request and request.live
+    assert request.generated() > frozen_at + 20                       # going on from where it stopped
+    assert engine.prefill_tokens == (512 + 30_000 if mid_prefill else 512)   # each prompt once: no re-prefill
+    assert engine.cache.cached_tokens >= 200
+    assert decoding.versions == [0, 1] and decoding.tag == 0 and workers[0].version == 1
+
+
+def test_a_request_arriving_while_the_engine_is_frozen_starts_no_prefill_before_the_weights():
+    """Only a prefilling request on the worker (no running set): a new arrival during the pause
+    restarts the engine, which must not start the next chunk early."""
     from cadencerl.config import PolicySpec
     from cadencerl.core.actions import Admit, UpdateInPlace
     from cadencerl.core.controller import Controller
@@ -99,29 +159,21 @@ def test_an_update_in_place_freezes_the_running_request_then_resumes_it_on_its_k
     workers, perfs = build_pool(small())
     sim = SimBackend(perfs, KEY, weights=FixedPause(5.0))
     sim.start(workers)
-    traj = Trajectory(TrajectorySpec(0, 0, 512, HiddenLength(50_000, KEY)))
-    ctl = Controller(CacheAware(weight_update="in-place"), sim, workers, [traj], batch_size=1,
+    long, late = (Trajectory(TrajectorySpec(i, i, 30_000, HiddenLength(1000, KEY))) for i in range(2))
+    ctl = Controller(CacheAware(weight_update="in-place"), sim, workers, [long, late], batch_size=2,
                      params=PolicySpec(eta=1), train_time_s=1.0)
     ctl.apply(Admit(0, 0), 0.0)
-    sim.commit(0.0)
-    run_until(sim, 2.0)
-    sim.sync(2.0)                                                     # as the controller does before deciding
-    engine = sim.engines[0]
-    engine.cache.release(group=9, traj=99, prompt_len=64, context=200)   # another session's blocks
-    request = sim._requests[0]
+    sim.commit(0.0)                                                   # its first chunk is in flight
     ctl.trainer.version = 1
-    ctl.apply(UpdateInPlace(0, 1), 2.0)
-    sim.commit(2.0)
-    frozen_at = request.generated()
-    prefilled = engine.prefill_tokens
-    assert frozen_at > 50                                             # it had been decoding for a while
-    run_until(sim, 6.9)
-    engine.sync(6.9)
-    assert request.generated() + engine.lag == frozen_at            # no step while the weights travel
-    run_until(sim, 9.0)
-    engine.sync(9.0)
-    assert sim._requests[0] is request and request.live
-    assert request.generated() + engine.lag > frozen_at + 50         # going on from where it stopped
-    assert engine.prefill_tokens == prefilled                         # on the KV it held: no re-prefill
-    assert engine.cache.cached_tokens >= 200
-    assert traj.versions == [0, 1] and traj.tag == 0 and workers[0].version == 1
+    ctl.apply(UpdateInPlace(0, 1), 0.0)
+    sim.commit(0.0)
+    engine = sim.engines[0]
+    run_until(sim, 1.0)
+    chunked = engine.prefill_tokens
+    assert 0 < chunked < 30_000 and engine.mixed_end < 0              # the chunk in flight ended; frozen
+    ctl.apply(Admit(0, 1), 1.0)
+    sim.commit(1.0)
+    run_until(sim, 4.9)
+    assert engine.prefill_tokens == chunked and engine.mixed_end < 0
+    run_until(sim, 5.0 + 1e-3)
+    assert engine.mixed_end > 5.0                                     # chunks go on once the weights are in

@@ -76,6 +76,8 @@ def test_updating_in_place_moves_every_worker_at_publish_keeping_its_residents()
     assert w0.version == 1 and resident.worker == 0           # never left its worker
     assert resident.versions == [0, 1] and resident.tag == 0
     assert p.controller.counters.in_place_updates == 2 and p.controller.counters.evictions == 0
+    calls = p.controller.backend.calls
+    assert ("set_version", 0, 1, "keep_kv") in calls and not any(c[0] == "evict" for c in calls)
 
 
 def test_an_unknown_weight_update_is_refused_by_name():

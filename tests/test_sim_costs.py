@@ -209,7 +209,7 @@ def test_a_scenario_may_put_its_trainer_in_a_cluster_of_the_pool():
 
     s = small("32b", trajectories=96, batch=32, cap=1024)
     away = sim(s, "least-loaded")
-    local = sim(s.with_overrides(trainer={"cluster": s.pool[0].cluster or s.pool[0].accelerator}), "least-loaded")
+    local = sim(s.with_overrides(trainer={"cluster": s.pool[0].cluster_name}), "least-loaded")
     assert away["link_bytes"].get("cross-cluster", 0) > 0 and local["link_bytes"].get("cross-cluster", 0) == 0
     assert 0 < local["weight_wait_s"] < away["weight_wait_s"]
     with pytest.raises(ConfigError, match="trainer.cluster: 'elsewhere' is not a cluster of the pool"):

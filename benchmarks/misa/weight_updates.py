@@ -43,7 +43,10 @@ FIGURES = ("throughput_tok_s", "steady_throughput_tok_s", "latency_p95_s", "pref
 
 def scenario_of(args: argparse.Namespace) -> Scenario:
     s = load_scenario_file(Path(args.config)) if args.config else builtin_scenario(args.scenario)
-    s = s.resized(args.trajectories, args.batch_size) if args.trajectories else s
+    if args.trajectories:
+        s = s.resized(args.trajectories, args.batch_size)
+    elif args.batch_size:
+        s = s.with_overrides(trainer={"batch_size": args.batch_size})
     return s.with_overrides(trainer={"cluster": args.trainer_cluster}) if args.trainer_cluster else s
 
 
@@ -62,20 +65,31 @@ def run_one(args: argparse.Namespace, thresholds: dict, system: str, update: str
     return {"system": system, "weight_update": update, **{k: r.get(k) for k in FIGURES}}
 
 
+def _figure(value: float | None, fmt: str) -> str:
+    return "-" if value is None else format(value, fmt)
+
+
 def table(name: str, rows: list[dict]) -> Table:
     t = Table(title=f"{name}: each system under each weight update, whole run")
     for col in ("system", "weight update", "tok/s", "steady tok/s", "P95 s", "hit rate", "steady D_TV pp", "preemptions"):
         t.add_column(col, justify="right")
     for r in rows:
         t.add_row(r["system"], r["weight_update"], f"{r['throughput_tok_s']:,.0f}",
-                  f"{r['steady_throughput_tok_s']:,.0f}", f"{r['latency_p95_s']:.1f}",
-                  f"{100 * r['prefix_hit_rate']:.1f}%", f"{r['mixture_dtv_steady_pp']:.2f}", f"{r['preemptions']:,}")
+                  _figure(r["steady_throughput_tok_s"], ",.0f"), f"{r['latency_p95_s']:.1f}",
+                  f"{100 * r['prefix_hit_rate']:.1f}%", _figure(r["mixture_dtv_steady_pp"], ".2f"),
+                  f"{r['preemptions']:,}")
     return t
 
 
-def best(rows: list[dict], system: str) -> dict:
-    """A system's best weight update by steady throughput (what the sweep's second stage ranks by)."""
-    return max((r for r in rows if r["system"] == system), key=lambda r: r["steady_throughput_tok_s"])
+def best(rows: list[dict], system: str, figure: str) -> dict:
+    """A system's best weight update by `figure` (the sweep's second stage ranks by steady throughput)."""
+    return max((r for r in rows if r["system"] == system), key=lambda r: r[figure] or 0.0)
+
+
+def ratio_of_bests(rows: list[dict], figure: str) -> tuple[float, str, str]:
+    """MISA-T's best over the router's best by `figure`, and the weight update each one took."""
+    misa, router = best(rows, SYSTEMS[0], figure), best(rows, SYSTEMS[1], figure)
+    return (misa[figure] or 0.0) / (router[figure] or 1.0), misa["weight_update"], router["weight_update"]
 
 
 def main() -> None:
@@ -97,11 +111,11 @@ def main() -> None:
     label = f"{scenario.name} ({scenario.workload.trajectories:,} sessions, batch {scenario.trainer.batch_size:,})"
     console = Console(width=None if sys.stdout.isatty() else 150)   # a log keeps every column
     console.print(table(label, rows))
-    misa, router = best(rows, SYSTEMS[0]), best(rows, SYSTEMS[1])
-    ratio = misa["throughput_tok_s"] / router["throughput_tok_s"]
-    steady = misa["steady_throughput_tok_s"] / router["steady_throughput_tok_s"]
-    console.print(f"thresholds {thresholds}; best: MISA-T {misa['weight_update']}, router {router['weight_update']}; "
-                  f"MISA-T / router, each at its best: {ratio:.3f}x whole, {steady:.3f}x steady")
+    ratio, misa_whole, router_whole = ratio_of_bests(rows, "throughput_tok_s")
+    steady, misa_steady, router_steady = ratio_of_bests(rows, "steady_throughput_tok_s")
+    console.print(f"thresholds {thresholds}. MISA-T / router, each at its best: whole run {ratio:.3f}x "
+                  f"(MISA-T {misa_whole}, router {router_whole}); steady window {steady:.3f}x "
+                  f"(MISA-T {misa_steady}, router {router_steady})")
     stem = Path(args.config).stem if args.config else args.scenario
     stem += f"-{args.trajectories}" if args.trajectories else ""
     stem += f"-trainer-in-{args.trainer_cluster}" if args.trainer_cluster else ""

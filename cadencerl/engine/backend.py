@@ -16,6 +16,7 @@ Why this shape:
 from __future__ import annotations
 
 import asyncio
+import inspect
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -35,6 +36,15 @@ WeightUpdate = Callable[..., None]
 """Called as hook(worker, url, version) when a worker moves to a new policy version, and with
 `keep_kv=True` added when its requests are to be kept through the update (a policy that updates
 in place: the hook pauses with vLLM's `mode=keep`, see `weights.WeightPusher`)."""
+
+
+def takes_keep_kv(hook: WeightUpdate) -> bool:
+    """Can `hook` be called as hook(worker, url, version, keep_kv=True)?"""
+    try:
+        inspect.signature(hook).bind(0, "", 0, keep_kv=True)
+    except (TypeError, ValueError):
+        return False
+    return True
 
 
 @dataclass(frozen=True)

@@ -52,22 +52,22 @@ def advance_idle(view: PoolView, workers: Iterable[Worker] | None = None) -> Ite
             yield Advance(w.id, view.trainer_version)
 
 
+def _behind(view: PoolView) -> Iterator[Worker]:
+    return (w for w in view.alive() if w.version < view.trainer_version)
+
+
 def interrupt_behind(view: PoolView) -> Iterator[Action]:
     """Every live worker behind the trainer takes the new version at once: its running requests are
     aborted and resume in place with the new weights, re-prefilled (AReaL's interruptible generation,
     verl's and slime's partial rollout), so a trajectory may span versions."""
-    for w in view.alive():
-        if w.version < view.trainer_version:
-            yield Interrupt(w.id, view.trainer_version)
+    return (Interrupt(w.id, view.trainer_version) for w in _behind(view))
 
 
-def update_in_place(view: PoolView) -> Iterator[Action]:
+def update_behind_in_place(view: PoolView) -> Iterator[Action]:
     """Every live worker behind the trainer takes the new version at once, its running requests
     frozen meanwhile and resumed on the KV they hold (vLLM's `/pause?mode=keep`, OpenRLHF's partial
     rollout, PipelineRL's in-flight updates): no re-prefill, and a trajectory may span versions."""
-    for w in view.alive():
-        if w.version < view.trainer_version:
-            yield UpdateInPlace(w.id, view.trainer_version)
+    return (UpdateInPlace(w.id, view.trainer_version) for w in _behind(view))
 
 
 def admit_fresh(view: PoolView, choose: Callable[[list[Worker], Trajectory], Worker | None]) -> Iterator[Action]:

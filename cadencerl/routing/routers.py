@@ -32,9 +32,15 @@ from cadencerl.core.actions import Action, Admit, Place
 from cadencerl.core.trajectory import Trajectory
 from cadencerl.core.view import PoolView
 from cadencerl.core.worker import Worker
-from cadencerl.policies.base import advance_idle, interrupt_behind, update_in_place
+from cadencerl.policies.base import advance_idle, interrupt_behind, update_behind_in_place
 
-WEIGHT_UPDATES = {"when-idle": advance_idle, "interrupt": interrupt_behind, "in-place": update_in_place}
+WEIGHT_UPDATES = {"when-idle": advance_idle, "interrupt": interrupt_behind, "in-place": update_behind_in_place}
+
+
+def updates_in_place(policy: object) -> bool:
+    """Does `policy` (a router, or an admission layer in front of one) update its workers in place?
+    The real path's weight-update hook is then called with `keep_kv=True`."""
+    return getattr(getattr(policy, "inner", policy), "weight_update", None) == "in-place"
 
 
 class Router:

@@ -38,7 +38,7 @@ def build_pool(scenario: Scenario) -> tuple[list[Worker], list[WorkerPerf]]:
     for g, perf in groups:
         cap = perf.kv_capacity_tokens()
         for _ in range(g.workers):
-            workers.append(Worker(len(workers), g.accelerator, g.cluster or g.accelerator, g.tp, cap,
+            workers.append(Worker(len(workers), g.accelerator, g.cluster_name, g.tp, cap,
                                   g.max_num_seqs, rank[g.accelerator]))
             perfs.append(perf)
     longest = 0

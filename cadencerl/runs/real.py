@@ -19,12 +19,13 @@ from cadencerl.core.mix import MixRule
 from cadencerl.core.view import Policy
 from cadencerl.core.trajectory import Trajectory
 from cadencerl.core.worker import Worker
-from cadencerl.engine.backend import EngineBackend, WeightUpdate
+from cadencerl.engine.backend import EngineBackend, WeightUpdate, takes_keep_kv
 from cadencerl.engine.clock import EngineRunError
 from cadencerl.engine.client import EngineError, ModelMismatchError, Timeouts
 from cadencerl.hardware import catalog
 from cadencerl.hardware.perf import WorkerPerf
 from cadencerl.runs.summary import summarize
+from cadencerl.routing.routers import updates_in_place
 from cadencerl.runs.assemble import build_pool, check_fits_somewhere, check_model_len
 from cadencerl.core.spec import TrajectorySpec
 
@@ -97,6 +98,9 @@ def assemble(scenario: Scenario, policy: Policy, urls: Sequence[str], specs: lis
     With `on_publish_due`, a trainer outside the controller trains each batch the controller forms
     and says when through `backend.publish_now()` (the trainer API does this)."""
     started = time.perf_counter()
+    if weight_update is not None and updates_in_place(policy) and not takes_keep_kv(weight_update):
+        raise ConfigError(f"weight_update: {policy.name} updates its workers in place, so the hook is called "
+                          "as hook(worker, url, version, keep_kv=True); give it a keep_kv parameter")
     urls = parse_urls(urls)
     labels = resolve_labels(scenario, len(urls), labels)
     workers, perfs = build_pool(_pool_of(scenario, labels))

@@ -12,10 +12,11 @@ load-balancing docs' 0.5 / 32 / 1.1.
 A second stage tunes how the router's workers take new weights (`weight_update`, see
 `routing/routers.py`) at the best thresholds. Which pays depends on the load (interrupting at
 publish wins under KV pressure, where waiting for a worker to empty idles it; it loses on a light
-load, where it throws away prefixes; updating in place keeps both the workers busy and the KV, at
-the price of trajectories that span versions), and it only shows across publishes, so this stage
-runs `UPDATE_TUNE_BATCHES` trainer batches and compares steady throughput: a two-batch tuning run
-holds one publish and cannot tell them apart.
+load, where it throws away prefixes; updating in place keeps the workers busy and the KV, at the
+price of tokens decoded on KV computed under the old weights), and it only shows across publishes,
+so this stage runs `UPDATE_TUNE_BATCHES` trainer batches and compares steady throughput: a two-batch
+tuning run holds one publish and cannot tell them apart. Over a longer run the order can differ
+(`benchmarks/misa/weight_updates.py` runs all three on the whole scenario).
 """
 
 from __future__ import annotations

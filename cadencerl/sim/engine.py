@@ -313,8 +313,12 @@ class SimEngine:
             return self.ready_at if (self.waiting or self.prefilling) and now < self.ready_at else None
         if now < self.ready_at:
             # Paused for new weights with requests kept (`/pause?mode=keep`): they go on from then
-            # (the step in progress is redone, a step's time against a pause of seconds).
+            # (the step in progress is redone, a step's time against a pause of seconds), and what
+            # waits to be prefilled or admitted joins at that first step.
             self.seg_start = max(self.seg_start, self.ready_at)
+            if self.prefilling or self.waiting:
+                self.event_step = 0
+                return self.ready_at
         heap = self.finish_heap
         while heap and (not heap[0][3].live or heap[0][3].step0 < 0 or heap[0][2] != heap[0][3].joins):
             heapq.heappop(heap)

@@ -139,7 +139,7 @@ def test_an_update_in_place_keeps_the_request_in_flight_and_goes_on_with_the_new
     at the next version (three tries)."""
     url, prompt, n = engine_pool.urls[1], [5, 901, 77, 1234, 42, 3000], 1024
 
-    async def attempt(version: int) -> tuple[list[int], GenerationOutcome] | None:
+    async def attempt(version: int) -> tuple[list[int], GenerationOutcome, int] | None:
         async with VLLMClient(url, model=SERVED_MODEL_NAME) as client, \
                 httpx.AsyncClient(base_url=url, trust_env=False) as dev:
             base = await client.generate(f"base-{version}", prompt, n)
@@ -151,7 +151,10 @@ def test_an_update_in_place_keeps_the_request_in_flight_and_goes_on_with_the_new
                                         "the request frozen on its KV", unless=kept.done)
             await asyncio.to_thread(pusher, 1, url, version, keep_kv=True)   # pauses as kept, reloads, resumes
             outcome = await kept
-            return None if frozen is None else (base.token_ids, outcome)
+            after = await poll_metrics(client, lambda m: m.num_requests_running == 0, "the request's end counted")
+            if frozen is None:
+                return None
+            return base.token_ids, outcome, after.num_preemptions_total - frozen.num_preemptions_total
 
     for version in (1, 2, 3):
         seen = asyncio.run(asyncio.wait_for(attempt(version), 180))
@@ -159,8 +162,9 @@ def test_an_update_in_place_keeps_the_request_in_flight_and_goes_on_with_the_new
         if seen is not None:
             break
     assert seen is not None, "three requests ended before the pause landed"
-    base, kept = seen
+    base, kept, preempted = seen
     assert kept.finish_reason == "length" and len(kept.token_ids) == n   # whole: an abort would end it
+    assert preempted == 0                          # on the KV it held: clearing the cache would preempt it
     changed = next((i for i, (a, b) in enumerate(zip(kept.token_ids, base)) if a != b), None)
     assert changed is not None                                           # the new weights took over
     print(f"\nin place after {changed} of {n} tokens; pause {1000 * pusher.pushes[-1].pause_s:.0f} ms")

@@ -17,8 +17,9 @@ def misa_t(ctx: Report) -> str:
              "Paper (MISA-T abstract): over a sweep-tuned cache-aware vLLM Router, +53.3% (Step3.7) and +43.6% "
              "(Qwen3.6-35B-A3B) rollout throughput with a high prefix-cache hit rate; in a 50-iteration run the "
              "consumed mixture stays close to the trainer target (D_TV 4.14 -> 2.71 pp). Below: this simulator. "
-             "`cache-aware-tuned` is the router with the thresholds and weight update (a worker takes new weights when "
-             "idle, all are interrupted at publish, or all update in place keeping their KV) its sweep found best for that scenario (`cadencerl sweep`); "
+             "`cache-aware-tuned` is the router with the thresholds and weight update (a worker takes new weights "
+             "when idle, all are interrupted at publish, or all update in place keeping their KV) its sweep found "
+             "best for that scenario (`cadencerl sweep`); "
              "MISA-T runs with its documented defaults, untuned, in front of that router; the weight update is tuned "
              "for it the same way (each system gets its own best).\n"]
     values: dict[tuple[str, str], float] = {}

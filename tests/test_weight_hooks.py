@@ -1,0 +1,54 @@
+"""The real path's weight-update hook, without a server: what an in-place update asks of it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from cadencerl.config import ConfigError, builtin_scenario
+from cadencerl.engine.backend import EngineBackend, takes_keep_kv
+from cadencerl.engine.weights import WeightPusher, WeightVersions
+from cadencerl.routing.misa import Admitted, MisaT
+from cadencerl.routing.routers import CacheAware, updates_in_place
+from cadencerl.runs.real import assemble
+
+
+def pusher(tmp_path: Path) -> WeightPusher:
+    base = tmp_path / "base"
+    base.mkdir()
+    (base / "model.safetensors").write_bytes(b"\x02\x00\x00\x00\x00\x00\x00\x00{}")   # an empty header
+    return WeightPusher(WeightVersions(base, tmp_path / "versions"))
+
+
+@pytest.mark.parametrize("keep_kv, pause", [(False, {"mode": "abort", "clear_cache": "true"}),
+                                            (True, {"mode": "keep", "clear_cache": "false"})])
+def test_the_pusher_pauses_as_the_update_asks(tmp_path, monkeypatch, keep_kv, pause):
+    """Keeping the requests needs clear_cache=false: vLLM clears on true even with mode=keep, which
+    preempts every running request."""
+    push = pusher(tmp_path)
+    posts = []
+    monkeypatch.setattr(push, "_post", lambda url, route, **kw: posts.append((route, kw)))
+    push(0, "http://127.0.0.1:9", 0, keep_kv=keep_kv)
+    assert posts[0] == ("/pause", {"params": pause})
+    assert [route for route, _ in posts] == ["/pause", "/collective_rpc", "/update_weight_version", "/resume"]
+    push.close()
+
+
+def test_the_backend_hands_keep_kv_on_only_when_asked():
+    calls = []
+    backend = EngineBackend(["http://127.0.0.1:9"], "tiny", object(),
+                            weight_update=lambda *a, **kw: calls.append((a, kw)))
+    backend.set_version(0, 1)
+    backend.set_version(0, 2, keep_kv=True)
+    assert calls == [((0, "http://127.0.0.1:9", 1), {}), ((0, "http://127.0.0.1:9", 2), {"keep_kv": True})]
+
+
+def test_a_hook_that_cannot_keep_kv_is_refused_before_a_run_that_updates_in_place(tmp_path):
+    assert takes_keep_kv(pusher(tmp_path)) and not takes_keep_kv(lambda worker, url, version: None)
+    s = builtin_scenario("cpu-pair")
+    router = CacheAware(weight_update="in-place")
+    assert updates_in_place(router) and updates_in_place(Admitted(MisaT(s.workload.target_mix()), router))
+    assert not updates_in_place(CacheAware(weight_update="interrupt"))
+    with pytest.raises(ConfigError, match="weight_update: cache-aware updates its workers in place.*keep_kv"):
+        assemble(s, router, ["http://127.0.0.1:9"], [], object(), weight_update=lambda worker, url, version: None)
