@@ -8,6 +8,8 @@ import logging
 
 import pytest
 
+from cadencerl.config import ConfigError
+
 from cadencerl.runs import sweep as sw
 from tests.conftest import small
 
@@ -119,6 +121,13 @@ def test_the_weight_update_is_tuned_over_several_batches_for_each_system(monkeyp
     calls.clear()
     assert registry.make_policy("misa+cache-aware-tuned", long).inner.weight_update == best["weight_update"]
     assert calls == []   # cached
+    fixed = registry.make_policy("misa+cache-aware-tuned", long, weight_update="in-place")
+    assert fixed.inner.weight_update == "in-place" and calls == []   # fixed: nothing tuned
+    assert registry.make_policy("cache-aware-tuned", long, weight_update="when-idle").weight_update == "when-idle"
+    with pytest.raises(ConfigError, match="weight_update: 'eager'"):
+        registry.make_policy("cache-aware-tuned", long, weight_update="eager")
+    with pytest.raises(ConfigError, match="least-loaded is not cache-aware-tuned"):
+        registry.make_policy("least-loaded", long, weight_update="interrupt")
 
 
 def test_a_cached_best_without_a_known_weight_update_is_swept_again(scenario):

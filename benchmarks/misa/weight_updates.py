@@ -30,9 +30,8 @@ from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
 from cadencerl.config import Scenario, builtin_scenario, load_scenario_file  # noqa: E402
-from cadencerl.core.view import Policy  # noqa: E402
-from cadencerl.routing.misa import Admitted, MisaT  # noqa: E402
-from cadencerl.routing.routers import WEIGHT_UPDATES, CacheAware  # noqa: E402
+from cadencerl.routing.routers import WEIGHT_UPDATES  # noqa: E402
+from cadencerl.runs.registry import make_policy  # noqa: E402
 from cadencerl.runs.simulate import simulate  # noqa: E402
 from cadencerl.runs.sweep import tuned_thresholds  # noqa: E402
 
@@ -50,18 +49,10 @@ def scenario_of(args: argparse.Namespace) -> Scenario:
     return s.with_overrides(trainer={"cluster": args.trainer_cluster}) if args.trainer_cluster else s
 
 
-def policy(system: str, scenario: Scenario, thresholds: dict, update: str) -> Policy:
-    """The tuned router at these thresholds with this weight update, alone or behind MISA-T."""
-    router = CacheAware(**thresholds, weight_update=update)
-    router.name = "cache-aware-tuned"
-    if system == "cache-aware-tuned":
-        return router
-    return Admitted(MisaT(scenario.workload.target_mix()), router, label="misa")
-
-
-def run_one(args: argparse.Namespace, thresholds: dict, system: str, update: str) -> dict:
+def run_one(args: argparse.Namespace, system: str, update: str) -> dict:
+    """One system with one weight update, at the router's tuned thresholds (the sweep's cache)."""
     scenario = scenario_of(args)
-    r = simulate(scenario, policy(system, scenario, thresholds, update))
+    r = simulate(scenario, make_policy(system, scenario, weight_update=update))
     return {"system": system, "weight_update": update, **{k: r.get(k) for k in FIGURES}}
 
 
@@ -104,10 +95,11 @@ def main() -> None:
     parser.add_argument("--out", help="JSON file (default benchmarks/results/misa_weight_updates_<scenario>.json)")
     args = parser.parse_args()
     scenario = scenario_of(args)
+    # tuned here once (and cached on disk), so the runs below read the sweep instead of each repeating it
     thresholds = {k: v for k, v in tuned_thresholds(scenario).items() if k != "weight_update"}
     runs = [(system, update) for system in SYSTEMS for update in WEIGHT_UPDATES]
     with ProcessPoolExecutor(args.jobs) as pool:
-        rows = list(pool.map(run_one, *zip(*[(args, thresholds, s, u) for s, u in runs])))
+        rows = list(pool.map(run_one, *zip(*[(args, s, u) for s, u in runs])))
     label = f"{scenario.name} ({scenario.workload.trajectories:,} sessions, batch {scenario.trainer.batch_size:,})"
     console = Console(width=None if sys.stdout.isatty() else 150)   # a log keeps every column
     console.print(table(label, rows))

@@ -22,7 +22,8 @@ from cadencerl.policies.least_loaded import LeastLoaded
 from cadencerl.policies.sync import Synchronous
 from cadencerl.routing.misa import Admitted, MisaT
 from cadencerl.routing.misa_goodput import GoodputClimb
-from cadencerl.routing.routers import CacheAware, ConsistentHash, LeastLoadedRouter, RoundRobin, StickyLeastLoaded
+from cadencerl.routing.routers import (WEIGHT_UPDATES, CacheAware, ConsistentHash, LeastLoadedRouter, RoundRobin,
+                                       StickyLeastLoaded)
 
 
 def _tuned_cache_aware(scenario: Scenario) -> Policy:
@@ -87,8 +88,10 @@ def policy_names() -> list[str]:
     return list(FACTORIES)
 
 
-def make_policy(name: str, scenario: Scenario, admission: str | None = None) -> Policy:
-    """A fresh policy (policies keep state across one run) by name, for `scenario`."""
+def make_policy(name: str, scenario: Scenario, admission: str | None = None,
+                weight_update: str | None = None) -> Policy:
+    """A fresh policy (policies keep state across one run) by name, for `scenario`. `weight_update`
+    fixes how `cache-aware-tuned`'s workers take new weights instead of tuning it."""
     if "+" in name:
         if admission is not None:
             raise ConfigError(f"policy: {name!r} already names an admission layer; drop --admission")
@@ -97,8 +100,14 @@ def make_policy(name: str, scenario: Scenario, admission: str | None = None) -> 
         raise ConfigError(f"policy: unknown policy {name!r} (known: {', '.join(FACTORIES)})")
     if admission is not None and admission != "none" and admission not in ADMISSIONS:
         raise ConfigError(f"admission: unknown admission layer {admission!r} (known: none, {', '.join(ADMISSIONS)})")
+    if weight_update is not None and (name != "cache-aware-tuned" or weight_update not in WEIGHT_UPDATES):
+        raise ConfigError(f"weight_update: {weight_update!r} is not one of {', '.join(WEIGHT_UPDATES)} "
+                          f"or {name} is not cache-aware-tuned")
     if admission not in ADMISSIONS:
-        return FACTORIES[name](scenario)
+        policy = FACTORIES[name](scenario)
+        if weight_update is not None:
+            policy.weight_update = weight_update
+        return policy
 
     def admitted(inner: Policy) -> Policy:
         climb = GoodputClimb() if admission == "misa-goodput" else None
@@ -111,5 +120,5 @@ def make_policy(name: str, scenario: Scenario, admission: str | None = None) -> 
             router = FACTORIES[name](scenario)
             router.weight_update = update
             return admitted(router)
-        return build(tuned_weight_update(scenario, f"{admission}+{name}", build))
+        return build(weight_update or tuned_weight_update(scenario, f"{admission}+{name}", build))
     return admitted(FACTORIES[name](scenario))
