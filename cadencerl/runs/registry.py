@@ -1,8 +1,9 @@
 """Policy names as the command line spells them: the one place a name becomes a Policy object.
 
 Runs take Policy objects; the faces (CLI, report, API) resolve names here. `ADMISSION+PLACEMENT`
-(e.g. `misa+cache-aware`, or `misa-goodput+cache-aware` with the goodput climber) puts an admission
-layer in front of a placement policy, and
+(e.g. `misa+cache-aware`, `misa-goodput+cache-aware` with the goodput climber, or `cap4096+cache-aware`
+with a rollout driver's fixed cap on sessions in flight) puts an admission layer in front of a
+placement policy, and
 `cache-aware-tuned` is the cache-aware router at the thresholds and weight update its sweep found
 best for the scenario (it may run the sweep, see `runs/sweep.py`); an admission layer in front of
 it keeps the thresholds and gets the weight update that serves it best (each system its own best).
@@ -22,6 +23,7 @@ from cadencerl.policies.least_loaded import LeastLoaded
 from cadencerl.policies.sync import Synchronous
 from cadencerl.routing.misa import Admitted, MisaT
 from cadencerl.routing.misa_goodput import GoodputClimb
+from cadencerl.routing.session_cap import Capped, SessionCap, parse_cap
 from cadencerl.routing.routers import (WEIGHT_UPDATES, CacheAware, ConsistentHash, LeastLoadedRouter, RoundRobin,
                                        StickyLeastLoaded)
 
@@ -82,6 +84,7 @@ FACTORIES: dict[str, Callable[[Scenario], Policy]] = {
     "cache-aware-tuned": _tuned_cache_aware,
 }
 ADMISSIONS = ("misa", "misa-goodput")   # misa-goodput: MISA-T with the goodput climber (misa_goodput.py)
+# and cap<N>: a fixed cap of N sessions in flight (routing/session_cap.py)
 
 
 def policy_names() -> list[str]:
@@ -98,18 +101,22 @@ def make_policy(name: str, scenario: Scenario, admission: str | None = None,
         admission, name = name.split("+", 1)
     if name not in FACTORIES:
         raise ConfigError(f"policy: unknown policy {name!r} (known: {', '.join(FACTORIES)})")
-    if admission is not None and admission != "none" and admission not in ADMISSIONS:
-        raise ConfigError(f"admission: unknown admission layer {admission!r} (known: none, {', '.join(ADMISSIONS)})")
+    cap = parse_cap(admission) if admission is not None else None
+    if admission is not None and admission != "none" and admission not in ADMISSIONS and cap is None:
+        raise ConfigError(f"admission: unknown admission layer {admission!r} "
+                          f"(known: none, {', '.join(ADMISSIONS)}, cap<N> for N sessions in flight)")
     if weight_update is not None and (name != "cache-aware-tuned" or weight_update not in WEIGHT_UPDATES):
         raise ConfigError(f"weight_update: {weight_update!r} is not one of {', '.join(WEIGHT_UPDATES)} "
                           f"or {name} is not cache-aware-tuned")
-    if admission not in ADMISSIONS:
+    if admission not in ADMISSIONS and cap is None:
         policy = FACTORIES[name](scenario)
         if weight_update is not None:
             policy.weight_update = weight_update
         return policy
 
     def admitted(inner: Policy) -> Policy:
+        if cap is not None:
+            return Capped(SessionCap(cap), inner)
         climb = GoodputClimb() if admission == "misa-goodput" else None
         return Admitted(MisaT(scenario.workload.target_mix(), climb=climb), inner, label=admission)
 

@@ -1,0 +1,66 @@
+"""A fixed cap on sessions in flight: the static admission a rollout driver already has.
+
+RL frameworks bound the rollouts they keep open at once (AReaL's `max_concurrent_rollouts`, for
+one): a router alone passes every new session straight to the engines' queues, so when sessions
+flood in (a rollout-only run, or a large eta) the engines thrash their KV. `cap<N>+<policy>`
+(`runs/registry.py`) puts this cap in front of any placement policy. It is the baseline MISA-T's
+adaptive admission must beat there, with N swept by the user as a deployment would tune it
+(benchmarks/misa/README.md): one number for the whole pool, blind to classes and to KV.
+
+A session counts from its admission until it completes, tool waits included, as a driver counts
+the rollouts it has open. Continuations are never held.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+
+from cadencerl.config import ConfigError
+from cadencerl.core.actions import Action
+from cadencerl.core.view import AdmissionGate, Policy, PoolView
+from cadencerl.core.worker import Worker
+
+LABEL = re.compile(r"cap(\d+)")
+
+
+class SessionCap:
+    """An AdmissionGate that lets a new session start only while fewer than `max_sessions` are open."""
+
+    def __init__(self, max_sessions: int) -> None:
+        if max_sessions < 1:
+            raise ConfigError(f"admission: a session cap must be at least 1, got {max_sessions}")
+        self.max_sessions = max_sessions
+
+    def _open(self, view: PoolView) -> int:
+        # active_by_class is the controller's live count: it moves as each Admit is applied
+        return sum(view.active_by_class.values())
+
+    def open_classes(self, view: PoolView) -> set[str]:
+        return set(view.fresh.classes()) if self._open(view) < self.max_sessions else set()
+
+    def accepts(self, view: PoolView, worker: Worker) -> bool:
+        return self._open(view) < self.max_sessions
+
+    def remaining(self, view: PoolView) -> int:
+        return max(0, self.max_sessions - self._open(view))
+
+
+class Capped:
+    """cap<N>+PLACEMENT: `inner` places; the cap only holds new sessions back."""
+
+    def __init__(self, cap: SessionCap, inner: Policy) -> None:
+        self.gate: AdmissionGate = cap
+        self.inner = inner
+        self.name = f"cap{cap.max_sessions}+{inner.name}"
+        self.kv_transfer = inner.kv_transfer
+        self.queues_at_engine = getattr(inner, "queues_at_engine", False)
+
+    def decide(self, view: PoolView) -> Iterator[Action]:
+        yield from self.inner.decide(view)
+
+
+def parse_cap(label: str) -> int | None:
+    """N for an admission label `cap<N>`, None for any other label."""
+    match = LABEL.fullmatch(label)
+    return int(match.group(1)) if match else None
