@@ -34,7 +34,7 @@ REFERENCE_HELP = ("also simulate the clairvoyant reference (an oracle that sees 
 # --reference, compare (4 policies) 12.8 s -> 27.2 s.
 REFERENCE_BY_DEFAULT = False
 MAX_JOBS = 256   # simulations in parallel: processes, so a bound keeps `report` from exhausting the machine
-AdmissionOpt = typer.Option(None, "--admission", help="an admission layer in front of the policy: misa, misa-goodput or none")
+AdmissionOpt = typer.Option(None, "--admission", help="an admission layer in front of the policy: misa, misa-goodput, cap<N> (N sessions in flight) or none")
 
 
 def run_policies(scenario: Scenario, names: list[str], exact: bool, show_progress: bool) -> list[dict]:
