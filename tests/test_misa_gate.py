@@ -9,10 +9,11 @@ import pytest
 from cadencerl.core.actions import Admit, Place
 from cadencerl.core.trajectory import State
 from cadencerl.policies.least_loaded import LeastLoaded
-from cadencerl.routing.misa import DECREASE, HIGH, INITIAL_SCALE, Admitted, MisaT
+from cadencerl.policies.cadence import Cadence
+from cadencerl.routing.misa import DECREASE, HIGH, INITIAL_SCALE, MAX_CAP_FACTOR, SHARE_EWMA, Admitted, MisaT
 from cadencerl.routing.misa_learn import WARMUP, ClassStats, PRIOR_REPLY
 from cadencerl.routing.routers import LeastLoadedRouter
-from tests.pools import pool, traj, worker
+from tests.pools import PARAMS, pool, traj, worker
 
 MIX = {"agent": 0.5, "rlhf": 0.5}
 
@@ -42,7 +43,7 @@ def test_the_capacity_estimate_weights_each_class_by_how_long_it_holds_its_kv():
     misa = MisaT(MIX)
     warm(misa, "agent", footprint=4000, duration=300)
     warm(misa, "rlhf", footprint=1000, duration=30)
-    misa.observe(pool(LeastLoaded(), [worker(0, cap=1_000_000)]).view)
+    misa.observe(pool(LeastLoaded(), [worker(0, cap=1_000_000, seqs=10_000)]).view)
     per_session = (0.5 * 300 * 4000 + 0.5 * 30 * 1000) / (0.5 * 300 + 0.5 * 30)
     assert misa.caps[0] == pytest.approx(INITIAL_SCALE * HIGH * 1_000_000 / per_session)
 
@@ -130,6 +131,44 @@ def test_kv_held_across_a_tool_wait_counts_as_pressure():
     p.now = 1.0
     misa.observe(p.view)
     assert misa.scale[0] == pytest.approx(INITIAL_SCALE * DECREASE)   # 10% + 90% held: over HIGH
+
+
+def running_batch_pool(inner, engine_share, sessions=10):
+    """8 running slots and KV for far more: 5 sessions at the engine, the others on tools."""
+    misa = MisaT({"rlvr": 1.0})
+    warm(misa, "rlvr", footprint=100, duration=10)    # KV estimate: 0.5 x 0.9 x 1e6 / 100 = 4,500
+    misa.engine_share = engine_share
+    w = loaded(0, 5, cap=1_000_000, seqs=8)
+    w.sessions = sessions
+    return misa, pool(Admitted(misa, inner), [w], fresh=fresh(1))
+
+
+def test_in_front_of_a_router_the_cap_is_the_sessions_that_fill_high_of_the_running_batch():
+    """Little's law on the observed share at the engine: 8 slots x HIGH / half = 14.4 sessions, far
+    under the KV estimate; past it the engine queues and the queued prefixes are evicted first."""
+    misa, p = running_batch_pool(LeastLoadedRouter(), engine_share=0.5)
+    misa.observe(p.view)
+    assert misa.engine_share == pytest.approx(0.5)     # observed 5 of 10: unchanged
+    assert misa.caps[0] == pytest.approx(HIGH * 8 / 0.5)
+
+
+def test_the_share_at_the_engine_is_observed_and_smoothed():
+    misa, p = running_batch_pool(LeastLoadedRouter(), engine_share=1.0)
+    misa.observe(p.view)
+    assert misa.engine_share == pytest.approx(1.0 - SHARE_EWMA * 0.5)   # one look toward 5 of 10
+
+
+def test_the_running_batch_bound_is_a_routers_only_and_does_not_wind_the_kv_estimate_up():
+    """CadenceRL holds sessions off the engine on purpose (its pending set): no running-batch bound
+    there. In front of a router the KV estimate, not in use under the bound, does not grow."""
+    misa, p = running_batch_pool(Cadence(PARAMS), engine_share=0.5)
+    misa.observe(p.view)
+    assert misa.caps[0] == MAX_CAP_FACTOR * 8          # only the engine-wide ceiling
+    misa, p = running_batch_pool(LeastLoadedRouter(), engine_share=0.5, sessions=20)   # over its cap
+    for now in range(3):
+        p.now = float(now)
+        misa.observe(p.view)                           # KV use 0.5%: far under LOW
+    assert misa.caps[0] < 20 and misa.scale[0] == pytest.approx(INITIAL_SCALE)
 
 
 # -- class deficit and its completion-time lead ----------------------------------------------------
@@ -243,9 +282,6 @@ def test_a_class_borrows_the_quota_the_others_leave_unused_and_a_class_under_its
 def test_in_front_of_a_policy_that_never_overcommits_kv_the_class_quotas_step_aside():
     """They protect each class's KV from the others' over-commit; CadenceRL never over-commits, so
     there a class past its quota still goes when it is the one behind (the cohort places hold the mix)."""
-    from cadencerl.policies.cadence import Cadence
-    from tests.pools import PARAMS
-
     for inner, opens in ((LeastLoadedRouter(), set()), (Cadence(PARAMS), {"agent"})):
         misa = MisaT(MIX)
         p = gate_pool(misa, [worker(0, cap=1_000_000)], fresh(3, "agent") + fresh(1, "rlhf", start=300), inner=inner)
@@ -305,9 +341,6 @@ def test_continuations_fill_their_home_only_up_to_the_mean_load_as_they_are_plac
 def test_in_front_of_a_policy_that_never_overcommits_full_kv_is_not_pressure():
     """CadenceRL keeps KV full on purpose (it evicts to its pending set): there the caps shrink
     only on preemptions and engine queues, and grow when they bind."""
-    from cadencerl.policies.cadence import Cadence
-    from tests.pools import PARAMS
-
     misa = MisaT({"rlvr": 1.0})
     warm(misa, "rlvr", footprint=500, duration=10)
     gate = Admitted(misa, Cadence(PARAMS))

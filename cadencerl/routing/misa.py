@@ -13,10 +13,18 @@ Three mechanisms (MISA-T abstract; reference/hardware.md), every figure observab
   by DECREASE on a preemption, a waiting queue or use above HIGH, but never below DECREASE of the
   sessions in flight (anti-windup: sessions grow as they age, so pressure outlasts the last
   admission, and a cap already under them stops nothing), and moves use toward TARGET
-  (at most 1/DECREASE a look) when the cap is in use and use is below LOW, but only once every
+  (at most 1/DECREASE a look) when that estimate is in use and use is below LOW, but only once every
   class has finished WARMUP sessions: KV use lags admissions by a session's lifetime, so before
   the capacity is measured the cap only shrinks. No slow start: the first cap is INITIAL_SCALE of
   the capacity estimate, whose footprints are at least what running sessions already hold.
+  In front of a router the engine's running batch is a capacity too: the cap is at most
+      HIGH * max_num_seqs_w / (share of admitted sessions running or queued at an engine)
+  (Little's law; the share is observed, the rest wait on tools). Past it the engine queues, and
+  a queued continuation's prefix, released longest ago, is the first the LRU evicts: the queue
+  grows, its re-prefills slow every step, and the hit rate falls off a cliff (mixed-h200-235b,
+  rollout-only: 90% prefix hits at 256 sessions a worker, 6% at 384; benchmarks/misa/README.md).
+  Without the bound the KV cap overshot into that queue and the pressure then cut it under the
+  running batch: sessions a worker swung between 120 and 300 with a period of about 700 s.
 * Workload-aware KV-capacity allocation. Class c gets a protected KV quota
       Q_c = K * m_c BT_c / sum_j m_j BT_j,    BT_c = f_c d_c (block-time of one session)
   and a session cap Q_c / f_c, also bounded by its Little's-law share of the pool's session caps.
@@ -77,6 +85,7 @@ INITIAL_SCALE = 0.5                   # of the first (unmeasured) capacity estim
 ADAPT_EVERY_S = 1.0
 MAX_CAP_FACTOR = 4                    # a worker's cap never exceeds this times its max_num_seqs
 MAX_AHEAD = 0.02                      # of a batch: how far a class may run ahead of its share
+SHARE_EWMA = 0.05                     # weight of one look in the share of sessions on the engine
 
 
 @dataclass
@@ -95,6 +104,7 @@ class MisaT:
     kv_is_pressure: bool = True   # False in front of a policy that never over-commits KV (see Admitted)
     climb: GoodputClimb | None = None   # over-commit when measured goodput says it pays (misa_goodput.py)
     boost: float = 1.0              # the climber's multiplier on the KV bands (1: hold what is measured)
+    engine_share: float = 1.0       # of the admitted sessions, the share running or queued at an engine
     _next_adapt: float = 0.0
 
     # -- observation ------------------------------------------------------------------------------
@@ -113,11 +123,28 @@ class MisaT:
         held = self.learner.held_off_engine()
         per_session = self._session_kv(view)
         measured = self.learner.all_warm(self.target_mix)
+        self._observe_share(view)
         for w in view.alive():
             per_scale = self.boost * HIGH * w.kv_capacity / per_session    # the cap at scale 1: the capacity estimate
             self._adapt(w, held.get(w.id, 0), measured, per_scale)
-            self.caps[w.id] = min(max(self.scale[w.id] * per_scale, 1.0), MAX_CAP_FACTOR * w.max_num_seqs)
+            self.caps[w.id] = max(min(self.scale[w.id] * per_scale, self._slot_cap(w)), 1.0)
         self._allocate(view)
+
+    def _observe_share(self, view: PoolView) -> None:
+        """The share of admitted sessions that want an engine now (running or queued there), the
+        rest waiting on a tool or to be placed: EWMA over looks."""
+        sessions = sum(w.sessions for w in view.alive())
+        if sessions > 0:
+            share = min(1.0, sum(w.load for w in view.alive()) / sessions)
+            self.engine_share += SHARE_EWMA * (share - self.engine_share)
+
+    def _slot_cap(self, w: Worker) -> float:
+        """In front of a router, the sessions whose engine demand fills HIGH of `w`'s running batch
+        (Little's law: sessions x share on the engine): past it the engine queues, and a queued
+        continuation's cached prefix is the least recently used, the first evicted."""
+        if not self.kv_is_pressure:
+            return MAX_CAP_FACTOR * w.max_num_seqs
+        return min(MAX_CAP_FACTOR, HIGH / max(self.engine_share, 1e-3)) * w.max_num_seqs
 
     def admitted_session(self, traj: Trajectory) -> None:
         """A new session passed the gate: count it, and learn its figures when it finishes."""
@@ -145,7 +172,7 @@ class MisaT:
         s, b = self.scale[w.id], self.boost
         if preempted or w.num_waiting > 0 or use > b * HIGH:
             s = min(s, max(s * DECREASE, DECREASE * w.sessions / per_scale))
-        elif measured and use < b * LOW and w.id in self.caps and w.sessions >= int(self.caps[w.id]):
+        elif measured and use < b * LOW and w.id in self.caps and w.sessions >= int(s * per_scale):   # it binds
             s *= min(1.0 / DECREASE, b * TARGET / use) if use > 0 else 1.0 / DECREASE
         self.scale[w.id] = min(max(s, MIN_SCALE), MAX_SCALE)
 
