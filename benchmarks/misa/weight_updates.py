@@ -29,7 +29,8 @@ sys.path.insert(0, str(REPO))
 from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
-from cadencerl.config import Scenario, builtin_scenario, load_scenario_file  # noqa: E402
+from cadencerl.cli.common import build_scenario  # noqa: E402
+from cadencerl.config import ConfigError, Scenario  # noqa: E402
 from cadencerl.routing.routers import WEIGHT_UPDATES  # noqa: E402
 from cadencerl.runs.registry import make_policy  # noqa: E402
 from cadencerl.runs.simulate import simulate  # noqa: E402
@@ -41,12 +42,9 @@ FIGURES = ("throughput_tok_s", "steady_throughput_tok_s", "latency_p95_s", "pref
 
 
 def scenario_of(args: argparse.Namespace) -> Scenario:
-    s = load_scenario_file(Path(args.config)) if args.config else builtin_scenario(args.scenario)
-    if args.trajectories:
-        s = s.resized(args.trajectories, args.batch_size)
-    elif args.batch_size:
-        s = s.with_overrides(trainer={"batch_size": args.batch_size})
-    return s.with_overrides(trainer={"cluster": args.trainer_cluster}) if args.trainer_cluster else s
+    """The scenario as `cadencerl compare` builds it from the same options."""
+    overrides = {k: getattr(args, k, None) for k in ("trajectories", "batch_size", "eta", "trainer_cluster")}
+    return build_scenario(args.scenario, Path(args.config) if args.config else None, overrides)
 
 
 def run_one(args: argparse.Namespace, system: str, update: str) -> dict:
@@ -94,7 +92,10 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument("--out", help="JSON file (default benchmarks/results/misa_weight_updates_<scenario>.json)")
     args = parser.parse_args()
-    scenario = scenario_of(args)
+    try:
+        scenario = scenario_of(args)
+    except ConfigError as exc:
+        parser.error(str(exc))
     # tuned here once (and cached on disk), so the runs below read the sweep instead of each repeating it
     thresholds = {k: v for k, v in tuned_thresholds(scenario).items() if k != "weight_update"}
     runs = [(system, update) for system in SYSTEMS for update in WEIGHT_UPDATES]

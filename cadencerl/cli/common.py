@@ -77,31 +77,37 @@ TrainerClusterOpt = typer.Option(None, "--trainer-cluster",
 def load_scenario(name: Optional[str], config: Optional[Path], overrides: dict,
                   json_out: Optional[str] = None) -> Scenario:
     """The scenario named by exactly one of --scenario / --config, with the command-line overrides
-    applied, after checking that `--json` (if given) can be written.
+    applied, after checking that `--json` (if given) can be written; bad input exits naming it."""
+    check_json_target(json_out, config)
+    try:
+        return build_scenario(name, config, overrides)
+    except ConfigError as exc:
+        fail(str(exc))
+
+
+def build_scenario(name: Optional[str], config: Optional[Path], overrides: dict) -> Scenario:
+    """The scenario as the CLI builds it from its options (benchmark scripts share it); raises
+    ConfigError naming the field.
 
     `--trajectories N` scales the trainer batch with it, so the run keeps the scenario's number of
     batches (the same regime, smaller); `--batch-size B` sets the batch instead."""
-    check_json_target(json_out, config)
     if (name is None) == (config is None):
-        fail("give exactly one of --scenario NAME or --config FILE")
-    try:
-        s = builtin_scenario(name) if name else load_scenario_file(config)
-        trajectories, batch = overrides.get("trajectories"), overrides.get("batch_size")
-        if trajectories is not None:
-            s = s.resized(trajectories, batch)
-        elif batch is not None:
-            s = s.with_overrides(trainer={"batch_size": batch})
-        changes: dict = {}
-        for key in ("eta", "delta"):
-            if overrides.get(key) is not None:
-                changes.setdefault("policy", {})[key] = overrides[key]
-        if overrides.get("seed") is not None:
-            changes["seed"] = overrides["seed"]
-        if overrides.get("trainer_cluster") is not None:
-            changes["trainer"] = {"cluster": overrides["trainer_cluster"]}
-        return s.with_overrides(**changes) if changes else s
-    except ConfigError as exc:
-        fail(str(exc))
+        raise ConfigError("scenario: give exactly one of --scenario NAME or --config FILE")
+    s = builtin_scenario(name) if name else load_scenario_file(config)
+    trajectories, batch = overrides.get("trajectories"), overrides.get("batch_size")
+    if trajectories is not None:
+        s = s.resized(trajectories, batch)
+    elif batch is not None:
+        s = s.with_overrides(trainer={"batch_size": batch})
+    changes: dict = {}
+    for key in ("eta", "delta"):
+        if overrides.get(key) is not None:
+            changes.setdefault("policy", {})[key] = overrides[key]
+    if overrides.get("seed") is not None:
+        changes["seed"] = overrides["seed"]
+    if overrides.get("trainer_cluster") is not None:
+        changes["trainer"] = {"cluster": overrides["trainer_cluster"]}
+    return s.with_overrides(**changes) if changes else s
 
 
 def progress_bar(enabled: bool) -> Progress:

@@ -1,0 +1,149 @@
+"""Sessions a worker holds over a run, and its engine queue, under admission policies (issue 13).
+
+A static cap (`cap<N>+...`) holds a fixed number of sessions; MISA-T's caps adapt. Past the
+sessions that fill an engine's running batch the engine queues, and a queued turn's cached
+prefix, released longest ago, is the first the LRU evicts: that is the cliff between
+`cap2048` and `cap3072` on mixed-h200-235b rollout-only. This samples, from the controller's
+view (what a router sees), the mean per worker of the admitted sessions, the requests at the
+engine (running or queued), the engine's queue and its KV use, and plots them over time.
+
+Usage: python benchmarks/misa/sessions_timeline.py -s mixed-h200-235b --trajectories 51200 \\
+           --batch-size 2048 --eta 1000 --trainer-cluster h200 \\
+           --policies misa+cache-aware-tuned,cap2048+cache-aware-tuned,cap3072+cache-aware-tuned
+       [--every 25] [--weight-update when-idle] [--jobs 2]
+       [--out PNG, default benchmarks/results/sessions_timeline_<scenario>.png]
+
+Set CADENCERL_CACHE_DIR to the folder a `compare` of the same scenario used, and the router's
+thresholds come from its sweep instead of a new one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO))
+
+import matplotlib  # noqa: E402
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+from rich.console import Console  # noqa: E402
+from rich.table import Table  # noqa: E402
+
+from cadencerl.cli.common import build_scenario  # noqa: E402
+from cadencerl.config import ConfigError, Scenario  # noqa: E402
+from cadencerl.runs.registry import make_policy  # noqa: E402
+from cadencerl.runs.simulate import simulate  # noqa: E402
+
+SERIES = ("sessions", "at_engine", "queued", "kv_use")
+
+
+def scenario_of(args: argparse.Namespace) -> Scenario:
+    """The scenario as `cadencerl compare` builds it from the same options."""
+    overrides = {k: getattr(args, k, None) for k in ("trajectories", "batch_size", "eta", "trainer_cluster")}
+    return build_scenario(args.scenario, Path(args.config) if args.config else None, overrides)
+
+
+def run_one(args: argparse.Namespace, name: str) -> dict:
+    """Simulate one policy, sampling the pool's per-worker means every `args.every` sim seconds."""
+    scenario = scenario_of(args)
+    policy = make_policy(name, scenario, weight_update=args.weight_update)
+    samples: dict[str, list[float]] = {"t": [], **{k: [] for k in SERIES}}
+    decide, due = policy.decide, [0.0]
+
+    def sampled(view):
+        if view.now >= due[0]:
+            due[0] = view.now + args.every
+            ws = view.alive()
+            n = max(1, len(ws))
+            samples["t"].append(view.now)
+            samples["sessions"].append(sum(w.sessions for w in ws) / n)
+            samples["at_engine"].append(sum(w.load for w in ws) / n)
+            samples["queued"].append(sum(w.num_waiting for w in ws) / n)
+            samples["kv_use"].append(sum(w.engine_kv / w.kv_capacity for w in ws) / n)
+        yield from decide(view)
+
+    policy.decide = sampled
+    r = simulate(scenario, policy)
+    seqs = scenario.pool[0].max_num_seqs
+    return {"policy": name, "throughput": r["throughput_tok_s"], "steady": r["steady_throughput_tok_s"],
+            "hits": r["prefix_hit_rate"], "window": r["steady_window_s"], "max_num_seqs": seqs, **samples}
+
+
+def steady(run: dict, key: str) -> np.ndarray:
+    t = np.asarray(run["t"])
+    lo, hi = run["window"]
+    return np.asarray(run[key])[(t >= lo) & (t <= hi)]
+
+
+def table(runs: list[dict]) -> Table:
+    out = Table(title="per worker, over the steady window (mean; 5th-95th percentile of the samples)")
+    for col in ("policy", "tok/s (steady)", "prefix hits", "sessions", "at engine", "queued", "engine KV use"):
+        out.add_column(col, justify="left" if col == "policy" else "right")
+    for r in runs:
+        cells = []
+        for key, fmt in (("sessions", ".0f"), ("at_engine", ".0f"), ("queued", ".1f"), ("kv_use", ".2f")):
+            x = steady(r, key)
+            cells.append("-" if x.size == 0 else
+                         f"{x.mean():{fmt}} ({np.percentile(x, 5):{fmt}}-{np.percentile(x, 95):{fmt}})")
+        out.add_row(r["policy"], f"{r['throughput']:,.0f} ({r['steady']:,.0f})", f"{100 * r['hits']:.1f}%", *cells)
+    return out
+
+
+def plot(runs: list[dict], title: str, out: Path) -> None:
+    fig, axes = plt.subplots(3, 1, figsize=(10, 9), sharex=True)
+    labels = ("admitted sessions per worker", "engine queue per worker", "engine KV use")
+    for ax, key, label in zip(axes, ("sessions", "queued", "kv_use"), labels):
+        for r in runs:
+            ax.plot(r["t"], r[key], label=r["policy"], linewidth=1)
+        ax.set_ylabel(label)
+        ax.grid(alpha=0.3)
+    axes[0].axhline(runs[0]["max_num_seqs"], color="grey", linestyle="--", linewidth=1, label="max_num_seqs")
+    axes[0].legend(fontsize=8)
+    axes[-1].set_xlabel("simulated time (s)")
+    fig.suptitle(title)
+    fig.tight_layout()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    src = ap.add_mutually_exclusive_group(required=True)
+    src.add_argument("-s", "--scenario")
+    src.add_argument("-c", "--config")
+    ap.add_argument("--trajectories", type=int)
+    ap.add_argument("--batch-size", type=int)
+    ap.add_argument("--eta", type=int)
+    ap.add_argument("--trainer-cluster")
+    ap.add_argument("--policies", required=True, help="comma-separated policy names, as `compare` takes them")
+    ap.add_argument("--weight-update", default="when-idle", help="the tuned router's weight update (default when-idle)")
+    ap.add_argument("--every", type=float, default=25.0, help="sim seconds between samples")
+    ap.add_argument("--jobs", type=int, default=2)
+    ap.add_argument("--out")
+    args = ap.parse_args()
+    if args.every <= 0:
+        ap.error("--every: must be positive")
+    names = [p.strip() for p in args.policies.split(",") if p.strip()]
+    try:
+        scenario = scenario_of(args)
+        for name in names:
+            make_policy(name, scenario, weight_update=args.weight_update)   # bad names fail here, not in a worker
+    except ConfigError as exc:
+        ap.error(str(exc))
+    with ProcessPoolExecutor(max_workers=max(1, args.jobs)) as pool:
+        runs = list(pool.map(run_one, [args] * len(names), names))
+    Console(width=160).print(table(runs))
+    out = Path(args.out) if args.out else REPO / "benchmarks" / "results" / f"sessions_timeline_{scenario.name}.png"
+    plot(runs, f"{scenario.name}: admitted sessions and the engine queue", out)
+    print(f"plot: {out}")
+
+
+if __name__ == "__main__":
+    main()
