@@ -62,6 +62,20 @@ def test_the_trainer_waits_for_a_short_class_at_most_the_bound():
     assert tr.batch_classes[0] == {"rlhf": 8, "agent": 2}
 
 
+def test_the_wake_at_the_bound_forms_the_batch_even_where_the_difference_rounds_under_it():
+    """Found by a stalled sweep (mixed-h200-235b, seed 1): ready at 944.6717005885868 s, woken at
+    ready + 120, where now - ready is 119.99999999999989. A wake is sent once per wait."""
+    tr = trainer(batch=10, total=20, wait=120.0)
+    tr.credits.record(0, 20)
+    for t in done(range(0, 8), "rlhf") + done(range(10, 12), "agent"):
+        tr.finished(t)
+    ready = 944.6717005885868
+    assert tr.try_start(ready) is None
+    wake = tr.wake_request(ready)
+    assert wake - ready < 120.0                                    # the rounding this guards against
+    assert tr.try_start(wake) is not None and tr.mix_short_batches == 1
+
+
 def test_the_trainer_forms_the_target_batch_without_waiting_when_every_class_is_there():
     tr = trainer(batch=10, total=20, wait=30.0)
     tr.credits.record(0, 20)
