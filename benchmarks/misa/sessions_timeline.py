@@ -71,14 +71,17 @@ def run_one(args: argparse.Namespace, name: str) -> dict:
     policy.decide = sampled
     r = simulate(scenario, policy)
     seqs = scenario.pool[0].max_num_seqs
-    return {"policy": name, "throughput": r["throughput_tok_s"], "steady": r["steady_throughput_tok_s"],
-            "hits": r["prefix_hit_rate"], "window": r["steady_window_s"], "max_num_seqs": seqs, **samples}
+    return {"policy": name, "throughput": r["throughput_tok_s"], "steady": r.get("steady_throughput_tok_s") or None,
+            "hits": r["prefix_hit_rate"], "window": r.get("steady_window_s"), "max_num_seqs": seqs, **samples}
 
 
 def steady(run: dict, key: str) -> np.ndarray:
-    t = np.asarray(run["t"])
+    """The samples in the steady window; all of them on a run too short to have one."""
+    t, x = np.asarray(run["t"]), np.asarray(run[key])
+    if not run["window"]:
+        return x
     lo, hi = run["window"]
-    return np.asarray(run[key])[(t >= lo) & (t <= hi)]
+    return x[(t >= lo) & (t <= hi)]
 
 
 def table(runs: list[dict]) -> Table:
@@ -91,7 +94,8 @@ def table(runs: list[dict]) -> Table:
             x = steady(r, key)
             cells.append("-" if x.size == 0 else
                          f"{x.mean():{fmt}} ({np.percentile(x, 5):{fmt}}-{np.percentile(x, 95):{fmt}})")
-        out.add_row(r["policy"], f"{r['throughput']:,.0f} ({r['steady']:,.0f})", f"{100 * r['hits']:.1f}%", *cells)
+        steady_tok = "-" if r["steady"] is None else f"{r['steady']:,.0f}"
+        out.add_row(r["policy"], f"{r['throughput']:,.0f} ({steady_tok})", f"{100 * r['hits']:.1f}%", *cells)
     return out
 
 

@@ -92,10 +92,9 @@ class Trainer:
             return None
         if self.mix is None:
             return self._oldest(n)
-        # the wake is scheduled at ready_since + wait_s: compare the same sum, since now - ready_since
-        # can round under wait_s there (944.67... + 120 - 944.67... = 119.99999999999989), and a wake
-        # that forms no batch is never sent again: the run would stall with every trajectory done
-        waited = now >= self.ready_since + self.mix.wait_s
+        # against the wake's own time: now - ready_since can round under wait_s at the wake
+        # (119.99999999999989), and a wake that forms no batch is never sent again (a stall)
+        waited = now >= self.wake_at
         picked = compose(self.completed, n, self.mix.target, self.next_batch - self.eta, fill=waited)
         if picked is None:
             return None
