@@ -34,6 +34,7 @@ from cadencerl.engine.client import (
     EngineHTTPError,
     EngineTimeoutError,
     ModelMismatchError,
+    Timeouts,
     VLLMClient,
 )
 from cadencerl.engine.server_metrics import parse_metrics
@@ -303,7 +304,9 @@ def test_killed_server_gives_error_and_down_leaves_nothing(
 ) -> None:
     """Own one-server pool: kill it mid-stream, then `down()` from its state file alone. The stream
     asks for most of the server's KV so that the kill lands mid-stream even on a starved machine;
-    one that still finishes first is retried with a new id (three tries): the race is not under test."""
+    one that still finishes first is retried with a new id (three tries): the race is not under test.
+    A dead peer whose close never reaches the client (seen once on a loaded CI machine) ends in the
+    client's stream-read timeout instead: either way the outcome is an error naming the server."""
     config = PoolConfig(
         num_workers=1,
         kv_tokens=8192,
@@ -320,7 +323,8 @@ def test_killed_server_gives_error_and_down_leaves_nothing(
         assert server.pid in members and len(members) >= 3  # api server, engine core, worker
 
         async def scenario() -> None:
-            async with VLLMClient(server.url, model=MODEL, retries=2, backoff_s=0.05) as client:
+            async with VLLMClient(server.url, model=MODEL, retries=2, backoff_s=0.05,
+                                  timeouts=Timeouts(stream_read=20)) as client:
                 for attempt in range(3):
                     streamed: list[int] = []
                     task = asyncio.create_task(client.generate(f"doomed-{attempt}", PROMPT, long, streamed.extend))
@@ -329,9 +333,9 @@ def test_killed_server_gives_error_and_down_leaves_nothing(
                         break
                     assert (await task).finish_reason == "length"
                 os.kill(server.pid, signal.SIGKILL)  # the API server dies mid-stream
-                outcome = await asyncio.wait_for(task, 15)
+                outcome = await asyncio.wait_for(task, 40)
                 assert outcome.finish_reason == "error"
-                assert isinstance(outcome.error, EngineConnectionError)
+                assert isinstance(outcome.error, (EngineConnectionError, EngineTimeoutError)), outcome.error
                 assert server.url in str(outcome.error)
                 assert outcome.token_ids == streamed and len(streamed) >= 8
 
