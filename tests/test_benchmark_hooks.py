@@ -8,15 +8,17 @@ import importlib.util
 import inspect
 from pathlib import Path
 
+from cadencerl.config import builtin_scenario
 from cadencerl.policies.cadence import Cadence
 from cadencerl.policies.cadence_rooms import RoomIndex
+from cadencerl.runs.assemble import build_pool
 from cadencerl.runs.registry import FACTORIES
 
 REPO = Path(__file__).resolve().parent.parent
 
 
 def _load(name: str):
-    spec = importlib.util.spec_from_file_location(name, REPO / "benchmarks" / f"{name}.py")
+    spec = importlib.util.spec_from_file_location(name.replace("/", "_"), REPO / "benchmarks" / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -43,3 +45,15 @@ def test_the_benchmarks_default_policies_are_registered():
     for benchmark, names in defaults.items():
         for name in names:
             assert name in FACTORIES, (benchmark, name)
+
+
+def test_the_kv_headroom_what_if_reaches_the_simulated_workers_and_is_undone():
+    """The ceiling benchmark scales KV by replacing one method: were the simulator to read the
+    capacity elsewhere, it would measure the real KV twice and call it a ceiling."""
+    headroom = _load("misa/kv_headroom")
+    scenario = builtin_scenario("mixed-h200")
+    real = [w.kv_capacity for w in build_pool(scenario)[0]]
+    with headroom.scaled_kv(8):
+        scaled = [w.kv_capacity for w in build_pool(scenario)[0]]
+    assert scaled == [int(c * 8) for c in real] and real[0] > 0
+    assert [w.kv_capacity for w in build_pool(scenario)[0]] == real
