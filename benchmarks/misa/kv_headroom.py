@@ -35,8 +35,8 @@ sys.path.insert(0, str(REPO))
 from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
-from cadencerl.cli.common import build_scenario  # noqa: E402
-from cadencerl.config import ConfigError, Scenario  # noqa: E402
+from cadencerl.cli.common import scenario_from_options as scenario_of  # noqa: E402
+from cadencerl.config import ConfigError  # noqa: E402
 from cadencerl.hardware.perf import WorkerPerf  # noqa: E402
 from cadencerl.runs.registry import make_policy  # noqa: E402
 from cadencerl.runs.simulate import simulate  # noqa: E402
@@ -45,12 +45,6 @@ SYSTEMS = ("misa+cache-aware-tuned", "cache-aware-tuned")
 LABELS = {SYSTEMS[0]: "MISA-T", SYSTEMS[1]: "router"}
 FIGURES = ("throughput_tok_s", "steady_throughput_tok_s", "prefix_hit_rate", "preemptions",
            "prefill_tokens", "mixture_dtv_steady_pp", "latency_p95_s")
-
-
-def scenario_of(args: argparse.Namespace) -> Scenario:
-    """The scenario as `cadencerl compare` builds it from the same options."""
-    overrides = {k: getattr(args, k, None) for k in ("trajectories", "batch_size", "eta", "trainer_cluster")}
-    return build_scenario(args.scenario, Path(args.config) if args.config else None, overrides)
 
 
 @contextmanager

@@ -35,18 +35,12 @@ import numpy as np  # noqa: E402
 from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
-from cadencerl.cli.common import build_scenario  # noqa: E402
-from cadencerl.config import ConfigError, Scenario  # noqa: E402
+from cadencerl.cli.common import scenario_from_options as scenario_of  # noqa: E402
+from cadencerl.config import ConfigError  # noqa: E402
 from cadencerl.runs.registry import make_policy  # noqa: E402
 from cadencerl.runs.simulate import simulate  # noqa: E402
 
 SERIES = ("sessions", "at_engine", "queued", "kv_use")
-
-
-def scenario_of(args: argparse.Namespace) -> Scenario:
-    """The scenario as `cadencerl compare` builds it from the same options."""
-    overrides = {k: getattr(args, k, None) for k in ("trajectories", "batch_size", "eta", "trainer_cluster")}
-    return build_scenario(args.scenario, Path(args.config) if args.config else None, overrides)
 
 
 def run_one(args: argparse.Namespace, name: str) -> dict:

@@ -110,6 +110,14 @@ def build_scenario(name: Optional[str], config: Optional[Path], overrides: dict)
     return s.with_overrides(**changes) if changes else s
 
 
+def scenario_from_options(options: object) -> Scenario:
+    """`build_scenario` from a benchmark script's parsed options (`scenario`, `config` and the
+    overrides `compare` takes), so each script builds the scenario `compare` would."""
+    overrides = {k: getattr(options, k, None) for k in ("trajectories", "batch_size", "eta", "trainer_cluster")}
+    config = getattr(options, "config", None)
+    return build_scenario(getattr(options, "scenario", None), Path(config) if config else None, overrides)
+
+
 def progress_bar(enabled: bool) -> Progress:
     """A transient bar on stderr, so stdout stays clean for `--json -`."""
     return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
