@@ -13,6 +13,7 @@ from cadencerl.policies.cadence import Cadence
 from cadencerl.policies.cadence_rooms import RoomIndex
 from cadencerl.runs.assemble import build_pool
 from cadencerl.runs.registry import FACTORIES
+from cadencerl.sim.prefix_cache import PrefixCache
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -57,3 +58,20 @@ def test_the_kv_headroom_what_if_reaches_the_simulated_workers_and_is_undone():
         scaled = [w.kv_capacity for w in build_pool(scenario)[0]]
     assert scaled == [int(c * 8) for c in real] and real[0] > 0
     assert [w.kv_capacity for w in build_pool(scenario)[0]] == real
+
+
+def test_the_prefixes_kept_what_if_evicts_nothing_and_is_undone():
+    """The tighter ceiling keeps every cached prefix: were the what-if to miss the eviction the
+    engines perform, it would measure the real pool and call it a ceiling."""
+    headroom = _load("misa/kv_headroom")
+
+    def cached_after_trim() -> int:
+        cache = PrefixCache()
+        cache.claim(group=1, traj=7, prompt_len=512, context=2048)
+        cache.release(group=1, traj=7, prompt_len=512, context=2048)
+        cache.trim(0)    # the running set has taken every free block
+        return cache.cached_tokens
+
+    with headroom.prefixes_kept():
+        assert cached_after_trim() == 2048
+    assert cached_after_trim() == 0
