@@ -27,6 +27,7 @@ from cadencerl.core.controller import StallError
 from cadencerl.engine.backend import EngineBackend
 from cadencerl.engine.clock import EngineRunError
 from cadencerl.engine.streams import Streams
+from cadencerl.engine import client as client_module
 from cadencerl.engine.client import EngineHTTPError, VLLMClient
 from cadencerl.engine.prompts import synthetic_observation, synthetic_prompt
 from tests.fake_vllm import PREFIX, FakeVLLM, reference
@@ -151,6 +152,8 @@ def test_broken_stream_on_a_live_server_is_reissued_from_its_last_token() -> Non
     with FakeVLLM(break_after_tokens=20) as a, streaming([a.url], 0, 0) as (backend, traj):
         advance_until(backend, finished)
         assert backend.counts.retries == 1 and backend.counts.retries_unsent == 0 and backend.lost == []
+        assert backend.counts.retries_timed_out == 0 and len(backend.counts.sent_retry_errors) == 1
+        assert backend.counts.sent_retry_errors[0].startswith("trajectory 0: ")
         (_, first, _), (_, second, rest) = a.state.requests
         assert len(second) > len(first) and second == expected_ids()[: len(second)]
         assert rest == TARGET - (len(second) - PROMPT_LEN)
@@ -174,6 +177,27 @@ def test_a_request_that_never_connected_is_reissued_and_counted_unsent(monkeypat
         assert len(timeouts) == 2 and len(a.state.requests) == 1      # the server saw one request
         assert (backend.counts.retries, backend.counts.retries_unsent) == (1, 1) and backend.lost == []
         assert backend.token_ids(0) == expected_ids() and backend.verify() == []
+
+
+def test_a_stream_that_timed_out_is_reissued_and_counted_timed_out(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A starved machine can also time out a sent request's stream: re-issued, and told apart from a
+    stream that broke, which the real-server tests count as a fault."""
+    read = client_module._read_stream
+    stalled: list[str] = []
+
+    async def stalling(response, url, received, on_tokens):
+        if not stalled:
+            stalled.append(url)
+            raise httpx.ReadTimeout("no data", request=response.request)
+        return await read(response, url, received, on_tokens)
+
+    monkeypatch.setattr(client_module, "_read_stream", stalling)
+    with FakeVLLM() as a, streaming([a.url], 0, 0) as (backend, traj):
+        advance_until(backend, finished)
+        counts = backend.counts
+        assert (counts.retries, counts.retries_unsent, counts.retries_timed_out) == (1, 0, 1)
+        assert len(stalled) == 1 and "no stream data" in counts.sent_retry_errors[0]
+        assert backend.lost == [] and backend.token_ids(0) == expected_ids() and backend.verify() == []
 
 
 def test_dead_server_is_one_lost_worker_and_its_trajectory_finishes_elsewhere() -> None:

@@ -21,7 +21,8 @@ from dataclasses import dataclass, field
 
 from cadencerl.core.backend import WorkerLost
 from cadencerl.core.trajectory import Trajectory
-from cadencerl.engine.client import EngineError, EngineHTTPError, EngineUnreachableError, Liveness, VLLMClient
+from cadencerl.engine.client import (EngineError, EngineHTTPError, EngineTimeoutError, EngineUnreachableError,
+                                     Liveness, VLLMClient)
 from cadencerl.engine.clock import EngineRunError, WallClock
 from cadencerl.engine.records import WorkerRecord
 
@@ -40,6 +41,7 @@ class Placement:
     attempts: int = 0
     error: str = ""              # why the stream last broke
     unsent: bool = False         # ... before its request reached the server (no connection opened)
+    timed_out: bool = False      # ... on a client timeout (no answer or no stream data in time)
     request_id: str = ""
     task: asyncio.Task | None = None
 
@@ -54,6 +56,8 @@ class StreamCounts:
     aborts: int = 0
     retries: int = 0             # streams re-issued on a worker that answered its probe
     retries_unsent: int = 0      # ... of which the request had never reached the server
+    retries_timed_out: int = 0   # ... of which a sent request's stream timed out (a starved machine)
+    sent_retry_errors: list[str] = field(default_factory=list)   # why each sent request broke
 
 
 class Streams:
@@ -187,6 +191,7 @@ class Streams:
         p.failed = True
         p.error = str(error) if error else "the server aborted the request"
         p.unsent = isinstance(error, EngineUnreachableError)
+        p.timed_out = isinstance(error, EngineTimeoutError)
         if p.worker not in self.probing and p.worker not in self.dead:
             self.probing.add(p.worker)
             self._clock.spawn(self._probe(p.worker))
@@ -201,6 +206,9 @@ class Streams:
                 for p in broken:
                     self.counts.retries += 1
                     self.counts.retries_unsent += p.unsent
+                    if not p.unsent:
+                        self.counts.retries_timed_out += p.timed_out
+                        self.counts.sent_retry_errors.append(f"trajectory {p.traj.id}: {p.error}")
                     self._launch(p)
             elif verdict == "healthy":
                 self.lose(worker, f"{self.MAX_ATTEMPTS} streams of trajectory {worn[0].traj.id} broke on a healthy "

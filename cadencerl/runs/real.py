@@ -162,6 +162,8 @@ def summarize_real(run: RealRun, wall_s: float) -> dict:
         aborts=backend.counts.aborts,
         stream_retries=backend.counts.retries,
         stream_retries_unsent=backend.counts.retries_unsent,
+        stream_retries_timed_out=backend.counts.retries_timed_out,
+        stream_retry_errors=backend.counts.sent_retry_errors,
         workers=[{**asdict(st), "label": label} for st, label in zip(backend.records, run.labels)],
     )
     return result

@@ -102,9 +102,12 @@ def test_cadence_on_the_real_pair_evicts_and_resumes(engine_pool: LocalPool, pac
     assert result["resumes_accepted"] >= 1   # the server took prompt + generated ids and extended them
     resumed = [t for t in pool.controller.trajectories.values() if t.placements > 1]
     assert resumed and all(t.tokens == targets[t.id] for t in resumed)
-    # A starved machine can time out a connect to a live server; that request was never sent and is
-    # re-issued. A stream that broke after it reached a healthy server is a fault, and fails here.
-    assert result["lost_workers"] == [] and result["stream_retries"] == result["stream_retries_unsent"]
+    # A starved machine can time out a connect to a live server (that request was never sent) or a
+    # stream's read; both are re-issued from the tokens received. Any other break of a stream that
+    # reached a healthy server is a fault, and fails here with its reasons.
+    assert result["lost_workers"] == []
+    load_induced = result["stream_retries_unsent"] + result["stream_retries_timed_out"]
+    assert result["stream_retries"] == load_induced, result["stream_retry_errors"]
     assert all(w["samples"] > 0 and w["max_committed"] > 0 for w in result["workers"])
     assert result["backend"] == "vllm" and result["makespan_wall_s"] > 0
     print(f"\ncadence: {result['throughput_tok_s']:.0f} tok/s, P95 {result['latency_p95_s']:.1f} s, "
