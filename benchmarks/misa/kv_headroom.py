@@ -114,7 +114,7 @@ def table(name: str, rows: list[dict]) -> Table:
 def ratios(rows: list[dict]) -> dict[str, dict[str, dict[str, float]]]:
     """Each system on each pool over the router on the real pool, whole run and steady:
     `{pool: {system: {figure: ratio}}}`; the router's what-if rows are the ceilings."""
-    base = {r["pool"]: r for r in rows if r["system"] == SYSTEMS[1]}["real"]
+    base = next(r for r in rows if r["system"] == SYSTEMS[1] and r["pool"] == "real")
     out: dict[str, dict[str, dict[str, float]]] = {}
     for r in rows:
         out.setdefault(r["pool"], {})[r["system"]] = {

@@ -39,14 +39,26 @@ class Placement:
     live: bool = True            # False once evicted or completed: later tokens are dropped
     failed: bool = False         # the stream broke; awaiting the worker's probe
     attempts: int = 0
-    error: str = ""              # why the stream last broke
-    unsent: bool = False         # ... before its request reached the server (no connection opened)
-    timed_out: bool = False      # ... on a client timeout (no answer or no stream data in time)
+    cause: EngineError | None = None   # why the stream last broke (None: the server aborted it)
     request_id: str = ""
     task: asyncio.Task | None = None
 
     def generated(self) -> int:
         return self.start + len(self.received)
+
+    @property
+    def error(self) -> str:
+        return str(self.cause) if self.cause else "the server aborted the request"
+
+    @property
+    def unsent(self) -> bool:
+        """The stream broke before its request reached the server (no connection opened)."""
+        return isinstance(self.cause, EngineUnreachableError)
+
+    @property
+    def timed_out(self) -> bool:
+        """The stream broke on a client timeout (no answer or no stream data in time)."""
+        return isinstance(self.cause, EngineTimeoutError)
 
 
 @dataclass
@@ -189,9 +201,7 @@ class Streams:
 
     def _failed(self, p: Placement, error: EngineError | None) -> None:
         p.failed = True
-        p.error = str(error) if error else "the server aborted the request"
-        p.unsent = isinstance(error, EngineUnreachableError)
-        p.timed_out = isinstance(error, EngineTimeoutError)
+        p.cause = error
         if p.worker not in self.probing and p.worker not in self.dead:
             self.probing.add(p.worker)
             self._clock.spawn(self._probe(p.worker))
