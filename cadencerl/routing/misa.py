@@ -25,6 +25,13 @@ Three mechanisms (MISA-T abstract; reference/hardware.md), every figure observab
   rollout-only: 90% prefix hits at 256 sessions a worker, 6% at 384; benchmarks/misa/README.md).
   Without the bound the KV cap overshot into that queue and the pressure then cut it under the
   running batch: sessions a worker swung between 120 and 300 with a period of about 700 s.
+  The caps are pooled: a new session may start on any worker (of the cohort's version, below)
+  while the pool holds fewer sessions than the sum of the workers' caps, each worker bounded only
+  by its running batch; the placement policy picks among them. Capped one worker at a time, a
+  cohort fits only the workers that happen to be on its version, and the caps, each moved by its
+  own worker's noisy pressure, wander apart (0.3x to 3.5x the estimate across identical workers):
+  the pool admitted in swings of 20 to 150 sessions a worker, 3-4% slower on mixed-h100 and
+  mixed-h200 at 50 batches (benchmarks/misa/README.md).
 * Workload-aware KV-capacity allocation. Class c gets a protected KV quota
       Q_c = K * m_c BT_c / sum_j m_j BT_j,    BT_c = f_c d_c (block-time of one session)
   and a session cap Q_c / f_c, also bounded by its Little's-law share of the pool's session caps.
@@ -275,14 +282,17 @@ class MisaT:
         return not self.kv_is_pressure or active < self.class_caps.get(cls, 1) + lent
 
     def accepts(self, view: PoolView, w: Worker) -> bool:
-        """Under its session cap and, with `one_cohort` (in front of a router), on the version of the
-        cohort being filled in `view` (the one `open_classes` balances in the same view)."""
-        if w.sessions >= int(self.caps.get(w.id, 1)):
+        """The pool under its session cap (`remaining`), `w` under its running-batch bound and, with
+        `one_cohort` (in front of a router), on the version of the cohort being filled in `view`
+        (the one `open_classes` balances in the same view)."""
+        if self.remaining(view) <= 0 or w.sessions >= self._slot_cap(w):
             return False
         return not self.one_cohort or w.version == self.filling(view)
 
     def remaining(self, view: PoolView) -> int:
-        return sum(max(0, int(self.caps[w.id]) - w.sessions) for w in view.alive() if w.id in self.caps)
+        """New sessions the pool may still take: the workers' caps pooled, less the sessions in flight."""
+        alive = view.alive()
+        return max(0, sum(int(self.caps.get(w.id, 1)) for w in alive) - sum(w.sessions for w in alive))
 
 
 def overloaded(w: Worker, extra: int) -> bool:
