@@ -171,20 +171,32 @@ def test_the_running_batch_bound_is_a_routers_only_and_does_not_wind_the_kv_esti
     assert misa.caps[0] < 20 and misa.scale[0] == pytest.approx(INITIAL_SCALE)
 
 
-def test_the_caps_are_pooled_so_a_cohort_fills_whichever_workers_can_take_it():
-    """A worker past its own cap still takes a new session while the pool holds fewer sessions than
-    the caps' sum; no worker does once the pool is full; a worker whose running batch is full never does."""
+def two_capped(inner):
+    """A worker past its cap of 2 beside an empty one with the same cap."""
     misa = MisaT({"rlvr": 1.0})
     busy, idle = loaded(0, 3, cap=1_000_000, seqs=100), worker(1, cap=1_000_000, seqs=100)
-    p = pool(Admitted(misa, LeastLoadedRouter()), [busy, idle], fresh=fresh(5))
+    p = pool(Admitted(misa, inner), [busy, idle], fresh=fresh(5))
     misa.observe(p.view)
     misa.caps = {0: 2.0, 1: 2.0}
+    return misa, p, busy, idle
+
+
+def test_in_front_of_a_router_the_caps_are_pooled_so_a_cohort_fills_whichever_workers_can_take_it():
+    """A worker past its own cap still takes a new session while the pool holds fewer sessions than
+    the caps' sum; no worker does once the pool is full; a worker whose running batch is full never does."""
+    misa, p, busy, idle = two_capped(LeastLoadedRouter())
     assert misa.remaining(p.view) == 1 and misa.accepts(p.view, busy) and misa.accepts(p.view, idle)
     idle.sessions = 1
     assert misa.remaining(p.view) == 0 and not misa.accepts(p.view, busy) and not misa.accepts(p.view, idle)
     misa.caps = {0: 2.0, 1: 500.0}
     busy.sessions = int(HIGH * 100 / misa.engine_share)     # its running-batch bound (Little's law)
     assert misa.remaining(p.view) > 0 and misa.accepts(p.view, idle) and not misa.accepts(p.view, busy)
+
+
+def test_in_front_of_a_policy_that_never_overcommits_kv_each_worker_keeps_its_own_cap():
+    """There a cap moves only with its own worker's preemptions and queue: a bound on that worker."""
+    misa, p, busy, idle = two_capped(Cadence(PARAMS))
+    assert misa.remaining(p.view) == 2 and not misa.accepts(p.view, busy) and misa.accepts(p.view, idle)
 
 
 # -- class deficit and its completion-time lead ----------------------------------------------------

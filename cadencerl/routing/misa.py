@@ -25,13 +25,13 @@ Three mechanisms (MISA-T abstract; reference/hardware.md), every figure observab
   rollout-only: 90% prefix hits at 256 sessions a worker, 6% at 384; benchmarks/misa/README.md).
   Without the bound the KV cap overshot into that queue and the pressure then cut it under the
   running batch: sessions a worker swung between 120 and 300 with a period of about 700 s.
-  The caps are pooled: a new session may start on any worker (of the cohort's version, below)
-  while the pool holds fewer sessions than the sum of the workers' caps, each worker bounded only
-  by its running batch; the placement policy picks among them. Capped one worker at a time, a
-  cohort fits only the workers that happen to be on its version, and the caps, each moved by its
-  own worker's noisy pressure, wander apart (0.3x to 3.5x the estimate across identical workers):
-  the pool admitted in swings of 20 to 150 sessions a worker, 3-4% slower on mixed-h100 and
-  mixed-h200 at 50 batches (benchmarks/misa/README.md).
+  In front of a router the caps are pooled: a new session may start on any worker (of the
+  cohort's version, below) while the pool holds fewer sessions than the sum of the workers' caps,
+  each worker bounded only by its running batch; the router picks among them. Capped one worker
+  at a time, a cohort fits only the workers that happen to be on its version, and the caps, each
+  moved by its own worker's noisy pressure, wander apart (0.3x to 3.5x the estimate across
+  identical workers): the pool admitted in swings of 20 to 150 sessions a worker, 2-4% slower on
+  mixed-h100 and mixed-h200 at 50 batches (benchmarks/misa/README.md).
 * Workload-aware KV-capacity allocation. Class c gets a protected KV quota
       Q_c = K * m_c BT_c / sum_j m_j BT_j,    BT_c = f_c d_c (block-time of one session)
   and a session cap Q_c / f_c, also bounded by its Little's-law share of the pool's session caps.
@@ -63,6 +63,9 @@ KV quotas step aside. They protect each class's KV from the others' over-commit,
 never does, so there they only pace admissions by completions: on mixed-16a8h every waiting class
 was at its cap in 51-72% of the gate's answers, a cohort took 1.6-2x as long to admit, and its slow
 agentic sessions started last (benchmarks/misa/README.md). The cohort places still hold the mix.
+There the caps stay per worker: each moves only with its own worker's preemptions and queue, a
+bound on that worker that pooling would lift (misa+cadence on mixed-16a8h, 16 batches: 1.6% slower
+pooled).
 
 Continuations of admitted sessions always pass. In front of a router, a continuation returns to
 the worker holding its prefix unless that worker is overloaded or above its version's mean load
@@ -108,6 +111,7 @@ class MisaT:
     cohorts: dict[int, dict[str, int]] = field(default_factory=dict)   # per policy version, per class
     learner: Learner = field(default_factory=Learner)
     one_cohort: bool = False        # new sessions only into the cohort being balanced (see Admitted)
+    pooled: bool = False            # one cap for the pool, the workers' caps summed (see Admitted)
     kv_is_pressure: bool = True   # False in front of a policy that never over-commits KV (see Admitted)
     climb: GoodputClimb | None = None   # over-commit when measured goodput says it pays (misa_goodput.py)
     boost: float = 1.0              # the climber's multiplier on the KV bands (1: hold what is measured)
@@ -282,17 +286,22 @@ class MisaT:
         return not self.kv_is_pressure or active < self.class_caps.get(cls, 1) + lent
 
     def accepts(self, view: PoolView, w: Worker) -> bool:
-        """The pool under its session cap (`remaining`), `w` under its running-batch bound and, with
-        `one_cohort` (in front of a router), on the version of the cohort being filled in `view`
+        """Under its cap or, `pooled`, the pool under its cap and `w` under its running-batch bound;
+        with `one_cohort` (in front of a router), on the version of the cohort being filled in `view`
         (the one `open_classes` balances in the same view)."""
-        if self.remaining(view) <= 0 or w.sessions >= self._slot_cap(w):
+        if self.pooled:
+            if self.remaining(view) <= 0 or w.sessions >= self._slot_cap(w):
+                return False
+        elif w.sessions >= int(self.caps.get(w.id, 1)):
             return False
         return not self.one_cohort or w.version == self.filling(view)
 
     def remaining(self, view: PoolView) -> int:
-        """New sessions the pool may still take: the workers' caps pooled, less the sessions in flight."""
+        """New sessions the pool may still take: under each worker's cap or, `pooled`, under their sum."""
         alive = view.alive()
-        return max(0, sum(int(self.caps.get(w.id, 1)) for w in alive) - sum(w.sessions for w in alive))
+        if self.pooled:
+            return max(0, sum(int(self.caps.get(w.id, 1)) for w in alive) - sum(w.sessions for w in alive))
+        return sum(max(0, int(self.caps[w.id]) - w.sessions) for w in alive if w.id in self.caps)
 
 
 def overloaded(w: Worker, extra: int) -> bool:
@@ -321,6 +330,7 @@ class Admitted:
                               "never over-commits KV (full KV is its packing); use misa")
         misa.kv_is_pressure = self.queues_at_engine
         misa.one_cohort = self.queues_at_engine
+        misa.pooled = self.queues_at_engine
 
     def decide(self, view: PoolView) -> Iterator[Action]:
         self.misa.observe(view)
