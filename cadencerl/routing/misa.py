@@ -113,12 +113,17 @@ class MisaT:
     cohorts: dict[int, dict[str, int]] = field(default_factory=dict)   # per policy version, per class
     learner: Learner = field(default_factory=Learner)
     one_cohort: bool = False        # new sessions only into the cohort being balanced (see Admitted)
-    pooled: bool = False            # one cap for the pool, the workers' caps summed (see Admitted)
     kv_is_pressure: bool = True   # False in front of a policy that never over-commits KV (see Admitted)
     climb: GoodputClimb | None = None   # over-commit when measured goodput says it pays (misa_goodput.py)
     boost: float = 1.0              # the climber's multiplier on the KV bands (1: hold what is measured)
     engine_share: float = 1.0       # of the admitted sessions, the share running or queued at an engine
     _next_adapt: float = 0.0
+
+    @property
+    def pooled(self) -> bool:
+        """One cap for the pool, the workers' caps summed: wherever a cohort fills one version's
+        workers at a time (in front of a router; see the module docstring)."""
+        return self.one_cohort
 
     # -- observation ------------------------------------------------------------------------------
 
@@ -332,7 +337,6 @@ class Admitted:
                               "never over-commits KV (full KV is its packing); use misa")
         misa.kv_is_pressure = self.queues_at_engine
         misa.one_cohort = self.queues_at_engine
-        misa.pooled = self.queues_at_engine
 
     def decide(self, view: PoolView) -> Iterator[Action]:
         self.misa.observe(view)
