@@ -32,8 +32,10 @@ Three mechanisms (MISA-T abstract; reference/hardware.md), every figure observab
   moved by its own worker's noisy pressure, wander apart (0.3x to 3.5x the estimate across
   identical workers): the pool admitted in swings of 20 to 150 sessions a worker, and at 50
   batches ran 2.5% slower on mixed-h100 and 1.9% on mixed-h200. Pooling costs the 235B trainer
-  loops 1-4%, where a worker fresh on new weights takes a burst past its own KV; four bounds on a
-  worker contained the burst but none won the loss back (benchmarks/misa/README.md, eighth round).
+  loops 1-4%: there the pooled caps sit in the band where none moves and hold a smaller decode
+  batch, and a worker fresh on new weights takes a burst past its own KV. Four bounds on a worker
+  contained the burst but none won the loss back; `misa-goodput`, which over-commits when measured
+  goodput pays, won most of it (benchmarks/misa/README.md, eighth round).
 * Workload-aware KV-capacity allocation. Class c gets a protected KV quota
       Q_c = K * m_c BT_c / sum_j m_j BT_j,    BT_c = f_c d_c (block-time of one session)
   and a session cap Q_c / f_c, also bounded by its Little's-law share of the pool's session caps.
