@@ -16,6 +16,10 @@ from collections.abc import Callable, Iterator
 
 import httpx
 import pytest
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
 
 from cadencerl.api import RolloutPool
 from cadencerl.config import builtin_scenario
@@ -31,6 +35,7 @@ from cadencerl.engine import client as client_module
 from cadencerl.engine.client import EngineHTTPError, VLLMClient
 from cadencerl.engine.prompts import synthetic_observation, synthetic_prompt
 from tests.fake_vllm import PREFIX, FakeVLLM, reference
+from tests.server_thread import ServerThread
 
 pytestmark = pytest.mark.timeout(60)
 PROMPT_LEN, TARGET = 40, 300
@@ -88,6 +93,30 @@ def test_client_streams_aborts_and_reads_metrics(pair: tuple[FakeVLLM, FakeVLLM]
 
     asyncio.run(asyncio.wait_for(scenario(), 30))
     assert a.state.aborted == [PREFIX + "two"]
+
+
+def test_an_idle_connection_is_dropped_well_before_the_server_would_close_it() -> None:
+    """vLLM closes a connection idle for 5 s (uvicorn's keep-alive); a request written on one as it
+    closes breaks with a ReadError on a healthy server. The client must not keep one nearly that long."""
+    ports: list[int] = []
+
+    async def health(request: Request) -> Response:
+        ports.append(request.client.port)
+        return Response()
+
+    server = ServerThread(Starlette(routes=[Route("/health", health)]), timeout_keep_alive=5).start()
+
+    async def scenario() -> None:
+        async with VLLMClient(server.url, model="tiny") as client:
+            assert await client.health() and await client.health()
+            await asyncio.sleep(2.0)   # idle for less than half the server's keep-alive
+            assert await client.health()
+
+    try:
+        asyncio.run(asyncio.wait_for(scenario(), 10))
+    finally:
+        server.stop()
+    assert ports[0] == ports[1] and ports[2] != ports[1]   # reused while fresh, a new one after idling
 
 
 # --- EngineBackend, driven by hand as the controller would ---------------------------------------

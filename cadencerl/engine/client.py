@@ -36,6 +36,12 @@ FinishReason = Literal["length", "stop", "aborted", "error"]
 SERVER_REQUEST_ID_PREFIX = "generate-tokens-"
 """vLLM names a /inference/v1/generate request `generate-tokens-<caller id>` internally."""
 
+KEEPALIVE_EXPIRY_S = 1.0
+"""How long an idle connection to a server is kept for reuse. vLLM's API server closes one idle
+for VLLM_HTTP_TIMEOUT_KEEP_ALIVE (5 s by default), httpx's default is also 5 s: a request written
+on a connection just as the server closes it breaks before any answer (ReadError) though the
+server is healthy. Dropping idle connections well before the server does closes that race."""
+
 _T = TypeVar("_T")
 
 
@@ -104,16 +110,8 @@ class VLLMClient:
     Use as `async with VLLMClient(url, model="tiny") as client: ...` (or call `aclose()`).
     """
 
-    def __init__(
-        self,
-        base_url: str,
-        *,
-        model: str,
-        timeouts: Timeouts = Timeouts(),
-        retries: int = 3,
-        backoff_s: float = 0.2,
-        transport: httpx.AsyncBaseTransport | None = None,
-    ) -> None:
+    def __init__(self, base_url: str, *, model: str, timeouts: Timeouts = Timeouts(), retries: int = 3,
+                 backoff_s: float = 0.2, transport: httpx.AsyncBaseTransport | None = None) -> None:
         self.base_url = base_url.rstrip("/")
         self.model = model
         self.timeouts = timeouts
@@ -125,7 +123,8 @@ class VLLMClient:
             timeout=httpx.Timeout(timeouts.request, connect=timeouts.connect),
             # No cap on connections: each in-flight generation holds one stream, and a capped pool
             # would turn "more streams than the cap" into pool timeouts. The server queues excess.
-            limits=httpx.Limits(max_connections=None, max_keepalive_connections=64),
+            limits=httpx.Limits(max_connections=None, max_keepalive_connections=64,
+                                keepalive_expiry=KEEPALIVE_EXPIRY_S),
             transport=transport,
             trust_env=False,  # never route a server call through an environment proxy
         )

@@ -18,6 +18,7 @@ from cadencerl.core.actions import Admit
 from cadencerl.core.trajectory import State
 from cadencerl.core.view import Policy
 from cadencerl.core.worker import Worker
+from cadencerl.engine.client import KEEPALIVE_EXPIRY_S
 from cadencerl.router.live import LiveState, Session
 from cadencerl.router.metrics import RouterMetrics
 from cadencerl.router.settings import RouterSettings
@@ -33,7 +34,8 @@ class ShardedTransport(httpx.AsyncBaseTransport):
     connection of a pool on each request, so one pool of hundreds of streams costs O(n) a request."""
 
     def __init__(self, shards: int = 16, connections: int = 512) -> None:
-        limits = httpx.Limits(max_connections=connections, max_keepalive_connections=connections // 4)
+        limits = httpx.Limits(max_connections=connections, max_keepalive_connections=connections // 4,
+                              keepalive_expiry=KEEPALIVE_EXPIRY_S)
         tls = httpx.create_ssl_context()    # one for all shards: loading the CA bundle takes ~0.1 s each
         self.shards = [httpx.AsyncHTTPTransport(limits=limits, verify=tls) for _ in range(shards)]
         self._turn = 0
