@@ -173,8 +173,8 @@ def main(argv: list[str] | None = None) -> int:
     stem = Path(args.config).stem if args.config else args.scenario
     out = args.out or REPO / "benchmarks" / "results" / f"misa_kv_headroom_{stem}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"scenario": scenario.name, "kv_scale": args.kv_scale, "rows": rows,
-                               "over_router_real": r}, indent=2))
+    out.write_text(json.dumps({"scenario": scenario.name, "seed": scenario.seed, "kv_scale": args.kv_scale,
+                               "rows": rows, "over_router_real": r}, indent=2))
     console.print(f"wrote {out}")
     return 0
 
