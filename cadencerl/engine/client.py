@@ -39,8 +39,8 @@ SERVER_REQUEST_ID_PREFIX = "generate-tokens-"
 KEEPALIVE_EXPIRY_S = 1.0
 """How long an idle connection to a server is kept for reuse. vLLM's API server closes one idle
 for VLLM_HTTP_TIMEOUT_KEEP_ALIVE (5 s by default), httpx's default is also 5 s: a request written
-on a connection just as the server closes it breaks before any answer (ReadError) though the
-server is healthy. Dropping idle connections well before the server does closes that race."""
+on a connection just as the server closes it breaks before any answer (ReadError or
+RemoteProtocolError) on a healthy server. Dropping idle connections well before closes that race."""
 
 _T = TypeVar("_T")
 

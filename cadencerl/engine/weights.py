@@ -36,6 +36,8 @@ from pathlib import Path
 import httpx
 import numpy as np
 
+from cadencerl.engine.client import KEEPALIVE_EXPIRY_S
+
 WEIGHTS_FILE_SUFFIX = ".safetensors"
 _FLOAT_BITS = {"BF16": (np.uint16, 0), "F16": (np.uint16, 3), "F32": (np.uint32, 16)}
 """dtype -> (same-width unsigned view, lowest mantissa bit flipped): four low mantissa bits change,
@@ -115,7 +117,8 @@ class WeightPusher:
     def __init__(self, versions: WeightVersions, *, timeout_s: float = 120.0) -> None:
         self.versions = versions
         self.pushes: list[WeightPush] = []
-        self._http = httpx.Client(timeout=httpx.Timeout(timeout_s), trust_env=False)
+        self._http = httpx.Client(timeout=httpx.Timeout(timeout_s), trust_env=False,
+                                  limits=httpx.Limits(keepalive_expiry=KEEPALIVE_EXPIRY_S))
 
     def __call__(self, worker: int, url: str, version: int, keep_kv: bool = False) -> None:
         path = str(self.versions.path(version))      # written before the pause, not during it
