@@ -54,17 +54,23 @@ class PoolView:
             return False
         return not strands_work(worker, self.workers, self.pending, self.tool_waiting)
 
+    def budget(self, version: int) -> int:
+        """Fresh trajectories the eta budget still lets start under `version`, whatever an admission
+        layer says now: 0 is "this version's work is spent" (a worker may move on)."""
+        return min(len(self.fresh), self.credits.admissible(version, self.next_batch))
+
     def admissible(self, version: int) -> int:
-        """Fresh trajectories that may still start under `version` (the eta budget, and the
-        admission layer's allowance when there is one)."""
-        n = min(len(self.fresh), self.credits.admissible(version, self.next_batch))
+        """Fresh trajectories that may start under `version` now: its budget, within the admission
+        layer's allowance when there is one (a full layer holds work back; it does not spend it)."""
+        n = self.budget(version)
         return min(n, self.gate.remaining(self)) if self.gate is not None and n else n
 
-    def next_fresh(self) -> Trajectory | None:
-        """The next new session to admit: the earliest one the admission layer lets through."""
+    def next_fresh(self, version: int | None = None) -> Trajectory | None:
+        """The next new session to admit (under `version`, when the caller knows which it joins):
+        the earliest one the admission layer lets through."""
         if self.gate is None:
             return self.fresh.peek()
-        return self.fresh.peek(self.gate.open_classes(self))
+        return self.fresh.peek(self.gate.open_classes(self, version))
 
     def fresh_in_order(self) -> Iterator[Trajectory]:
         """Without an admission layer: the new sessions in the order `next_fresh` would give them
@@ -89,7 +95,9 @@ class AdmissionGate(Protocol):
     about, so each answer is a function of that view and the gate's own books (what it admitted
     and learned), never of which question came before: a caller may ask them in any order."""
 
-    def open_classes(self, view: PoolView) -> set[str]: ...
+    def open_classes(self, view: PoolView, version: int | None = None) -> set[str]:
+        """The classes a new session may come from now (to start under `version`; None: whichever
+        the layer fills)."""
 
     def accepts(self, view: PoolView, worker: Worker) -> bool: ...
 

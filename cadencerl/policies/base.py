@@ -48,7 +48,7 @@ def fits(worker: Worker, tokens: int, reserve: int = 0) -> bool:
 def advance_idle(view: PoolView, workers: Iterable[Worker] | None = None) -> Iterator[Action]:
     """Empty workers whose version has no fresh budget left move to the newest version."""
     for w in workers if workers is not None else view.alive():
-        if view.may_advance(w) and view.admissible(w.version) == 0:
+        if view.may_advance(w) and view.budget(w.version) == 0:
             yield Advance(w.id, view.trainer_version)
 
 
@@ -71,9 +71,20 @@ def update_behind_in_place(view: PoolView) -> Iterator[Action]:
 
 
 def admit_fresh(view: PoolView, choose: Callable[[list[Worker], Trajectory], Worker | None]) -> Iterator[Action]:
-    """Admit fresh trajectories one at a time to the worker `choose` picks, within the eta budget."""
+    """Admit fresh trajectories one at a time to the worker `choose` picks, within the eta budget.
+    Behind an admission layer, one version at a time, oldest first: the layer picks each session's
+    class for the cohort it joins, which the version of its worker decides."""
     workers = view.alive()
-    while (nxt := view.next_fresh()) is not None:
+    if view.gate is None:
+        yield from _admit_into(view, choose, workers, None)
+        return
+    for v in sorted({w.version for w in workers}):
+        yield from _admit_into(view, choose, [w for w in workers if w.version == v], v)
+
+
+def _admit_into(view: PoolView, choose: Callable[[list[Worker], Trajectory], Worker | None],
+                workers: list[Worker], version: int | None) -> Iterator[Action]:
+    while (nxt := view.next_fresh(version)) is not None:
         open_versions = {v for v in {w.version for w in workers} if view.admissible(v) > 0}
         candidates = [w for w in workers if w.version in open_versions and fits(w, nxt.context)
                       and view.accepts_new(w)]

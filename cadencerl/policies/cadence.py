@@ -127,7 +127,7 @@ class Cadence:
         # Newest first: fresh work goes to the workers already at its version, so an older version's
         # drain sees only the fresh work they could not take (what a drained worker would run).
         for v in sorted(groups, reverse=self.params.drain_needs_fresh_ahead):
-            if view.admissible(v) > 0 or not self._concentrates(groups[v]):
+            if view.budget(v) > 0 or not self._concentrates(groups[v]):
                 yield from self._pace(view, v, groups[v])
             else:
                 yield from self._concentrate(view, v, groups[v])
@@ -211,7 +211,7 @@ class Cadence:
             if gated:
                 if budget >= 0:
                     budget = view.admissible(v) or -1  # -1: no more fresh work this decision
-                fresh = view.next_fresh() if budget > 0 else None
+                fresh = view.next_fresh(v) if budget > 0 else None
                 fresh_context = fresh.context if fresh is not None else 0
             elif budget == 0:
                 budget = -1
@@ -249,6 +249,8 @@ class Cadence:
                 nxt = next(pending, None)
                 nxt_context = nxt.context if nxt is not None else 0
             yield traj.id, w.id, is_fresh
+            if is_fresh and gated and not view.accepts_new(w):   # applied by now: the layer may close `w`
+                newcomers.remove(w)
 
     def _fair_shares(self, view: PoolView, v: int) -> dict[int, float]:
         """Each live worker's share of the pool's residents plus the fresh work admissible under `v`, in
@@ -360,7 +362,7 @@ class Cadence:
 
     def _advance(self, view: PoolView) -> Iterator[Action]:
         for w in view.workers:
-            if not w.alive or not view.may_advance(w) or view.admissible(w.version) > 0:
+            if not w.alive or not view.may_advance(w) or view.budget(w.version) > 0:
                 continue
             yield Advance(w.id, self._next_version(view, w))
 
@@ -368,7 +370,7 @@ class Cadence:
         """Join an intermediate version first if weaker-affinity workers there still hold its tail and
         may drain it (otherwise the joiner would only wait there, a version behind)."""
         for u in range(w.version + 1, view.trainer_version):
-            if view.admissible(u) == 0 and self._may_drain(u) and any(
+            if view.budget(u) == 0 and self._may_drain(u) and any(
                     o.version == u and o.residents and o.affinity > w.affinity for o in view.alive()):
                 return u
         return view.trainer_version
@@ -386,4 +388,4 @@ def _longest_first(w: Worker) -> Iterator[Trajectory]:
 
 
 def _fresh_ahead(view: PoolView, v: int) -> bool:
-    return any(view.admissible(u) > 0 for u in range(v + 1, view.trainer_version + 1))
+    return any(view.budget(u) > 0 for u in range(v + 1, view.trainer_version + 1))

@@ -104,14 +104,22 @@ class RoomIndex:
         return w.id in self._pos
 
     def __len__(self) -> int:
-        return len(self._workers)
+        return len(self._pos)
 
     def load(self, w: Worker) -> int:
         """Residents on `w`, counting the placements booked here."""
         return self._load[self._pos[w.id]]
 
     def total_load(self) -> int:
-        return sum(self._load)
+        return sum(self._load[i] for i in self._pos.values())
+
+    def remove(self, w: Worker) -> None:
+        """Take `w` out of this index: no later pick of the stream returns it."""
+        wid = w.id
+        i = self._pos.pop(wid)
+        del self._by_room[bisect.bisect_left(self._by_room, self._room[i] * _IDS + wid)]
+        if self._by_load is not None:
+            del self._by_load[bisect.bisect_left(self._by_load, self._load[i] * _IDS + wid)]
 
     def candidate(self, wid: int, need: int) -> Worker | None:
         """Worker `wid` if it is in this index and its spare room covers `need`."""

@@ -46,7 +46,7 @@ class Laminar:
         for w in view.alive():
             groups.setdefault(w.version, []).append(w)
         for v, workers in groups.items():
-            if view.admissible(v) > 0 or view.pending.count(v) or v >= view.trainer_version:
+            if view.budget(v) > 0 or view.pending.count(v) or v >= view.trainer_version:
                 continue  # still fresh work, or nothing newer to free workers for
             sources = sorted((w for w in workers if 0 < w.load < REPACK_UTILIZATION * w.max_num_seqs),
                              key=lambda w: (w.load, w.id))

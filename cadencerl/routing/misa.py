@@ -87,8 +87,9 @@ from cadencerl.config import ConfigError
 from cadencerl.core.actions import Action, Admit, Place
 from cadencerl.core.mix import target_counts
 from cadencerl.core.trajectory import Trajectory
-from cadencerl.core.view import AdmissionGate, Policy, PoolView
+from cadencerl.core.view import Policy, PoolView
 from cadencerl.core.worker import Worker
+from cadencerl.routing.gated import Gated
 from cadencerl.routing.misa_goodput import GoodputClimb
 from cadencerl.routing.misa_learn import Learner
 
@@ -268,15 +269,16 @@ class MisaT:
         versions = {w.version for w in view.alive()}
         return min((v for v in versions if view.credits.admissible(v, view.next_batch) > 0), default=view.trainer_version)
 
-    def open_classes(self, view: PoolView) -> set[str]:
-        """The class to admit next: among waiting classes with a place left in the cohort, within their
+    def open_classes(self, view: PoolView, version: int | None = None) -> set[str]:
+        """The class to admit next: among waiting classes with a place left in the cohort (of
+        `version`, the one the session will join, or else the one being filled), within their
         quota (`_within_quota`) and not too far ahead of their share, the one furthest behind.
         Deficits are taken among the classes with places left, so one of them is always at or below
         its share: only the caps (and, where the quotas step aside, the places) close the gate."""
         active = view.active_by_class
         waiting = view.fresh.classes()
         unused = {c: max(0, cap - active.get(c, 0)) for c, cap in self.class_caps.items()}
-        version = self.filling(view)
+        version = self.filling(view) if version is None else version
         cohort = self.cohorts.get(version, {})
         places = self.cohort_places(view, waiting, version)
         left = [c for c in waiting if cohort.get(c, 0) < places[c]]    # never empty while there is room
@@ -319,18 +321,14 @@ def overloaded(w: Worker, extra: int) -> bool:
     return w.num_waiting > 0 or w.kv_used + extra > HIGH * w.kv_capacity
 
 
-class Admitted:
+class Admitted(Gated):
     """ADMISSION+PLACEMENT: MISA-T decides which new sessions may start; `inner` places them.
 
     MISA-T is the policy's `gate` (an AdmissionGate): the controller hands it to every view."""
 
     def __init__(self, misa: MisaT, inner: Policy, label: str = "misa") -> None:
+        super().__init__(misa, inner, f"{label}+{inner.name}")
         self.misa = misa
-        self.gate: AdmissionGate = misa
-        self.inner = inner
-        self.name = f"{label}+{inner.name}"
-        self.kv_transfer = inner.kv_transfer
-        self.queues_at_engine = getattr(inner, "queues_at_engine", False)
         # A placement policy that never over-commits KV (CadenceRL packs it and evicts to its pending
         # set) keeps it full on purpose: there only preemptions and engine queues are pressure, and
         # the caps step aside when there is none.

@@ -40,7 +40,7 @@ WEIGHT_UPDATES = {"when-idle": advance_idle, "interrupt": interrupt_behind, "in-
 def updates_in_place(policy: object) -> bool:
     """Does `policy` (a router, or an admission layer in front of one) update its workers in place?
     The real path's weight-update hook is then called with `keep_kv=True`."""
-    return getattr(getattr(policy, "inner", policy), "weight_update", None) == "in-place"
+    return getattr(policy, "weight_update", None) == "in-place"
 
 
 class Router:

@@ -18,7 +18,8 @@ from collections.abc import Iterator
 
 from cadencerl.config import ConfigError
 from cadencerl.core.actions import Action
-from cadencerl.core.view import AdmissionGate, Policy, PoolView
+from cadencerl.core.view import Policy, PoolView
+from cadencerl.routing.gated import Gated
 from cadencerl.core.worker import Worker
 
 LABEL = re.compile(r"cap(\d+)")
@@ -36,7 +37,7 @@ class SessionCap:
         # active_by_class is the controller's live count: it moves as each Admit is applied
         return sum(view.active_by_class.values())
 
-    def open_classes(self, view: PoolView) -> set[str]:
+    def open_classes(self, view: PoolView, version: int | None = None) -> set[str]:
         return set(view.fresh.classes()) if self._open(view) < self.max_sessions else set()
 
     def accepts(self, view: PoolView, worker: Worker) -> bool:
@@ -46,15 +47,11 @@ class SessionCap:
         return max(0, self.max_sessions - self._open(view))
 
 
-class Capped:
+class Capped(Gated):
     """cap<N>+PLACEMENT: `inner` places; the cap only holds new sessions back."""
 
     def __init__(self, cap: SessionCap, inner: Policy) -> None:
-        self.gate: AdmissionGate = cap
-        self.inner = inner
-        self.name = f"cap{cap.max_sessions}+{inner.name}"
-        self.kv_transfer = inner.kv_transfer
-        self.queues_at_engine = getattr(inner, "queues_at_engine", False)
+        super().__init__(cap, inner, f"cap{cap.max_sessions}+{inner.name}")
 
     def decide(self, view: PoolView) -> Iterator[Action]:
         yield from self.inner.decide(view)
