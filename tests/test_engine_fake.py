@@ -24,7 +24,7 @@ from starlette.routing import Route
 from cadencerl.api import RolloutPool
 from cadencerl.config import builtin_scenario
 from cadencerl.core.backend import Backend, Finished, Restore, ToolReturned, TurnEnded, WorkerLost
-from cadencerl.core.spec import HiddenLength, TrajectorySpec, Turn
+from cadencerl.core.spec import NO_TURNS, HiddenLength, SealedTurns, TrajectorySpec, Turn
 from cadencerl.core.trajectory import Trajectory
 from cadencerl.core.worker import Worker
 from cadencerl.core.controller import StallError
@@ -130,7 +130,7 @@ def test_an_idle_connection_is_dropped_well_before_the_server_would_close_it() -
 
 @contextlib.contextmanager
 def streaming(urls: list[str], worker: int, tokens: int,
-              later: Callable[[object], tuple[Turn, ...]] = lambda key: ()) -> Iterator[tuple[EngineBackend, Trajectory]]:
+              later: Callable[[object], SealedTurns] = lambda key: NO_TURNS) -> Iterator[tuple[EngineBackend, Trajectory]]:
     """A backend over `urls` with one trajectory placed on `worker` that has `tokens` or more;
     `later(key)` gives its later turns (sealed with the run's key)."""
     key = object()
@@ -277,7 +277,7 @@ def test_every_worker_lost_says_so_and_why() -> None:
 
 
 def one_tool_turn(key: object) -> tuple[Turn, ...]:
-    return (Turn(observation_len=8, tool_latency_s=0.05, response=HiddenLength(20, key)),)
+    return SealedTurns((Turn(observation_len=8, tool_latency_s=0.05, response=HiddenLength(20, key)),), key)
 
 
 def test_a_tool_turn_appends_its_observation_and_the_next_reply_follows_it(

@@ -43,8 +43,9 @@ def test_groups_share_a_prompt_and_lengths_are_long_tailed_with_a_cap_mass():
 
 def test_multi_turn_sessions_have_turns_with_tool_latency():
     trajs = generate(spec(turns=TurnSpec(turns_min=2, turns_max=5)), 0, KEY)
-    assert all(1 <= len(t.later_turns) <= 4 for t in trajs)
-    assert all(turn.tool_latency_s > 0 and turn.observation_len > 0 for t in trajs for turn in t.later_turns)
+    assert all(1 <= len(t.later_turns.reveal(KEY)) <= 4 for t in trajs)
+    turns = [turn for t in trajs for turn in t.later_turns.reveal(KEY)]
+    assert all(turn.tool_latency_s > 0 and turn.observation_len > 0 for turn in turns)
 
 
 def test_hidden_length_raises_when_read_without_the_key():
@@ -64,7 +65,7 @@ def test_trace_replay(tmp_path):
     ]))
     trajs = load_trace(path, KEY)
     assert [reveal(t) for t in trajs] == [100, 200]
-    assert trajs[1].later_turns[0].response.reveal(KEY) == 7
+    assert trajs[1].later_turns.reveal(KEY)[0].response.reveal(KEY) == 7
 
 
 @pytest.mark.parametrize("line, message", [

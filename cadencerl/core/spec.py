@@ -47,6 +47,35 @@ class Turn:
     response: HiddenLength
 
 
+class SealedTurns:
+    """A trajectory's later turns: how many, each tool's wait and observation, each reply. The
+    environment's future, sealed like a length: only the backend, which plays the environment, and
+    a named oracle hold the key. Counting, indexing or iterating them without it raises."""
+
+    __slots__ = ("_turns", "_key")
+
+    def __init__(self, turns: tuple[Turn, ...], key: object) -> None:
+        self._turns = turns
+        self._key = key
+
+    def reveal(self, key: object) -> tuple[Turn, ...]:
+        if self._turns and key is not self._key:
+            raise PeekError("the later turns of a trajectory are hidden from policies")
+        return self._turns
+
+    def _deny(self, *_args, **_kwargs):
+        raise PeekError("the later turns of a trajectory are hidden from policies")
+
+    __len__ = __iter__ = __getitem__ = __bool__ = __contains__ = __eq__ = _deny
+    __hash__ = object.__hash__
+
+    def __repr__(self) -> str:
+        return "SealedTurns(<sealed>)"
+
+
+NO_TURNS = SealedTurns((), None)
+
+
 @dataclass(frozen=True)
 class TrajectorySpec:
     """What the trainer submits: observable prompt facts plus sealed future lengths."""
@@ -56,10 +85,10 @@ class TrajectorySpec:
     prompt_len: int
     response: HiddenLength  # first (or only) reply
     workload_class: str = "rlvr"
-    later_turns: tuple[Turn, ...] = field(default=())
+    later_turns: SealedTurns = field(default=NO_TURNS)
 
 
 def total_tokens(spec: TrajectorySpec, key: object) -> int:
     """The KV a trajectory ends with: prompt, every reply and every observation (opens the seal)."""
     return spec.prompt_len + spec.response.reveal(key) + sum(t.observation_len + t.response.reveal(key)
-                                                             for t in spec.later_turns)
+                                                             for t in spec.later_turns.reveal(key))

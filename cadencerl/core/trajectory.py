@@ -23,6 +23,19 @@ class TokenMeter(Protocol):
     def generated(self) -> int: ...
 
 
+class Meter:
+    """What a resident trajectory shows of the engine request running it: its token count, never
+    the request (which knows where the turn ends). A backend sets `traj.meter = Meter(request)`."""
+
+    __slots__ = ("_request",)
+
+    def __init__(self, request: TokenMeter) -> None:
+        self._request = request
+
+    def generated(self) -> int:
+        return self._request.generated()
+
+
 @dataclass(eq=False, slots=True)
 class Trajectory:
     spec: TrajectorySpec
@@ -33,7 +46,7 @@ class Trajectory:
     tokens: int = 0                        # tokens generated, as of the last departure or turn end
     observation_tokens: int = 0            # tool observations appended so far (multi-turn)
     turn: int = 0
-    meter: TokenMeter | None = None
+    meter: Meter | None = None
     kv_home: int | None = None             # worker whose KV snapshot it can be restored from
     home: int | None = None                # worker it last ran on, until it finishes (session affinity)
     admitted_at: float = -1.0
@@ -88,6 +101,6 @@ def turn_target(traj: Trajectory, key: object) -> int:
     Shared by both backends, which play the environment the same way."""
     spec = traj.spec
     total = spec.response.reveal(key)
-    for turn in spec.later_turns[: traj.turn]:
+    for turn in spec.later_turns.reveal(key)[: traj.turn]:
         total += turn.response.reveal(key)
     return total

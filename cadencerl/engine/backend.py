@@ -236,8 +236,9 @@ class EngineBackend:
     def _turn_ended(self, p: Placement) -> None:
         traj, now = p.traj, self.now()
         spec = traj.spec
-        if traj.turn < len(spec.later_turns):
-            turn = spec.later_turns[traj.turn]
+        later = spec.later_turns.reveal(self._key)
+        if traj.turn < len(later):
+            turn = later[traj.turn]
             self._clock.push(now + turn.tool_latency_s, _ToolReturn(traj, turn.observation_len))
             self._clock.emit(TurnEnded(traj, now))
             return

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from cadencerl.core.backend import WorkerLost
-from cadencerl.core.trajectory import Trajectory
+from cadencerl.core.trajectory import Meter, Trajectory
 from cadencerl.engine.client import (EngineError, EngineHTTPError, EngineTimeoutError, EngineUnreachableError,
                                      Liveness, VLLMClient)
 from cadencerl.engine.clock import EngineRunError, WallClock
@@ -111,7 +111,7 @@ class Streams:
         if worker in self.dead:
             raise EngineRunError(f"placement on lost worker {worker}")
         p = Placement(traj, worker, traj.tokens, target)
-        traj.meter = p
+        traj.meter = Meter(p)
         self.by_traj[traj.id] = p
         self.by_worker[worker][traj.id] = p
         if p.start:

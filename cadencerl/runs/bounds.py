@@ -44,7 +44,7 @@ def _segments(spec: TrajectorySpec, key: object) -> list[tuple[int, int]]:
     first = spec.response.reveal(key)
     out.append((ctx, first))
     ctx += first
-    for turn in spec.later_turns:
+    for turn in spec.later_turns.reveal(key):
         ctx += turn.observation_len
         n = turn.response.reveal(key)
         out.append((ctx, n))
@@ -72,7 +72,7 @@ def oracle_bounds(specs: list[TrajectorySpec], workers: list[Worker], perfs: lis
         per_token = min(per_token, (p.decode_line(n, 0).base * bw + p.weight_bytes_read(n)) / n)
         bandwidth += bw
     distinct = {(p.accel.name, p.tp): p for p in perfs}.values()
-    tools = [sum(t.tool_latency_s for t in s.later_turns) for s in specs]
+    tools = [sum(t.tool_latency_s for t in s.later_turns.reveal(key)) for s in specs]
     latency = np.array([min(_alone(ss, p) for p in distinct) + tool for ss, tool in zip(segs, tools)])
     terms = {"bandwidth": (kv_bytes + tokens * per_token) / bandwidth, "critical path": float(latency.max())}
     if batch_size > 0:

@@ -11,7 +11,7 @@ import itertools
 
 from cadencerl.core.backend import EngineStats, Event, Finished, Restore, Timer, ToolReturned, TurnEnded
 from cadencerl.core.controller import PUBLISH
-from cadencerl.core.trajectory import Trajectory, turn_target
+from cadencerl.core.trajectory import Meter, Trajectory, turn_target
 from cadencerl.core.worker import Worker
 from cadencerl.hardware.perf import WorkerPerf
 from cadencerl.sim.engine import Request, SimEngine
@@ -68,7 +68,7 @@ class SimBackend:
     def place(self, traj: Trajectory, worker: int, restore: Restore, delay_s: float) -> None:
         engine = self.engines[worker]
         req = Request(traj, engine, traj.tokens, traj.context, self._turn_target(traj), restore)
-        traj.meter = req
+        traj.meter = Meter(req)
         self._requests[traj.id] = req
         if delay_s > 0:
             req.in_transit = True
@@ -187,8 +187,9 @@ class SimBackend:
             traj.meter = None
             self._requests.pop(traj.id, None)
             spec = traj.spec
-            if traj.turn < len(spec.later_turns):
-                turn = spec.later_turns[traj.turn]
+            later = spec.later_turns.reveal(self._key)
+            if traj.turn < len(later):
+                turn = later[traj.turn]
                 out.append(TurnEnded(traj, t))
                 self._push(t + turn.tool_latency_s, _TOOL, (traj, turn.observation_len))
                 continue

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from cadencerl.config import MAX_SECONDS, ClassSpec, LengthDist, WorkloadSpec
-from cadencerl.core.spec import HiddenLength, TrajectorySpec, Turn
+from cadencerl.core.spec import NO_TURNS, HiddenLength, SealedTurns, TrajectorySpec, Turn
 from cadencerl.workload.trace import load_trace
 
 
@@ -56,7 +56,7 @@ def _sample_class(rng: np.random.Generator, name: str, cls: ClassSpec, n: int,
     response = _lengths(rng, cls.response, n, difficulty[group_of])
     out: list[list[TrajectorySpec]] = [[] for _ in range(n_groups)]
     for i in range(n):
-        turns: tuple[Turn, ...] = ()
+        turns = NO_TURNS
         if cls.turns is not None and cls.turns.turns_max > 1:
             t = cls.turns
             k = int(rng.integers(t.turns_min, t.turns_max + 1)) - 1
@@ -64,7 +64,8 @@ def _sample_class(rng: np.random.Generator, name: str, cls: ClassSpec, n: int,
             tool = np.minimum(rng.lognormal(np.log(max(t.tool_latency_median_s, 1e-9)), t.tool_latency_sigma, k),
                               MAX_SECONDS)  # a far tail draw stays a day, so virtual time keeps its resolution
             replies = _lengths(rng, cls.response, k, difficulty[group_of[i]])
-            turns = tuple(Turn(int(o), float(s), HiddenLength(int(r), key)) for o, s, r in zip(obs, tool, replies))
+            turns = SealedTurns(tuple(Turn(int(o), float(s), HiddenLength(int(r), key))
+                                      for o, s, r in zip(obs, tool, replies)), key)
         gi = int(group_of[i])
         out[gi].append(TrajectorySpec(-1, first_group + gi, int(prompt[gi]), HiddenLength(int(response[i]), key),
                                       name, turns))

@@ -14,7 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from cadencerl.config import MAX_SECONDS, MAX_TOKENS, MAX_TRAJECTORIES, ConfigError, format_validation_error
 from cadencerl.user_files import read_text_file
-from cadencerl.core.spec import HiddenLength, TrajectorySpec, Turn
+from cadencerl.core.spec import HiddenLength, SealedTurns, TrajectorySpec, Turn
 
 MAX_TRACE_BYTES = 1 << 28   # 256 MiB: a million trajectories of multi-turn lines
 
@@ -57,7 +57,8 @@ def load_trace(path: str | Path, key: object, workload_class: str = "rlvr", *, l
         if classes is not None and cls not in classes:
             raise ConfigError(f"workload.trace: {path.name} line {lineno}: class {cls!r} is not in the target mix "
                               f"({', '.join(sorted(classes))}); name it under workload.classes")
-        turns = tuple(Turn(t.observation_len, t.tool_latency_s, HiddenLength(t.response_len, key)) for t in rec.turns)
+        turns = SealedTurns(tuple(Turn(t.observation_len, t.tool_latency_s, HiddenLength(t.response_len, key))
+                                  for t in rec.turns), key)
         group = lineno - 1 if rec.group is None else rec.group
         out.append(TrajectorySpec(len(out), group, rec.prompt_len, HiddenLength(rec.response_len, key), cls, turns))
     if not out:
