@@ -22,7 +22,7 @@ from cadencerl.core.recorder import Recorder
 from cadencerl.core.trainer import MixRule, Trainer
 from cadencerl.core.trajectory import State, Trajectory
 from cadencerl.core.view import AdmissionGate, Policy, PoolView, strands_work
-from cadencerl.core.residency import attach, detach, live_worker, retire
+from cadencerl.core.residency import attach, back_from_tool, detach, live_worker, retire, start, to_tool
 from cadencerl.core.worker import Worker
 
 PUBLISH, MIX_WAIT = "publish", "mix-wait"   # timer tags: a batch trained; a short class's wait bound ran out
@@ -129,19 +129,10 @@ class Controller:
             self._finish(ev.traj, ev.time)
             return False
         if isinstance(ev, TurnEnded):
-            self._leave_worker(ev.traj, ev.time)
-            ev.traj.state = State.TOOL
-            v = ev.traj.version
-            self.tool_waiting[v] = self.tool_waiting.get(v, 0) + 1
+            to_tool(ev.traj, self.workers, self.tool_waiting, ev.time)
             return False
         if isinstance(ev, ToolReturned):
-            traj = ev.traj
-            self.tool_waiting[traj.version] -= 1
-            traj.observation_tokens += ev.observation_tokens
-            traj.turn += 1
-            traj.state = State.PENDING
-            traj.departed_at = ev.time
-            self.pending.add(traj)
+            back_from_tool(ev.traj, ev.observation_tokens, self.tool_waiting, self.pending, ev.time)
             return False
         if isinstance(ev, Timer) and ev.tag in (PUBLISH, MIX_WAIT):
             if ev.tag == PUBLISH:
@@ -214,12 +205,7 @@ class Controller:
 
     def _start(self, traj: Trajectory, w: Worker, now: float) -> None:
         """Admit fresh `traj` on `w` (checked and taken from the fresh queue; the caller records the credit)."""
-        v = w.version
-        traj.tag = v
-        traj.versions.append(v)
-        traj.admitted_at = now
-        cls = traj.spec.workload_class
-        self.active_by_class[cls] = self.active_by_class.get(cls, 0) + 1
+        start(traj, w.version, self.active_by_class, now)
         self._attach(traj, w, Restore.PREFILL, 0.0, now)
 
     def _place_pending(self, a: Place, now: float) -> None:
@@ -273,16 +259,12 @@ class Controller:
         traj = self._traj(a.traj)
         if traj.state is not State.RESIDENT:
             raise ActionError(f"trajectory {traj.id} is not resident")
-        w = self.workers[traj.worker]
         self.backend.evict(traj)
-        self._leave_worker(traj, now, freed=traj.context)
+        detach(traj, self.workers, now)
         traj.state = State.PENDING
         traj.departed_at = now
         self.counters.evictions += 1
         self.pending.add(traj)
-
-    def _leave_worker(self, traj: Trajectory, now: float, freed: int | None = None) -> None:
-        detach(traj, self.workers, now, freed)
 
     def _advance(self, a: Advance) -> None:
         w = live_worker(self.workers, a.worker)
@@ -326,7 +308,7 @@ class Controller:
         residents = list(w.residents.values())
         for traj in residents:
             self.backend.evict(traj)
-            self._leave_worker(traj, now, freed=traj.context)
+            detach(traj, self.workers, now)
         w.version = a.version
         self.backend.set_version(w.id, a.version)
         self.counters.interrupts += 1
@@ -358,7 +340,7 @@ class Controller:
     def _finish(self, traj: Trajectory, now: float) -> None:
         if traj.state is not State.RESIDENT:
             raise AssertionError(f"trajectory {traj.id} finished twice or while {traj.state.value}")
-        self._leave_worker(traj, now)
+        detach(traj, self.workers, now)
         retire(traj, self.workers, self.active_by_class, now)
         self.done += 1
         self.trainer.finished(traj)
@@ -378,7 +360,7 @@ class Controller:
         w.alive = False
         for traj in list(w.residents.values()):
             self.backend.evict(traj)
-            self._leave_worker(traj, now, freed=traj.context)
+            detach(traj, self.workers, now)
             traj.kv_home = None
             traj.state = State.PENDING
             traj.departed_at = now

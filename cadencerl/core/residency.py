@@ -9,6 +9,7 @@ while both keep the same books.
 from __future__ import annotations
 
 from cadencerl.core.actions import ActionError
+from cadencerl.core.pending import PendingSet
 from cadencerl.core.trajectory import State, Trajectory
 from cadencerl.core.worker import Worker
 
@@ -18,6 +19,15 @@ def live_worker(workers: list[Worker], wid: int) -> Worker:
     if not 0 <= wid < len(workers) or not workers[wid].alive:
         raise ActionError(f"worker {wid} does not exist or is lost")
     return workers[wid]
+
+
+def start(traj: Trajectory, version: int, active_by_class: dict[str, int], now: float) -> None:
+    """A new session is admitted under `version` (its staleness counts from it); its class has one more."""
+    traj.tag = version
+    traj.versions.append(version)
+    traj.admitted_at = now
+    cls = traj.workload_class
+    active_by_class[cls] = active_by_class.get(cls, 0) + 1
 
 
 def attach(traj: Trajectory, w: Worker, workers: list[Worker], now: float) -> None:
@@ -35,15 +45,32 @@ def attach(traj: Trajectory, w: Worker, workers: list[Worker], now: float) -> No
     w.kv_used += traj.context
 
 
-def detach(traj: Trajectory, workers: list[Worker], now: float, freed: int | None = None) -> None:
-    """Take `traj` off its worker; it keeps its session home and its KV home there. `freed` is the
-    KV it gives back when that is not its whole context."""
+def detach(traj: Trajectory, workers: list[Worker], now: float) -> None:
+    """Take `traj` off its worker, giving back its KV; it keeps its session home and its KV home there."""
     w = workers[traj.worker]
     del w.residents[traj.id]
-    w.kv_used -= traj.context if freed is None else freed
+    w.kv_used -= traj.context
     traj.resident_time += now - traj.placed_at
     traj.kv_home = w.id
     traj.worker = None
+
+
+def to_tool(traj: Trajectory, workers: list[Worker], tool_waiting: dict[int, int], now: float) -> None:
+    """A turn ended and the session waits on a tool: off its worker, counted under its version."""
+    detach(traj, workers, now)
+    traj.state = State.TOOL
+    tool_waiting[traj.version] = tool_waiting.get(traj.version, 0) + 1
+
+
+def back_from_tool(traj: Trajectory, observation_tokens: int, tool_waiting: dict[int, int], pending: PendingSet,
+                   now: float) -> None:
+    """The tool answered: its observation joins the context, and the next turn waits to be placed."""
+    tool_waiting[traj.version] -= 1
+    traj.observation_tokens += observation_tokens
+    traj.turn += 1
+    traj.state = State.PENDING
+    traj.departed_at = now
+    pending.add(traj)
 
 
 def retire(traj: Trajectory, workers: list[Worker], active_by_class: dict[str, int], when: float) -> None:

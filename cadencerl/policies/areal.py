@@ -16,7 +16,7 @@ from cadencerl.core.actions import Action, Admit
 from cadencerl.core.trajectory import Trajectory
 from cadencerl.core.view import PoolView
 from cadencerl.core.worker import Worker
-from cadencerl.policies.base import GroupAffinity, fits, grouped, interrupt_behind, place_pending
+from cadencerl.policies.base import GroupAffinity, Rotation, fits, grouped, interrupt_behind, place_pending
 
 
 class AReaL:
@@ -24,8 +24,8 @@ class AReaL:
 
     def __init__(self, group_affinity: bool = False) -> None:
         self.name = "areal-grouped" if group_affinity else "areal"
-        self._cursor = 0
-        self._choose = grouped(lambda ws, _t: self._next(ws, lambda w: True), GroupAffinity() if group_affinity else None)
+        self._rotation = Rotation()
+        self._choose = grouped(lambda ws, _t: self._rotation.next(ws), GroupAffinity() if group_affinity else None)
 
     def decide(self, view: PoolView) -> Iterator[Action]:
         yield from interrupt_behind(view)
@@ -41,17 +41,4 @@ class AReaL:
     def _sticky(self, workers: list[Worker], traj: Trajectory) -> Worker:
         """AReaL's rid -> server LRU: a resumed request goes back to its server if it can."""
         home = next((w for w in workers if w.id == traj.kv_home), None)
-        return home or self._next(workers, lambda w: True)
-
-    def _next(self, workers: list[Worker], ok) -> Worker | None:
-        """Round-robin: the first worker at or after the cursor (by id) that `ok` accepts."""
-        best = None
-        for w in workers:
-            if ok(w):
-                key = (w.id - self._cursor) % (1 << 30)
-                if best is None or key < best[0]:
-                    best = (key, w)
-        if best is None:
-            return None
-        self._cursor = best[1].id + 1
-        return best[1]
+        return home or self._rotation.next(workers)

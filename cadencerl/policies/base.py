@@ -1,7 +1,9 @@
-"""Small pieces the policies share: budgeted admission and the two ways workers take new weights."""
+"""Small pieces the policies share: where each prompt's samples went (group affinity), budgeted
+admission, and the three ways workers take new weights."""
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator
 
 from cadencerl.core.actions import Action, Admit, Advance, Evict, Interrupt, Place, UpdateInPlace
@@ -10,28 +12,57 @@ from cadencerl.core.view import PoolView
 from cadencerl.core.worker import Worker
 
 
+class PromptHomes:
+    """The worker the latest sample of each prompt group went to: its prefix is cached there.
+
+    Bounded and insertion-ordered: groups in flight are at most (eta+1) batches' worth, so the
+    oldest entries can go.
+    """
+
+    def __init__(self, size: int = 16384) -> None:
+        self.size = size
+        self._home: OrderedDict[int, int] = OrderedDict()
+        self.get = self._home.get   # group -> worker or None (the dict's own lookup: read at every placement)
+
+    def note(self, group: int, worker: int) -> None:
+        self._home[group] = worker
+        self._home.move_to_end(group)
+        if len(self._home) > self.size:
+            self._home.popitem(last=False)
+
+
 class GroupAffinity:
     """Prefix-aware routing as real RL rollout routers do it (verl's agent loop, SGLang's router):
     the samples of one prompt go where the previous one went while it is a candidate, so the
     prompt is prefilled once. Wraps a policy's own chooser; bounded memory of recent groups."""
 
     def __init__(self, size: int = 16384) -> None:
-        self.size = size
-        self._home: dict[int, int] = {}
+        self.homes = PromptHomes(size)
 
     def wrap(self, choose: Callable[[list[Worker], Trajectory], Worker | None]
              ) -> Callable[[list[Worker], Trajectory], Worker | None]:
         def pick(workers: list[Worker], traj: Trajectory) -> Worker | None:
-            wid = self._home.get(traj.group)
+            wid = self.homes.get(traj.group)
             w = next((w for w in workers if w.id == wid), None) if wid is not None else None
             w = w or choose(workers, traj)
             if w is not None:
-                self._home.pop(traj.group, None)
-                self._home[traj.group] = w.id
-                if len(self._home) > self.size:
-                    del self._home[next(iter(self._home))]
+                self.homes.note(traj.group, w.id)
             return w
         return pick
+
+
+class Rotation:
+    """Worker ids in rotation (round-robin): the first worker at or after the cursor, which then moves past it."""
+
+    def __init__(self) -> None:
+        self._cursor = 0
+
+    def next(self, workers: list[Worker]) -> Worker | None:
+        if not workers:
+            return None
+        w = min(workers, key=lambda w: (w.id - self._cursor) % (1 << 30))
+        self._cursor = w.id + 1
+        return w
 
 
 def grouped(choose: Callable[[list[Worker], Trajectory], Worker | None], affinity: "GroupAffinity | None"

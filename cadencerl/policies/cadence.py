@@ -84,8 +84,9 @@ from cadencerl.core.actions import Action, Admit, Advance, Batch, Evict, Place
 from cadencerl.core.trajectory import Trajectory, contexts
 from cadencerl.core.view import PoolView
 from cadencerl.core.worker import Worker
+from cadencerl.policies.base import PromptHomes
 from cadencerl.policies.cadence_rooms import RoomIndex, RoomTerms
-from cadencerl.policies.cadence_state import GrowthMeter, PromptHomes
+from cadencerl.policies.cadence_state import GrowthMeter
 
 
 class Cadence:
@@ -126,7 +127,7 @@ class Cadence:
                 groups.setdefault(w.version, []).append(w)
         # Newest first: fresh work goes to the workers already at its version, so an older version's
         # drain sees only the fresh work they could not take (what a drained worker would run).
-        for v in sorted(groups, reverse=self.params.drain_needs_fresh_ahead):
+        for v in sorted(groups, reverse=True):
             if view.budget(v) > 0 or not self._concentrates(groups[v]):
                 yield from self._pace(view, v, groups[v])
             else:

@@ -1,5 +1,6 @@
-"""What CadenceRL remembers between decisions, all of it observable: how fast residents grow, and
-where each prompt's samples went.
+"""What CadenceRL remembers between decisions, all of it observable: how fast residents grow
+(where each prompt's samples went is `policies.base.PromptHomes`, which the baselines' group
+affinity keeps too).
 
 Both cost O(workers) or O(1) per decision, never a scan of every resident; with the room index
 (cadence_rooms.py), a decision costs O(workers) plus a few microseconds per action it takes
@@ -8,7 +9,6 @@ Both cost O(workers) or O(1) per decision, never a scan of every resident; with 
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from collections.abc import Mapping
 
 from cadencerl.core.trajectory import Trajectory
@@ -63,22 +63,3 @@ class GrowthMeter:
     def rates(self) -> Mapping[int, float]:
         """Worker id -> tokens per second per resident, for the workers observed so far (read only)."""
         return self._rate
-
-
-class PromptHomes:
-    """The worker the latest sample of each prompt group went to: its prefix is cached there.
-
-    Bounded and insertion-ordered: groups in flight are at most (eta+1) batches' worth, so the
-    oldest entries can go.
-    """
-
-    def __init__(self, size: int = 16384) -> None:
-        self.size = size
-        self._home: OrderedDict[int, int] = OrderedDict()
-        self.get = self._home.get   # group -> worker or None (the dict's own lookup: read at every placement)
-
-    def note(self, group: int, worker: int) -> None:
-        self._home[group] = worker
-        self._home.move_to_end(group)
-        if len(self._home) > self.size:
-            self._home.popitem(last=False)

@@ -23,7 +23,7 @@ from cadencerl.core.pending import PendingSet
 from cadencerl.core.spec import HiddenLength, TrajectorySpec
 from cadencerl.core.trajectory import State, Trajectory
 from cadencerl.core.view import Policy, PoolView
-from cadencerl.core.residency import attach, detach, live_worker, retire
+from cadencerl.core.residency import attach, back_from_tool, detach, live_worker, retire, start, to_tool
 from cadencerl.core.worker import Worker
 from cadencerl.engine.server_metrics import EngineMetrics
 
@@ -93,20 +93,13 @@ class LiveState:
         if traj.state is not State.TOOL:
             raise ActionError(f"session {session.key!r} has a request in flight")
         del self.parked[traj.id]
-        self.tool_waiting[traj.version] -= 1
-        traj.observation_tokens += max(0, prompt_len - traj.context)
-        traj.turn += 1
-        traj.state = State.PENDING
-        traj.departed_at = now
-        self.pending.add(traj)
+        back_from_tool(traj, max(0, prompt_len - traj.context), self.tool_waiting, self.pending, now)
 
     def turn_ended(self, session: Session, generated: int, now: float) -> None:
         """A reply is complete and more turns may follow: park the session on its worker."""
         traj = session.traj
-        detach(traj, self.workers, now)
+        to_tool(traj, self.workers, self.tool_waiting, now)
         traj.tokens += generated
-        traj.state = State.TOOL
-        self.tool_waiting[traj.version] = self.tool_waiting.get(traj.version, 0) + 1
         session.parked_at = now
         self.parked[traj.id] = session
         self._bound_parked(now)
@@ -198,11 +191,7 @@ class LiveState:
         if isinstance(action, Admit):
             traj = self._traj_fresh(action.traj)
             self.hold.take(traj)
-            traj.tag = 0
-            traj.versions.append(0)
-            traj.admitted_at = now
-            cls = traj.workload_class
-            self.active_by_class[cls] = self.active_by_class.get(cls, 0) + 1
+            start(traj, 0, self.active_by_class, now)
             attach(traj, live_worker(self.workers, action.worker), self.workers, now)
         elif isinstance(action, Place):
             traj = next((t for t in self.pending if t.id == action.traj), None)

@@ -82,14 +82,16 @@ class Learner:
         return held
 
     def footprint(self, cls: str, prompt_hint: int | None) -> float:
-        """A session's mean KV footprint: learned, or before that the larger of its prompt plus
-        one mean reply and the mean context its class's running sessions have already reached."""
+        """A session's mean KV footprint: learned, or before that the larger of a prior and the mean
+        context its class's running sessions have already reached. The prior is its prompt plus the
+        mean footprint finished sessions of any class showed (PRIOR_REPLY before any finished): a
+        footprint, prompt included, standing in for a reply, so it errs high and the first caps low."""
         st = self.stats.get(cls)
         if st is not None and st.warm:
             return st.footprint
         seen = [s.footprint for s in self.stats.values() if s.completed]
-        reply = sum(seen) / len(seen) if seen else PRIOR_REPLY
-        prior = (prompt_hint if prompt_hint is not None else 512) + reply
+        added = sum(seen) / len(seen) if seen else PRIOR_REPLY
+        prior = (prompt_hint if prompt_hint is not None else 512) + added
         live = [t.context for t in self.tracked.values() if t.workload_class == cls and t.state is not State.DONE]
         return max(prior, sum(live) / len(live)) if live else prior
 

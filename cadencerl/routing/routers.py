@@ -32,7 +32,7 @@ from cadencerl.core.actions import Action, Admit, Place
 from cadencerl.core.trajectory import Trajectory
 from cadencerl.core.view import PoolView
 from cadencerl.core.worker import Worker
-from cadencerl.policies.base import advance_idle, interrupt_behind, update_behind_in_place
+from cadencerl.policies.base import Rotation, advance_idle, interrupt_behind, update_behind_in_place
 
 WEIGHT_UPDATES = {"when-idle": advance_idle, "interrupt": interrupt_behind, "in-place": update_behind_in_place}
 
@@ -84,12 +84,10 @@ class RoundRobin(Router):
     name = "round-robin"
 
     def __init__(self) -> None:
-        self._next = 0
+        self._rotation = Rotation()
 
     def route(self, view, traj, workers):
-        w = min(workers, key=lambda w: ((w.id - self._next) % (1 << 30)))
-        self._next = w.id + 1
-        return w
+        return self._rotation.next(workers)
 
 
 class LeastLoadedRouter(Router):
