@@ -190,3 +190,14 @@ def test_a_client_that_leaves_mid_stream_frees_its_slot_and_the_upstream_request
             time.sleep(0.05)
         assert f.states[0].running == 0 and f.service.state.workers[0].load == 0
         assert len(f.service.state.parked) == 1, "the session parks, ready for its next turn"
+
+
+def test_a_prompt_no_server_can_hold_is_refused_at_once_and_blocks_nothing() -> None:
+    with Fleet(kv_capacity=64, hold_timeout_s=20) as f, httpx.Client(base_url=f.url, timeout=10) as c:
+        t0 = time.monotonic()
+        r = c.post("/v1/completions", json={**TOKENS, "prompt": list(range(64))})
+        assert r.status_code == 400 and r.json()["error"]["param"] == "prompt"
+        r = c.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "x" * 4 * 64}]})
+        assert r.status_code == 400 and r.json()["error"]["param"] == "messages"
+        assert c.post("/v1/completions", json=TOKENS).status_code == 200
+        assert time.monotonic() - t0 < f.settings.hold_timeout_s / 2 and len(f.service.state.hold) == 0

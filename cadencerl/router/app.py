@@ -61,6 +61,7 @@ def _completion(path: str, chat: bool):
         s = svc.settings
         try:
             routed = await read_request(request, chat, s.classes, s.fallback_class, s.max_body_bytes)
+            svc.check_fits(routed.prompt_len, "messages" if chat else "prompt")
         except ApiError as exc:
             svc.metrics.errors.labels("bad_request").inc()
             return exc.response()

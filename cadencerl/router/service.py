@@ -21,6 +21,7 @@ from cadencerl.core.worker import Worker
 from cadencerl.engine.client import KEEPALIVE_EXPIRY_S
 from cadencerl.router.live import LiveState, Session
 from cadencerl.router.metrics import RouterMetrics
+from cadencerl.router.requests import ApiError
 from cadencerl.router.settings import RouterSettings
 from cadencerl.router.upstream import Upstream, scrape
 from cadencerl.routing.misa import Admitted, MisaT
@@ -161,6 +162,15 @@ class RouterService:
         self.state.workers[up.id].alive = up.routable
 
     # -- requests ---------------------------------------------------------------------------------
+
+    def check_fits(self, prompt_len: int, field: str) -> None:
+        """A prompt no server's KV can hold would wait at the head of the hold queue, blocking every
+        request behind it, until it timed out: refuse it now (the simulator refuses such a
+        trajectory at set-up, `check_fits_somewhere`)."""
+        caps = [w.kv_capacity for u, w in zip(self.upstreams, self.state.workers) if not u.removed]
+        if caps and max(1, prompt_len) >= max(caps):
+            raise ApiError(400, f"{field}: about {prompt_len} tokens, more than any server's KV capacity "
+                                f"({max(caps) - 1} tokens at most)", field)
 
     async def acquire(self, key: str | None, cls: str, prompt_len: int, group: int) -> Session:
         """Admit (a new session) or place (a continuation) one request; waits in HOLD if it must."""
