@@ -1,11 +1,12 @@
 """Forwarding one placed request to its server, with the router's fault rules.
 
-* A request that fails before its first token (no connection, 5xx, or the stream breaks before
-  any byte) is retried once on another server; the failing server is taken out of rotation until
-  a health poll gets through.
+* A request that fails before its first token (no connection, or the stream breaks before any
+  byte) is retried once on another server; a server that refuses the connection is taken out of
+  rotation until a health poll gets through.
 * A stream that breaks after its first token ends with an OpenAI-style error event and
   `data: [DONE]`, never a hang (the upstream read timeout bounds a silent server).
-* Client errors from the server (4xx) pass through unchanged.
+* The server's own error answers (4xx and 5xx) pass through unchanged, as vllm-router passes them:
+  a 5xx can belong to one request alone, so it neither takes the server out nor is retried.
 """
 
 from __future__ import annotations
@@ -69,8 +70,7 @@ async def _attempt(svc: RouterService, session: Session, url: str, req: Routed, 
     except httpx.HTTPError as exc:
         raise _BeforeFirstToken(f"send_{type(exc).__name__}") from None
     if resp.status_code >= 500:
-        await resp.aclose()
-        raise _BeforeFirstToken("upstream_5xx", down=True)
+        svc.metrics.errors.labels("upstream_5xx").inc()
     out_headers = {WORKER_HEADER: str(worker)}
     if resp.status_code != 200 or not req.stream:
         try:
