@@ -4,7 +4,8 @@ It answers /v1/completions and /v1/chat/completions at once (streaming one SSE e
 one JSON body with `usage`), /v1/models, /health and a /metrics page with vLLM's gauge names. Fault
 modes, set on `StubState` while it runs: `fail_status` (answer every request with that status),
 `break_after` (close the stream after that many events, without the end of the chunked body),
-`token_delay_s` (sleep between events). It counts the X-Request-Id of every request it serves.
+`token_delay_s` (sleep between events), `metrics` ("current" gauge names, "old": the KV gauge by its
+older name, or "none": /metrics answers 404). It counts the X-Request-Id of every request it serves.
 
     python tests/router_stub.py --port 8001        # a stub server in its own process
 """
@@ -35,6 +36,7 @@ class StubState:
     fail_status: int | None = None
     break_after: int | None = None
     token_delay_s: float = 0.0
+    metrics: str = "current"
     running: int = 0
     served: Counter = field(default_factory=Counter)
 
@@ -68,7 +70,10 @@ def stub_app(state: StubState) -> Starlette:
                                  headers={"x-stub": state.name})
 
     async def metrics(request: Request) -> Response:
-        text = (f"# TYPE vllm:kv_cache_usage_perc gauge\nvllm:kv_cache_usage_perc{{engine=\"0\"}} "
+        if state.metrics == "none":
+            return PlainTextResponse("not found", status_code=404)
+        kv = "vllm:gpu_cache_usage_perc" if state.metrics == "old" else "vllm:kv_cache_usage_perc"
+        text = (f"# TYPE {kv} gauge\n{kv}{{engine=\"0\"}} "
                 f"{min(1.0, state.running / 64)}\n"
                 f"# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running{{engine=\"0\"}} {state.running}\n"
                 "# TYPE vllm:num_requests_waiting gauge\nvllm:num_requests_waiting{engine=\"0\"} 0\n"

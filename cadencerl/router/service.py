@@ -23,7 +23,7 @@ from cadencerl.router.live import LiveState, Session
 from cadencerl.router.metrics import RouterMetrics
 from cadencerl.router.requests import ApiError
 from cadencerl.router.settings import RouterSettings
-from cadencerl.router.upstream import Upstream, scrape
+from cadencerl.router.upstream import Upstream, probe, scrape
 from cadencerl.routing.misa import Admitted, MisaT
 from cadencerl.routing.routers import CacheAware, ConsistentHash, LeastLoadedRouter, RoundRobin, StickyLeastLoaded
 
@@ -130,8 +130,8 @@ class RouterService:
             self.decide()
 
     def upstream_failed(self, up: Upstream) -> None:
-        """It did not answer a request: out of rotation until a health poll gets through."""
-        up.healthy = False
+        """It refused a request's connection: out of rotation until a health poll gets through."""
+        up.set_healthy(False, "it refused a connection")
         up.failures = max(up.failures, self.settings.failures_to_down)
         self.set_routable(up)
 
@@ -147,19 +147,29 @@ class RouterService:
             await self.poll_once()
 
     async def _poll(self, up: Upstream) -> None:
-        try:
-            figures = await scrape(self.client, up.url, max(1.0, 2 * self.settings.metrics_interval_s))
-        except (httpx.HTTPError, ValueError):
+        timeout = max(1.0, 2 * self.settings.metrics_interval_s)
+        reason = await probe(self.client, up.url, timeout)
+        if reason is None:
+            up.failures = 0
+            up.set_healthy(True)
+            await self._scrape(up, timeout)
+        else:
             up.failures += 1
             if up.failures >= self.settings.failures_to_down:
-                up.healthy = False
-        else:
-            up.failures = 0
-            up.healthy = True
-            up.prefix_queries = figures.prefix_cache_queries_total
-            up.prefix_hits = figures.prefix_cache_hits_total
-            self.state.set_figures(up.id, figures)
+                up.set_healthy(False, reason)
         self.state.workers[up.id].alive = up.routable
+
+    async def _scrape(self, up: Upstream, timeout: float) -> None:
+        """The server's figures, best-effort: a page that cannot be read keeps the last ones."""
+        try:
+            figures = await scrape(self.client, up.url, timeout)
+        except (httpx.HTTPError, ValueError) as exc:
+            up.set_metrics_ok(False, str(exc) or type(exc).__name__)
+            return
+        up.set_metrics_ok(True)
+        up.prefix_queries = figures.prefix_cache_queries_total
+        up.prefix_hits = figures.prefix_cache_hits_total
+        self.state.set_figures(up.id, figures)
 
     # -- requests ---------------------------------------------------------------------------------
 
