@@ -39,18 +39,14 @@ def test_completions_streaming_and_not_with_token_ids_and_chat() -> None:
         assert "cadencerl_router_hold_depth 0.0" in metrics and "cadencerl_router_mix_dtv" in metrics
 
 
-def test_a_session_sticks_to_its_worker_by_header_or_user_field() -> None:
+def test_a_session_sticks_to_its_worker_by_header() -> None:
     with Fleet() as f, httpx.Client(base_url=f.url, timeout=10) as c:
         for session in ("a", "b", "c", "d"):
             prompt = list(range(10))
             seen = set()
             for turn in range(4):
-                body = {**TOKENS, "prompt": prompt}
-                if session in "ab":
-                    r = c.post("/v1/completions", json=body, headers={"X-Session-Id": session,
-                                                                      "X-Workload-Class": "agent"})
-                else:
-                    r = c.post("/v1/completions", json={**body, "user": session})
+                r = c.post("/v1/completions", json={**TOKENS, "prompt": prompt},
+                           headers={"X-Session-Id": session, "X-Workload-Class": "agent"})
                 assert r.status_code == 200
                 seen.add(r.headers["x-cadencerl-worker"])
                 prompt = prompt + [1] * 8
@@ -62,6 +58,21 @@ def test_a_session_sticks_to_its_worker_by_header_or_user_field() -> None:
         r = c.post("/v1/completions", json=TOKENS, headers={"X-Session-Id": "b", "X-Session-End": "1"})
         assert r.status_code == 200 and len(svc.state.parked) == 2
         assert 'cadencerl_router_prefix_hits_total{kind="sticky"} 13.0' in c.get("/metrics").text
+
+
+def test_the_user_field_is_an_affinity_key_that_holds_no_capacity() -> None:
+    # One server with max_num_seqs 1: MISA-T's cap is a few sessions; one-shot requests never park.
+    with Fleet(stubs=1, hold_timeout_s=0.3, session_ttl_s=30, max_num_seqs=1) as f, \
+            httpx.Client(base_url=f.url, timeout=10) as c:
+        codes = [c.post("/v1/completions", json={**TOKENS, "user": f"u{i}"}).status_code for i in range(12)]
+        assert codes == [200] * 12 and len(f.service.state.parked) == 0
+    with Fleet(stubs=3, policy="consistent-hash") as f, httpx.Client(base_url=f.url, timeout=10) as c:
+        homes = {}
+        for i in range(24):
+            user = f"u{i % 8}"
+            r = c.post("/v1/completions", json={**TOKENS, "prompt": [i + 1] * 4, "user": user})
+            assert homes.setdefault(user, r.headers["x-cadencerl-worker"]) == r.headers["x-cadencerl-worker"]
+        assert len(set(homes.values())) > 1
 
 
 @pytest.mark.parametrize("content, headers, status, param", [

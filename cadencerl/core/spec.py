@@ -57,6 +57,7 @@ class TrajectorySpec:
     response: HiddenLength  # first (or only) reply
     workload_class: str = "rlvr"
     later_turns: tuple[Turn, ...] = field(default=())
+    affinity: str | None = None  # a live request's routing key (session id, user, prompt prefix); None in the simulator
 
 
 def total_tokens(spec: TrajectorySpec, key: object) -> int:

@@ -66,7 +66,8 @@ def _completion(path: str, chat: bool):
             svc.metrics.errors.labels("bad_request").inc()
             return exc.response()
         try:
-            session = await svc.acquire(routed.session_key, routed.workload_class, routed.prompt_len, routed.group)
+            session = await svc.acquire(routed.session_key, routed.workload_class, routed.prompt_len, routed.group,
+                                        routed.affinity)
         except Rejected as exc:
             return error_response(exc.status, str(exc), None, exc.reason, {"Retry-After": str(exc.retry_after)})
         try:

@@ -182,7 +182,8 @@ class RouterService:
             raise ApiError(400, f"{field}: about {prompt_len} tokens, more than any server's KV capacity "
                                 f"({max(caps) - 1} tokens at most)", field)
 
-    async def acquire(self, key: str | None, cls: str, prompt_len: int, group: int) -> Session:
+    async def acquire(self, key: str | None, cls: str, prompt_len: int, group: int,
+                      affinity: str | None = None) -> Session:
         """Admit (a new session) or place (a continuation) one request; waits in HOLD if it must."""
         now = self.now()
         if not any(w.alive for w in self.state.workers):
@@ -195,7 +196,7 @@ class RouterService:
         else:
             if session is not None:   # its last request is still in flight: this one is a reply of its own
                 key = None
-            session = self.state.new_session(key, cls, prompt_len, group, now)
+            session = self.state.new_session(key, cls, prompt_len, group, now, affinity)
             kind = "new"
         self.metrics.requests.labels(session.traj.workload_class, kind).inc()
         self.decide(now)
