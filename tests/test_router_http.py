@@ -214,3 +214,22 @@ def test_a_prompt_no_server_can_hold_is_refused_at_once_and_blocks_nothing() -> 
         assert r.status_code == 400 and r.json()["error"]["param"] == "messages"
         assert c.post("/v1/completions", json=TOKENS).status_code == 200
         assert time.monotonic() - t0 < f.settings.hold_timeout_s / 2 and len(f.service.state.hold) == 0
+
+
+@pytest.mark.parametrize("content, param", [
+    (b'{"messages": [{"role": "user", "content": [{"type": "text", "text": 5}]}]}', "messages[0].content[0].text"),
+    (b'{"messages": [{"role": "user", "content": [{"type": "text", "text": null}]}]}',
+     "messages[0].content[0].text"),
+    (b'{"messages": [{"role": "user", "content": "a"}, {"role": "user", "content": 5}]}', "messages[1].content"),
+    (b'{"messages": [{"role": "user", "content": ["a"]}]}', "messages[0].content[0]"),
+    (b'{"messages": [{"role": 1}]}', "messages[0]"),
+    (b'{"messages": [{"role": "user", "content": "hi", "x": ' + b"[" * 5000 + b"]" * 5000 + b"}]}", None),
+    (b'{"messages": [{"role": "user", "content": "hi", "x": ' + b"[" * 990 + b"]" * 990 + b"}]}", None),
+])
+def test_malformed_chat_bodies_get_a_400_naming_the_field_and_are_counted(content, param) -> None:
+    with Fleet(stubs=1) as f, httpx.Client(base_url=f.url, timeout=10) as c:
+        r = c.post("/v1/chat/completions", content=content, headers={"content-type": "application/json"})
+        if param is None and r.status_code == 200:
+            return                           # shallow enough to parse here: nothing to refuse
+        assert r.status_code == 400 and r.json()["error"]["param"] == param
+        assert 'cadencerl_router_errors_total{kind="bad_request"} 1.0' in c.get("/metrics").text

@@ -59,6 +59,13 @@ async def read_request(request: Request, chat: bool, classes: dict[str, float], 
                        max_bytes: int) -> Routed:
     raw = await _read_body(request, max_bytes)
     try:
+        return _route(raw, request.headers, chat, classes, default_class)
+    except RecursionError:     # parsing or hashing a body nested about a thousand levels deep
+        raise ApiError(400, "the body is nested too deeply") from None
+
+
+def _route(raw: bytes, headers, chat: bool, classes: dict[str, float], default_class: str) -> Routed:
+    try:
         body = json.loads(raw)
     except (ValueError, UnicodeDecodeError):
         raise ApiError(400, "the body is not valid JSON") from None
@@ -66,13 +73,13 @@ async def read_request(request: Request, chat: bool, classes: dict[str, float], 
         raise ApiError(400, "the body must be a JSON object")
     _check_fields(body)
     prompt = _messages(body) if chat else _prompt(body)
-    cls = request.headers.get(CLASS_HEADER) or default_class
+    cls = headers.get(CLASS_HEADER) or default_class
     if cls not in classes:
         raise ApiError(400, f"{CLASS_HEADER}: unknown class {cls!r} (known: {', '.join(classes)})", CLASS_HEADER)
-    key = request.headers.get(SESSION_HEADER) or None
+    key = headers.get(SESSION_HEADER) or None
     affinity = (f"session:{key}" if key else f"user:{body['user']}" if body.get("user")
                 else f"prefix:{_prefix(prompt)}")
-    last = request.headers.get(END_HEADER, "").lower() in ("1", "true", "yes")
+    last = headers.get(END_HEADER, "").lower() in ("1", "true", "yes")
     group = int.from_bytes(hashlib.blake2b(repr(prompt).encode(), digest_size=8).digest(), "big") >> 1
     return Routed(raw, bool(body.get("stream", False)), key, affinity, cls, last, _length(prompt), group)
 
@@ -127,8 +134,22 @@ def _messages(body: dict) -> object:
         raise ApiError(400, "messages: required, a non-empty list", "messages")
     for i, m in enumerate(messages):
         if not isinstance(m, dict) or not isinstance(m.get("role"), str):
-            raise ApiError(400, f"messages.{i}: must be an object with a role", "messages")
+            raise ApiError(400, f"messages[{i}]: must be an object with a string role", f"messages[{i}]")
+        _content(m.get("content"), f"messages[{i}].content")
     return messages
+
+
+def _content(content: object, where: str) -> None:
+    """A message's content as the OpenAI API takes it: text, null, or a list of parts whose text is text."""
+    if content is None or isinstance(content, str):
+        return
+    if not isinstance(content, list):
+        raise ApiError(400, f"{where}: must be a string, a list of content parts, or null", where)
+    for j, part in enumerate(content):
+        if not isinstance(part, dict):
+            raise ApiError(400, f"{where}[{j}]: must be an object", f"{where}[{j}]")
+        if (part.get("type") == "text" or "text" in part) and not isinstance(part.get("text"), str):
+            raise ApiError(400, f"{where}[{j}].text: must be a string", f"{where}[{j}].text")
 
 
 def _length(prompt: object) -> int:
