@@ -56,8 +56,10 @@ def stub_app(state: StubState) -> Starlette:
         if not body.get("stream"):
             state.running += 1
             try:
-                for _ in range(n if state.token_delay_s else 0):
+                for _ in range(n if state.token_delay_s else 0):   # vLLM aborts a request whose client left
                     await asyncio.sleep(state.token_delay_s)
+                    if await request.is_disconnected():
+                        return Response(status_code=499)
             finally:
                 state.running -= 1
             choice = {"index": 0, "finish_reason": "length",

@@ -233,3 +233,35 @@ def test_malformed_chat_bodies_get_a_400_naming_the_field_and_are_counted(conten
             return                           # shallow enough to parse here: nothing to refuse
         assert r.status_code == 400 and r.json()["error"]["param"] == param
         assert 'cadencerl_router_errors_total{kind="bad_request"} 1.0' in c.get("/metrics").text
+
+
+def _settle(check, timeout_s: float = 3.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while not check() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return check()
+
+
+def test_a_client_that_leaves_a_non_streaming_request_cancels_it_upstream() -> None:
+    with Fleet(stubs=1) as f:
+        f.states[0].token_delay_s = 0.05
+        with pytest.raises(httpx.ReadTimeout), httpx.Client(base_url=f.url, timeout=0.5) as c:
+            c.post("/v1/completions", json={**TOKENS, "max_tokens": 400})     # 20 s of generation
+        assert _settle(lambda: f.states[0].running == 0 and f.service.state.workers[0].load == 0)
+        assert 'cadencerl_router_errors_total{kind="client_disconnect"} 1.0' in httpx.get(f.url + "/metrics").text
+
+
+def test_a_client_that_leaves_while_held_is_never_admitted() -> None:
+    with Fleet(stubs=1, hold_timeout_s=20, session_ttl_s=30, max_num_seqs=1) as f, \
+            httpx.Client(base_url=f.url, timeout=0.5) as c:
+        for i in range(16):       # sessions park and keep MISA-T's slots until one is held
+            try:
+                c.post("/v1/completions", json=TOKENS, headers={"X-Session-Id": f"s{i}", "X-Request-Id": f"r{i}"})
+            except httpx.ReadTimeout:
+                held = f"r{i}"
+                break
+        assert _settle(lambda: len(f.service.state.hold) == 0), "the held request is withdrawn"
+        for key in list(f.service.state.by_key):
+            assert c.delete(f"/v1/sessions/{key}").status_code == 200
+        time.sleep(0.3)
+        assert f.states[0].served[held] == 0 and c.post("/v1/completions", json=TOKENS).status_code == 200

@@ -18,8 +18,9 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from cadencerl.router.disconnect import CLIENT_CLOSED, while_connected
 from cadencerl.router.proxy import forward
-from cadencerl.router.requests import ApiError, error_response, read_request
+from cadencerl.router.requests import ApiError, Routed, error_response, read_request
 from cadencerl.router.service import Rejected, RouterService
 from cadencerl.router.settings import ADMIN_TOKEN_ENV, RouterSettings
 
@@ -65,16 +66,24 @@ def _completion(path: str, chat: bool):
         except ApiError as exc:
             svc.metrics.errors.labels("bad_request").inc()
             return exc.response()
-        try:
-            session = await svc.acquire(routed.session_key, routed.workload_class, routed.prompt_len, routed.group,
-                                        routed.affinity)
-        except Rejected as exc:
-            return error_response(exc.status, str(exc), None, exc.reason, {"Retry-After": str(exc.retry_after)})
-        try:
-            return await forward(svc, session, path, routed, request.headers)
-        except ApiError as exc:
-            return exc.response()
+        response = await while_connected(request, _serve(svc, path, routed, request.headers))
+        if response is None:
+            svc.metrics.errors.labels("client_disconnect").inc()
+            return Response(status_code=CLIENT_CLOSED)
+        return response
     return handler
+
+
+async def _serve(svc: RouterService, path: str, routed: Routed, headers) -> Response:
+    try:
+        session = await svc.acquire(routed.session_key, routed.workload_class, routed.prompt_len, routed.group,
+                                    routed.affinity)
+    except Rejected as exc:
+        return error_response(exc.status, str(exc), None, exc.reason, {"Retry-After": str(exc.retry_after)})
+    try:
+        return await forward(svc, session, path, routed, headers)
+    except ApiError as exc:
+        return exc.response()
 
 
 async def _models(request: Request) -> Response:
