@@ -5,7 +5,8 @@ one JSON body with `usage`), /v1/models, /health and a /metrics page with vLLM's
 modes, set on `StubState` while it runs: `fail_status` (answer every request with that status),
 `break_after` (close the stream after that many events, without the end of the chunked body),
 `token_delay_s` (sleep between events), `metrics` ("current" gauge names, "old": the KV gauge by its
-older name, or "none": /metrics answers 404). It counts the X-Request-Id of every request it serves.
+older name, or "none": /metrics answers 404). It counts the X-Request-Id of every request it serves
+and keeps the latest one's headers.
 
     python tests/router_stub.py --port 8001        # a stub server in its own process
 """
@@ -39,6 +40,7 @@ class StubState:
     metrics: str = "current"
     running: int = 0
     served: Counter = field(default_factory=Counter)
+    last_headers: object = None      # the headers of the latest completion request
 
 
 class BrokenStream(Exception):
@@ -49,6 +51,7 @@ def stub_app(state: StubState) -> Starlette:
     async def complete(request: Request) -> Response:
         body = await request.json()
         state.served[request.headers.get("x-request-id", "")] += 1
+        state.last_headers = request.headers
         if state.fail_status is not None:
             return JSONResponse({"error": {"message": "stub failure"}}, status_code=state.fail_status)
         n = int(body.get("max_tokens") or 16)

@@ -265,3 +265,21 @@ def test_a_client_that_leaves_while_held_is_never_admitted() -> None:
             assert c.delete(f"/v1/sessions/{key}").status_code == 200
         time.sleep(0.3)
         assert f.states[0].served[held] == 0 and c.post("/v1/completions", json=TOKENS).status_code == 200
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_headers_pass_both_ways_less_hop_by_hop_and_the_request_id_is_echoed(stream: bool) -> None:
+    with Fleet(stubs=1) as f, httpx.Client(base_url=f.url, timeout=10) as c:
+        sent = {"X-Custom": "v", "Authorization": "Bearer k", "Keep-Alive": "timeout=5",
+                "Connection": "keep-alive, x-drop", "X-Drop": "1"}
+        r = c.post("/v1/completions", json={**TOKENS, "stream": stream}, headers=sent)
+        seen = f.states[0].last_headers
+        assert seen["x-custom"] == "v" and seen["authorization"] == "Bearer k"
+        assert "keep-alive" not in seen and "x-drop" not in seen and seen["content-type"] == "application/json"
+        rid = r.headers["x-request-id"]
+        assert rid and seen["x-request-id"] == rid, "a generated id goes upstream and comes back"
+        assert r.headers["x-stub"] == "stub0" and len(r.headers.get_list("content-type")) == 1
+        assert len(r.headers.get_list("date")) == 1 and len(r.headers.get_list("server")) == 1
+        r = c.post("/v1/completions", json={**TOKENS, "stream": stream}, headers={"X-Request-Id": "mine"})
+        assert r.headers["x-request-id"] == "mine" == f.states[0].last_headers["x-request-id"]
+        assert c.post("/v1/completions", content=b"{bad").headers["x-request-id"]

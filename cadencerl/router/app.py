@@ -14,12 +14,14 @@ from contextlib import asynccontextmanager
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from cadencerl.router.disconnect import CLIENT_CLOSED, while_connected
 from cadencerl.router.proxy import forward
+from cadencerl.router.request_id import RequestIdMiddleware
 from cadencerl.router.requests import ApiError, Routed, error_response, read_request
 from cadencerl.router.service import Rejected, RouterService
 from cadencerl.router.settings import ADMIN_TOKEN_ENV, RouterSettings
@@ -51,7 +53,8 @@ def create_app(settings: RouterSettings, admin_token: str | None = None) -> Star
         Route("/admin/workers/drain", _admin(token, _drain_worker), methods=["POST"]),
     ]
     handlers = {ApiError: _server_error, HTTPException: _http_error, Exception: _server_error}
-    app = Starlette(routes=routes, lifespan=lifespan, exception_handlers=handlers)
+    app = Starlette(routes=routes, lifespan=lifespan, exception_handlers=handlers,
+                    middleware=[Middleware(RequestIdMiddleware)])
     app.state.service = svc
     return app
 
