@@ -106,6 +106,8 @@ def test_admin_needs_the_bearer_token() -> None:
         auth = {"Authorization": "Bearer secret"}
         assert len(c.get("/admin/workers", headers=auth).json()["workers"]) == 2
         assert c.post("/admin/workers/drain", json={"url": "nope"}, headers=auth).status_code == 400
+        bad_port = c.post("/admin/workers", json={"url": "http://127.0.0.1:99999"}, headers=auth)
+        assert bad_port.status_code == 400 and bad_port.json()["error"]["param"] == "url"
         assert c.post("/admin/workers/drain", json={"url": url0}, headers=auth).json()["draining"] is True
         for _ in range(6):
             assert c.post("/v1/completions", json=TOKENS).headers["x-cadencerl-worker"] == "1"
@@ -173,6 +175,11 @@ def test_a_dead_server_is_taken_out_and_its_sessions_move() -> None:
         assert r.status_code in (502, 503) and r.json()["error"]["message"] and time.monotonic() - t0 < 8
         time.sleep(0.5)
         assert c.get("/health").status_code == 503 and c.get("/v1/models").status_code == 503
+        r = c.post("/v1/completions", json=TOKENS)
+        assert r.status_code == 503 and r.json()["error"]["type"] == "no_worker"
+        help_line = next(line for line in c.get("/metrics").text.splitlines()
+                         if line.startswith("# HELP cadencerl_router_rejections_total"))
+        assert "503 no_worker" in help_line, "the help text names every status the counter counts"
 
 
 def test_a_stream_broken_midway_ends_with_an_error_event() -> None:

@@ -24,7 +24,7 @@ from cadencerl.router.proxy import forward
 from cadencerl.router.request_id import RequestIdMiddleware
 from cadencerl.router.requests import ApiError, Routed, error_response, read_request
 from cadencerl.router.service import Rejected, RouterService
-from cadencerl.router.settings import ADMIN_TOKEN_ENV, RouterSettings
+from cadencerl.router.settings import ADMIN_TOKEN_ENV, RouterSettings, check_worker_url
 
 
 def create_app(settings: RouterSettings, admin_token: str | None = None) -> Starlette:
@@ -169,9 +169,12 @@ async def _worker_url(request: Request) -> str:
     except ValueError:
         raise ApiError(400, "the body is not valid JSON") from None
     url = body.get("url") if isinstance(body, dict) else None
-    if not isinstance(url, str) or not url.startswith(("http://", "https://")):
+    if not isinstance(url, str):
         raise ApiError(400, "url: required, an http(s) URL", "url")
-    return url.rstrip("/")
+    try:
+        return check_worker_url(url, "url:")
+    except ValueError as exc:
+        raise ApiError(400, str(exc), "url") from None
 
 
 async def _add_worker(request: Request) -> Response:
