@@ -4,7 +4,9 @@ It answers /v1/completions and /v1/chat/completions at once (streaming one SSE e
 one JSON body with `usage`), /v1/models, /health and a /metrics page with vLLM's gauge names. Fault
 modes, set on `StubState` while it runs: `fail_status` (answer every request with that status),
 `break_after` (close the stream after that many events, without the end of the chunked body),
-`token_delay_s` (sleep between events). It counts the X-Request-Id of every request it serves.
+`token_delay_s` (sleep between events), `metrics` ("current" gauge names, "old": the KV gauge by its
+older name, or "none": /metrics answers 404). It counts the X-Request-Id of every request it serves
+and keeps the latest one's headers.
 
     python tests/router_stub.py --port 8001        # a stub server in its own process
 """
@@ -35,8 +37,10 @@ class StubState:
     fail_status: int | None = None
     break_after: int | None = None
     token_delay_s: float = 0.0
+    metrics: str = "current"
     running: int = 0
     served: Counter = field(default_factory=Counter)
+    last_headers: object = None      # the headers of the latest completion request
 
 
 class BrokenStream(Exception):
@@ -47,6 +51,7 @@ def stub_app(state: StubState) -> Starlette:
     async def complete(request: Request) -> Response:
         body = await request.json()
         state.served[request.headers.get("x-request-id", "")] += 1
+        state.last_headers = request.headers
         if state.fail_status is not None:
             return JSONResponse({"error": {"message": "stub failure"}}, status_code=state.fail_status)
         n = int(body.get("max_tokens") or 16)
@@ -54,8 +59,10 @@ def stub_app(state: StubState) -> Starlette:
         if not body.get("stream"):
             state.running += 1
             try:
-                for _ in range(n if state.token_delay_s else 0):
+                for _ in range(n if state.token_delay_s else 0):   # vLLM aborts a request whose client left
                     await asyncio.sleep(state.token_delay_s)
+                    if await request.is_disconnected():
+                        return Response(status_code=499)
             finally:
                 state.running -= 1
             choice = {"index": 0, "finish_reason": "length",
@@ -68,7 +75,10 @@ def stub_app(state: StubState) -> Starlette:
                                  headers={"x-stub": state.name})
 
     async def metrics(request: Request) -> Response:
-        text = (f"# TYPE vllm:kv_cache_usage_perc gauge\nvllm:kv_cache_usage_perc{{engine=\"0\"}} "
+        if state.metrics == "none":
+            return PlainTextResponse("not found", status_code=404)
+        kv = "vllm:gpu_cache_usage_perc" if state.metrics == "old" else "vllm:kv_cache_usage_perc"
+        text = (f"# TYPE {kv} gauge\n{kv}{{engine=\"0\"}} "
                 f"{min(1.0, state.running / 64)}\n"
                 f"# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running{{engine=\"0\"}} {state.running}\n"
                 "# TYPE vllm:num_requests_waiting gauge\nvllm:num_requests_waiting{engine=\"0\"} 0\n"

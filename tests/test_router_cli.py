@@ -16,6 +16,10 @@ runner = CliRunner()
 @pytest.mark.parametrize("args, field", [
     (["--workers", "gpu0:8000"], "workers"),
     (["--workers", "http://a:1,http://a:1"], "workers"),
+    (["--workers", "http://127.0.0.1:99999"], "workers"),
+    (["--workers", "http://127.0.0.1:0"], "workers"),
+    (["--workers", "http://127.0.0.1:80x"], "workers"),
+    (["--workers", "http://:80"], "workers"),
     (["--workers", "http://a:1", "--policy", "misa+cadence"], "policy"),
     (["--workers", "http://a:1", "--port", "70000"], "port"),
     (["--workers", "http://a:1", "--cache-threshold", "1.5"], "cache_threshold"),
@@ -26,6 +30,8 @@ def test_bad_router_input_names_the_field(args: list[str], field: str) -> None:
     result = runner.invoke(app, ["router", *args])
     lines = [line for line in result.output.splitlines() if line.strip()]
     assert result.exit_code == 2 and len(lines) == 1 and f"error: {field}" in lines[0], result.output
+    if field == "workers":
+        assert "--workers" in lines[0] or "twice" in lines[0]
 
 
 def test_a_bad_classes_file_names_the_field(tmp_path: Path) -> None:

@@ -170,3 +170,33 @@ def test_classes_file(tmp_path: Path) -> None:
     path.write_text("- a\n")
     with pytest.raises(ConfigError, match="^classes"):
         read_classes(path)
+
+
+def test_consistent_hash_maps_one_key_to_one_worker_across_sessions_and_replicas() -> None:
+    one, other = _state("consistent-hash", workers=4), _state("consistent-hash", workers=4)
+    for i in range(7):                       # the replicas' trajectory counters differ
+        other.new_session(None, "rlvr", 10, group=i, affinity=f"burn{i}")
+    other.decide(0.0)
+
+    def home(st: LiveState, key: str) -> int:
+        s = st.new_session(None, "rlvr", 10, group=0, affinity=key)
+        st.decide(0.0)
+        worker = s.traj.worker
+        st.finished(s, 1, 0.0)               # the session ends: the next one with this key is new
+        return worker
+
+    keys = [f"user:{i}" for i in range(16)]
+    first = [home(one, k) for k in keys]
+    assert [home(one, k) for k in keys] == first == [home(other, k) for k in keys]
+    assert len(set(first)) > 1
+
+
+def test_consistent_hash_gives_a_worker_added_later_its_share() -> None:
+    st = _state("consistent-hash", workers=2)
+    st.new_session(None, "rlvr", 10, group=0, affinity="user:first")
+    st.decide(0.0)
+    st.workers.append(Worker(id=2, accelerator="vllm", cluster="f", tp=1, kv_capacity=10_000, max_num_seqs=8,
+                             affinity=0))
+    sessions = [st.new_session(None, "rlvr", 10, group=i, affinity=f"user:{i}") for i in range(40)]
+    st.decide(0.0)
+    assert any(s.traj.worker == 2 for s in sessions)

@@ -36,7 +36,8 @@ def router(
 ) -> None:
     """Serve /v1/completions and /v1/chat/completions, routing with the simulator's decision code.
 
-    Headers: X-Session-Id (else the OpenAI `user` field), X-Workload-Class, X-Session-End.
+    Headers: X-Session-Id (a multi-turn session; `user` is an affinity key only), X-Workload-Class,
+    X-Session-End.
     Admin endpoints need $CADENCERL_ROUTER_ADMIN_TOKEN."""
     from cadencerl.router.serve import serve
     from cadencerl.router.settings import make_settings, read_classes, scenario_classes

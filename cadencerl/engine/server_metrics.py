@@ -13,13 +13,14 @@ from dataclasses import dataclass, field
 from prometheus_client.parser import text_string_to_metric_families
 
 KV_USAGE = "vllm:kv_cache_usage_perc"
+KV_USAGE_OLD = "vllm:gpu_cache_usage_perc"    # the same gauge under its older name (vLLM versions differ)
 RUNNING = "vllm:num_requests_running"
 WAITING = "vllm:num_requests_waiting"
 PREEMPTIONS = "vllm:num_preemptions_total"
 PREFIX_QUERIES = "vllm:prefix_cache_queries_total"
 PREFIX_HITS = "vllm:prefix_cache_hits_total"
 CACHE_CONFIG = "vllm:cache_config_info"
-SUMMED = (KV_USAGE, RUNNING, WAITING, PREEMPTIONS, PREFIX_QUERIES, PREFIX_HITS)
+SUMMED = (KV_USAGE, KV_USAGE_OLD, RUNNING, WAITING, PREEMPTIONS, PREFIX_QUERIES, PREFIX_HITS)
 REQUIRED = (KV_USAGE, RUNNING)
 
 
@@ -70,6 +71,8 @@ def _kv_from_labels(labels: dict[str, str]) -> int | None:
 def parse_metrics(text: str) -> EngineMetrics:
     """Parse vLLM's /metrics page; MetricsFormatError when it is not one."""
     totals, kv = _read(text)
+    if KV_USAGE not in totals and KV_USAGE_OLD in totals:
+        totals[KV_USAGE] = totals[KV_USAGE_OLD]
     missing = [name for name in REQUIRED if name not in totals]
     if missing:
         raise MetricsFormatError(f"/metrics lacks {', '.join(missing)}")

@@ -14,14 +14,17 @@ from contextlib import asynccontextmanager
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from cadencerl.router.disconnect import CLIENT_CLOSED, while_connected
 from cadencerl.router.proxy import forward
-from cadencerl.router.requests import ApiError, error_response, read_request
+from cadencerl.router.request_id import RequestIdMiddleware
+from cadencerl.router.requests import ApiError, Routed, error_response, read_request
 from cadencerl.router.service import Rejected, RouterService
-from cadencerl.router.settings import ADMIN_TOKEN_ENV, RouterSettings
+from cadencerl.router.settings import ADMIN_TOKEN_ENV, RouterSettings, check_worker_url
 
 
 def create_app(settings: RouterSettings, admin_token: str | None = None) -> Starlette:
@@ -50,7 +53,8 @@ def create_app(settings: RouterSettings, admin_token: str | None = None) -> Star
         Route("/admin/workers/drain", _admin(token, _drain_worker), methods=["POST"]),
     ]
     handlers = {ApiError: _server_error, HTTPException: _http_error, Exception: _server_error}
-    app = Starlette(routes=routes, lifespan=lifespan, exception_handlers=handlers)
+    app = Starlette(routes=routes, lifespan=lifespan, exception_handlers=handlers,
+                    middleware=[Middleware(RequestIdMiddleware)])
     app.state.service = svc
     return app
 
@@ -61,18 +65,28 @@ def _completion(path: str, chat: bool):
         s = svc.settings
         try:
             routed = await read_request(request, chat, s.classes, s.fallback_class, s.max_body_bytes)
+            svc.check_fits(routed.prompt_len, "messages" if chat else "prompt")
         except ApiError as exc:
             svc.metrics.errors.labels("bad_request").inc()
             return exc.response()
-        try:
-            session = await svc.acquire(routed.session_key, routed.workload_class, routed.prompt_len, routed.group)
-        except Rejected as exc:
-            return error_response(exc.status, str(exc), None, exc.reason, {"Retry-After": str(exc.retry_after)})
-        try:
-            return await forward(svc, session, path, routed, request.headers)
-        except ApiError as exc:
-            return exc.response()
+        response = await while_connected(request, _serve(svc, path, routed, request.headers))
+        if response is None:
+            svc.metrics.errors.labels("client_disconnect").inc()
+            return Response(status_code=CLIENT_CLOSED)
+        return response
     return handler
+
+
+async def _serve(svc: RouterService, path: str, routed: Routed, headers) -> Response:
+    try:
+        session = await svc.acquire(routed.session_key, routed.workload_class, routed.prompt_len, routed.group,
+                                    routed.affinity)
+    except Rejected as exc:
+        return error_response(exc.status, str(exc), None, exc.reason, {"Retry-After": str(exc.retry_after)})
+    try:
+        return await forward(svc, session, path, routed, headers)
+    except ApiError as exc:
+        return exc.response()
 
 
 async def _models(request: Request) -> Response:
@@ -155,9 +169,12 @@ async def _worker_url(request: Request) -> str:
     except ValueError:
         raise ApiError(400, "the body is not valid JSON") from None
     url = body.get("url") if isinstance(body, dict) else None
-    if not isinstance(url, str) or not url.startswith(("http://", "https://")):
+    if not isinstance(url, str):
         raise ApiError(400, "url: required, an http(s) URL", "url")
-    return url.rstrip("/")
+    try:
+        return check_worker_url(url, "url:")
+    except ValueError as exc:
+        raise ApiError(400, str(exc), "url") from None
 
 
 async def _add_worker(request: Request) -> Response:

@@ -73,10 +73,11 @@ class LiveState:
 
     # -- events -----------------------------------------------------------------------------------
 
-    def new_session(self, key: str | None, cls: str, prompt_len: int, group: int, now: float = 0.0) -> Session:
+    def new_session(self, key: str | None, cls: str, prompt_len: int, group: int, now: float = 0.0,
+                    affinity: str | None = None) -> Session:
         """A session's first request: FRESH, held until an Admit names its worker."""
         spec = TrajectorySpec(id=next(self._ids), group=group, prompt_len=max(1, prompt_len),
-                              response=HiddenLength(0, _SEALED), workload_class=cls)
+                              response=HiddenLength(0, _SEALED), workload_class=cls, affinity=affinity)
         session = Session(key, Trajectory(spec), arrived_at=now)
         self.hold.push(session.traj)
         self.live[spec.id] = session

@@ -12,7 +12,8 @@ class RouterMetrics:
                                 "(new session, continuation)", ["workload_class", "kind"], registry=r)
         self.admissions = Counter("cadencerl_router_admissions", "New sessions admitted, by class",
                                   ["workload_class"], registry=r)
-        self.rejections = Counter("cadencerl_router_rejections", "Requests answered 429, by reason",
+        self.rejections = Counter("cadencerl_router_rejections", "Requests refused before reaching a "
+                                  "server, by reason: 429 hold_full / hold_timeout, 503 no_worker",
                                   ["reason"], registry=r)
         self.errors = Counter("cadencerl_router_errors", "Errors, by kind", ["kind"], registry=r)
         self.retries = Counter("cadencerl_router_retries", "Requests retried on another server before "

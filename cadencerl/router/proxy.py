@@ -1,11 +1,16 @@
 """Forwarding one placed request to its server, with the router's fault rules.
 
-* A request that fails before its first token (no connection, 5xx, or the stream breaks before
-  any byte) is retried once on another server; the failing server is taken out of rotation until
-  a health poll gets through.
+* A request that fails before its first token (no connection, or the stream breaks before any
+  byte) is retried once on another server; a server that refuses the connection is taken out of
+  rotation until a health poll gets through.
 * A stream that breaks after its first token ends with an OpenAI-style error event and
   `data: [DONE]`, never a hang (the upstream read timeout bounds a silent server).
-* Client errors from the server (4xx) pass through unchanged.
+* The client's request headers go upstream and the server's response headers come back, less the
+  hop-by-hop ones (RFC 9110 7.6.1) and those that describe a body the router re-frames
+  (content-length; content-type is set upstream; accept-encoding is not forwarded, as the router
+  reads replies to count tokens).
+* The server's own error answers (4xx and 5xx) pass through unchanged, as vllm-router passes them:
+  a 5xx can belong to one request alone, so it neither takes the server out nor is retried.
 """
 
 from __future__ import annotations
@@ -22,8 +27,18 @@ from cadencerl.router.live import Session
 from cadencerl.router.requests import ApiError, Routed
 from cadencerl.router.service import RouterService
 
-_PASS_HEADERS = ("authorization", "x-request-id")
 WORKER_HEADER = "x-cadencerl-worker"
+HOP_BY_HOP = frozenset({"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailer",
+                        "trailers", "transfer-encoding", "upgrade", "proxy-connection"})
+_NOT_FORWARDED = HOP_BY_HOP | {"host", "content-length", "content-type", "accept-encoding"}
+_NOT_RETURNED = HOP_BY_HOP | {"content-length", "content-encoding", "date", "server"}   # uvicorn sets its own
+
+
+def _without(headers: list[tuple[bytes, bytes]], drop: frozenset[str]) -> list[tuple[bytes, bytes]]:
+    """`headers` less the names in `drop` and those the Connection header lists (hop-by-hop too)."""
+    listed = {n.strip().lower() for k, v in headers if k.lower() == b"connection"
+              for n in v.decode("latin-1").split(",")}
+    return [(k, v) for k, v in headers if (name := k.decode("latin-1").lower()) not in drop and name not in listed]
 
 
 class _BeforeFirstToken(Exception):
@@ -36,8 +51,7 @@ class _BeforeFirstToken(Exception):
 
 
 async def forward(svc: RouterService, session: Session, path: str, req: Routed, headers) -> Response:
-    fwd = {"content-type": "application/json"}
-    fwd.update({h: headers[h] for h in _PASS_HEADERS if h in headers})
+    fwd = [*_without(headers.raw, _NOT_FORWARDED), (b"content-type", b"application/json")]
     retried = False
     while True:
         up = svc.upstreams[session.traj.worker]
@@ -57,7 +71,7 @@ async def forward(svc: RouterService, session: Session, path: str, req: Routed, 
             raise
 
 
-async def _attempt(svc: RouterService, session: Session, url: str, req: Routed, fwd: dict,
+async def _attempt(svc: RouterService, session: Session, url: str, req: Routed, fwd: list,
                    worker: int) -> Response:
     # Straight to the transport: the client's layers (cookies, auth, redirects, default headers such
     # as Accept-Encoding, which a raw relay must not ask for) do nothing a forwarded request needs.
@@ -69,9 +83,8 @@ async def _attempt(svc: RouterService, session: Session, url: str, req: Routed, 
     except httpx.HTTPError as exc:
         raise _BeforeFirstToken(f"send_{type(exc).__name__}") from None
     if resp.status_code >= 500:
-        await resp.aclose()
-        raise _BeforeFirstToken("upstream_5xx", down=True)
-    out_headers = {WORKER_HEADER: str(worker)}
+        svc.metrics.errors.labels("upstream_5xx").inc()
+    out_headers = [*_without(resp.headers.raw, _NOT_RETURNED), (WORKER_HEADER.encode(), str(worker).encode())]
     if resp.status_code != 200 or not req.stream:
         try:
             content = await resp.aread()
@@ -80,8 +93,9 @@ async def _attempt(svc: RouterService, session: Session, url: str, req: Routed, 
         finally:
             await resp.aclose()
         svc.release(session, _completion_tokens(content) if resp.status_code == 200 else 0, last=req.last)
-        return Response(content, status_code=resp.status_code, headers=out_headers,
-                        media_type=resp.headers.get("content-type", "application/json"))
+        reply = Response(content, status_code=resp.status_code)     # content-length only
+        reply.raw_headers.extend(out_headers)
+        return reply
     chunks = resp.aiter_raw()
     try:
         first = await anext(chunks, b"")
@@ -98,11 +112,13 @@ class RelayResponse(Response):
 
     media_type = "text/event-stream"
 
-    def __init__(self, body: AsyncIterator[bytes], headers: dict[str, str]) -> None:
+    def __init__(self, body: AsyncIterator[bytes], headers: list[tuple[bytes, bytes]]) -> None:
         self.status_code = 200
         self.background = None
         self.body_iterator = body
-        self.init_headers(headers)     # no body attribute: no Content-Length, chunked
+        self.raw_headers = headers     # no Content-Length: chunked
+        if not any(k.lower() == b"content-type" for k, _ in headers):
+            self.raw_headers.append((b"content-type", self.media_type.encode()))
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         relay = asyncio.current_task()

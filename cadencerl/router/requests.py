@@ -2,7 +2,8 @@
 whether it is well formed. Bad input is an `ApiError` with an OpenAI-style body, never a crash.
 
 Headers (documented in the README):
-  X-Session-Id      ties the turns of one session (else the OpenAI `user` field; else none: a single reply)
+  X-Session-Id      ties the turns of one session (without it a request is a single reply, as vllm-router
+                    treats it; the OpenAI `user` field is an affinity key only and holds no capacity)
   X-Workload-Class  the request's class, one of the classes file (else the default class)
   X-Session-End     `1`/`true` on a session's last request, so it finishes at once instead of at its TTL
 """
@@ -20,6 +21,7 @@ SESSION_HEADER = "x-session-id"
 CLASS_HEADER = "x-workload-class"
 END_HEADER = "x-session-end"
 CHARS_PER_TOKEN = 4          # a text prompt's length in tokens, without a tokenizer (an estimate)
+AFFINITY_PREFIX_TOKENS = 256  # a keyless request's affinity: its prompt's first tokens (about a system prompt)
 
 
 class ApiError(Exception):
@@ -45,7 +47,8 @@ class Routed:
 
     raw: bytes
     stream: bool
-    session_key: str | None
+    session_key: str | None     # X-Session-Id: a multi-turn session that parks between turns
+    affinity: str               # what `consistent-hash` hashes: the session id, else `user`, else the prompt's prefix
     workload_class: str
     last: bool
     prompt_len: int
@@ -56,6 +59,13 @@ async def read_request(request: Request, chat: bool, classes: dict[str, float], 
                        max_bytes: int) -> Routed:
     raw = await _read_body(request, max_bytes)
     try:
+        return _route(raw, request.headers, chat, classes, default_class)
+    except RecursionError:     # parsing or hashing a body nested about a thousand levels deep
+        raise ApiError(400, "the body is nested too deeply") from None
+
+
+def _route(raw: bytes, headers, chat: bool, classes: dict[str, float], default_class: str) -> Routed:
+    try:
         body = json.loads(raw)
     except (ValueError, UnicodeDecodeError):
         raise ApiError(400, "the body is not valid JSON") from None
@@ -63,14 +73,15 @@ async def read_request(request: Request, chat: bool, classes: dict[str, float], 
         raise ApiError(400, "the body must be a JSON object")
     _check_fields(body)
     prompt = _messages(body) if chat else _prompt(body)
-    cls = request.headers.get(CLASS_HEADER) or default_class
+    cls = headers.get(CLASS_HEADER) or default_class
     if cls not in classes:
         raise ApiError(400, f"{CLASS_HEADER}: unknown class {cls!r} (known: {', '.join(classes)})", CLASS_HEADER)
-    key = request.headers.get(SESSION_HEADER) or body.get("user") or None
-    last = request.headers.get(END_HEADER, "").lower() in ("1", "true", "yes")
-    text = repr(prompt)
-    group = int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "big") >> 1
-    return Routed(raw, bool(body.get("stream", False)), key, cls, last, _length(prompt), group)
+    key = headers.get(SESSION_HEADER) or None
+    affinity = (f"session:{key}" if key else f"user:{body['user']}" if body.get("user")
+                else f"prefix:{_prefix(prompt)}")
+    last = headers.get(END_HEADER, "").lower() in ("1", "true", "yes")
+    group = int.from_bytes(hashlib.blake2b(repr(prompt).encode(), digest_size=8).digest(), "big") >> 1
+    return Routed(raw, bool(body.get("stream", False)), key, affinity, cls, last, _length(prompt), group)
 
 
 async def _read_body(request: Request, max_bytes: int) -> bytes:
@@ -123,8 +134,22 @@ def _messages(body: dict) -> object:
         raise ApiError(400, "messages: required, a non-empty list", "messages")
     for i, m in enumerate(messages):
         if not isinstance(m, dict) or not isinstance(m.get("role"), str):
-            raise ApiError(400, f"messages.{i}: must be an object with a role", "messages")
+            raise ApiError(400, f"messages[{i}]: must be an object with a string role", f"messages[{i}]")
+        _content(m.get("content"), f"messages[{i}].content")
     return messages
+
+
+def _content(content: object, where: str) -> None:
+    """A message's content as the OpenAI API takes it: text, null, or a list of parts whose text is text."""
+    if content is None or isinstance(content, str):
+        return
+    if not isinstance(content, list):
+        raise ApiError(400, f"{where}: must be a string, a list of content parts, or null", where)
+    for j, part in enumerate(content):
+        if not isinstance(part, dict):
+            raise ApiError(400, f"{where}[{j}]: must be an object", f"{where}[{j}]")
+        if (part.get("type") == "text" or "text" in part) and not isinstance(part.get("text"), str):
+            raise ApiError(400, f"{where}[{j}].text: must be a string", f"{where}[{j}].text")
 
 
 def _length(prompt: object) -> int:
@@ -136,6 +161,18 @@ def _length(prompt: object) -> int:
     if isinstance(prompt, list) and prompt and isinstance(prompt[0], dict):
         return sum(_length(_text(m.get("content"))) for m in prompt)
     return sum(_length(p) for p in prompt) if isinstance(prompt, list) else 1
+
+
+def _prefix(prompt: object) -> str:
+    """The start of a prompt (its first texts or token ids, about AFFINITY_PREFIX_TOKENS), so that
+    requests sharing a prefix share an affinity key."""
+    if isinstance(prompt, str):
+        return prompt[:AFFINITY_PREFIX_TOKENS * CHARS_PER_TOKEN]
+    if prompt and isinstance(prompt[0], int):
+        return repr(prompt[:AFFINITY_PREFIX_TOKENS])
+    if prompt and isinstance(prompt[0], dict):
+        return "".join(f"{m['role']}:{_text(m.get('content'))}" for m in prompt)[:AFFINITY_PREFIX_TOKENS * CHARS_PER_TOKEN]
+    return _prefix(prompt[0])
 
 
 def _text(content: object) -> str:

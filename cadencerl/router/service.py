@@ -21,8 +21,9 @@ from cadencerl.core.worker import Worker
 from cadencerl.engine.client import KEEPALIVE_EXPIRY_S
 from cadencerl.router.live import LiveState, Session
 from cadencerl.router.metrics import RouterMetrics
+from cadencerl.router.requests import ApiError
 from cadencerl.router.settings import RouterSettings
-from cadencerl.router.upstream import Upstream, scrape
+from cadencerl.router.upstream import Upstream, probe, scrape
 from cadencerl.routing.misa import Admitted, MisaT
 from cadencerl.routing.routers import CacheAware, ConsistentHash, LeastLoadedRouter, RoundRobin, StickyLeastLoaded
 
@@ -129,8 +130,8 @@ class RouterService:
             self.decide()
 
     def upstream_failed(self, up: Upstream) -> None:
-        """It did not answer a request: out of rotation until a health poll gets through."""
-        up.healthy = False
+        """It refused a request's connection: out of rotation until a health poll gets through."""
+        up.set_healthy(False, "it refused a connection")
         up.failures = max(up.failures, self.settings.failures_to_down)
         self.set_routable(up)
 
@@ -146,23 +147,43 @@ class RouterService:
             await self.poll_once()
 
     async def _poll(self, up: Upstream) -> None:
-        try:
-            figures = await scrape(self.client, up.url, max(1.0, 2 * self.settings.metrics_interval_s))
-        except (httpx.HTTPError, ValueError):
+        timeout = max(1.0, 2 * self.settings.metrics_interval_s)
+        reason = await probe(self.client, up.url, timeout)
+        if reason is None:
+            up.failures = 0
+            up.set_healthy(True)
+            await self._scrape(up, timeout)
+        else:
             up.failures += 1
             if up.failures >= self.settings.failures_to_down:
-                up.healthy = False
-        else:
-            up.failures = 0
-            up.healthy = True
-            up.prefix_queries = figures.prefix_cache_queries_total
-            up.prefix_hits = figures.prefix_cache_hits_total
-            self.state.set_figures(up.id, figures)
+                up.set_healthy(False, reason)
         self.state.workers[up.id].alive = up.routable
+
+    async def _scrape(self, up: Upstream, timeout: float) -> None:
+        """The server's figures, best-effort: a page that cannot be read keeps the last ones."""
+        try:
+            figures = await scrape(self.client, up.url, timeout)
+        except (httpx.HTTPError, ValueError) as exc:
+            up.set_metrics_ok(False, str(exc) or type(exc).__name__)
+            return
+        up.set_metrics_ok(True)
+        up.prefix_queries = figures.prefix_cache_queries_total
+        up.prefix_hits = figures.prefix_cache_hits_total
+        self.state.set_figures(up.id, figures)
 
     # -- requests ---------------------------------------------------------------------------------
 
-    async def acquire(self, key: str | None, cls: str, prompt_len: int, group: int) -> Session:
+    def check_fits(self, prompt_len: int, field: str) -> None:
+        """A prompt no server's KV can hold would wait at the head of the hold queue, blocking every
+        request behind it, until it timed out: refuse it now (the simulator refuses such a
+        trajectory at set-up, `check_fits_somewhere`)."""
+        caps = [w.kv_capacity for u, w in zip(self.upstreams, self.state.workers) if not u.removed]
+        if caps and max(1, prompt_len) >= max(caps):
+            raise ApiError(400, f"{field}: about {prompt_len} tokens, more than any server's KV capacity "
+                                f"({max(caps) - 1} tokens at most)", field)
+
+    async def acquire(self, key: str | None, cls: str, prompt_len: int, group: int,
+                      affinity: str | None = None) -> Session:
         """Admit (a new session) or place (a continuation) one request; waits in HOLD if it must."""
         now = self.now()
         if not any(w.alive for w in self.state.workers):
@@ -175,7 +196,7 @@ class RouterService:
         else:
             if session is not None:   # its last request is still in flight: this one is a reply of its own
                 key = None
-            session = self.state.new_session(key, cls, prompt_len, group, now)
+            session = self.state.new_session(key, cls, prompt_len, group, now, affinity)
             kind = "new"
         self.metrics.requests.labels(session.traj.workload_class, kind).inc()
         self.decide(now)

@@ -51,12 +51,7 @@ class RouterSettings(BaseModel):
     @field_validator("workers")
     @classmethod
     def _urls(cls, urls: list[str]) -> list[str]:
-        out = []
-        for url in urls:
-            parsed = urlparse(url)
-            if parsed.scheme not in ("http", "https") or not parsed.netloc:
-                raise ValueError(f"{url!r} is not an http(s) URL")
-            out.append(url.rstrip("/"))
+        out = [check_worker_url(url, "--workers") for url in urls]
         if len(set(out)) != len(out):
             raise ValueError("a worker URL is listed twice")
         return out
@@ -89,6 +84,21 @@ class RouterSettings(BaseModel):
     def fallback_class(self) -> str:
         """The class of a request that names none: the given default, else the first class."""
         return self.default_class or next(iter(self.classes))
+
+
+def check_worker_url(url: str, where: str) -> str:
+    """A server's URL, without a trailing slash; ValueError (naming `where`) unless it is an http(s)
+    URL with a host and, if given, a port in 1-65535 (urlparse alone accepts port 99999)."""
+    parsed = urlparse(url)
+    try:
+        port = parsed.port
+    except ValueError:
+        port = -1
+    if parsed.scheme not in ("http", "https") or not parsed.hostname:
+        raise ValueError(f"{where} {url!r} is not an http(s) URL with a host")
+    if port is not None and not 1 <= port <= 65535:
+        raise ValueError(f"{where} {url!r}: the port must be a number in 1-65535")
+    return url.rstrip("/")
 
 
 def make_settings(**fields) -> RouterSettings:

@@ -1,19 +1,24 @@
 """The vLLM servers behind the router: their health, and the KV pressure their /metrics report.
 
-The page is read by the engine path's one parser (`engine/server_metrics.py`): KV usage, running,
-waiting and preempted requests, the prefix-cache counters and the KV size from
-`vllm:cache_config_info` are what MISA-T's gate and the router's own metrics read.
-A scrape that fails counts against the server's health: `failures_to_down` in a row take it out,
-one success brings it back (unless an admin drained or removed it).
+Up or down comes from `GET /health` alone: `failures_to_down` failures in a row take a server out,
+one 200 brings it back (unless an admin drained or removed it). Each change is logged once at
+warning level with its reason, so a misconfigured URL is visible rather than a silent 503.
+/metrics is best-effort (its gauge names differ between vLLM versions): read by the engine path's
+one parser (`engine/server_metrics.py`), its KV usage, running, waiting and preempted requests,
+prefix-cache counters and KV size feed MISA-T's gate and the router's metrics; a page that cannot
+be read keeps the last figures and leaves the server up.
 """
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
 import httpx
 
 from cadencerl.engine.server_metrics import EngineMetrics, parse_metrics
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -28,10 +33,43 @@ class Upstream:
     removed: bool = False
     prefix_queries: float = 0.0     # the server's own prefix-cache counters, as last scraped
     prefix_hits: float = 0.0
+    metrics_ok: bool = True         # the last /metrics page could be read
 
     @property
     def routable(self) -> bool:
         return self.healthy and not self.draining and not self.removed
+
+    def set_healthy(self, healthy: bool, reason: str = "") -> None:
+        """Record the server's health; a change is logged once, with why."""
+        if healthy != self.healthy:
+            if healthy:
+                log.warning("worker %s is up again", self.url)
+            else:
+                log.warning("worker %s is down: %s", self.url, reason)
+        self.healthy = healthy
+
+    def set_metrics_ok(self, ok: bool, reason: str = "") -> None:
+        if ok != self.metrics_ok:
+            if ok:
+                log.warning("worker %s: /metrics is readable again", self.url)
+            else:
+                log.warning("worker %s: /metrics unreadable (%s); routing without its KV figures", self.url, reason)
+        self.metrics_ok = ok
+
+
+async def probe(client: httpx.AsyncClient, url: str, timeout_s: float) -> str | None:
+    """GET the server's /health: None when it answers 200, else why not."""
+    try:
+        resp = await client.get(f"{url}/health", timeout=timeout_s)
+    except httpx.HTTPError as exc:
+        reason = f"GET /health failed: {str(exc) or type(exc).__name__}"
+    else:
+        if resp.status_code == 200:
+            return None
+        reason = f"GET /health answered {resp.status_code}"
+    if url.endswith("/v1"):
+        reason += " (the URL ends in /v1: give the server's root URL, without /v1)"
+    return reason
 
 
 async def scrape(client: httpx.AsyncClient, url: str, timeout_s: float) -> EngineMetrics:

@@ -4,8 +4,8 @@ A router places every request (a new session's first turn, or a continuation) on
 arrives and never moves it afterwards; the engine queues what it cannot run yet. Load is the
 router's own in-flight count per worker: it sees no KV or token figures.
 
-* `round-robin`, `least-loaded` (fewest in flight), `consistent-hash` (on the session id, with
-  virtual nodes), `sticky-least-loaded` (first turn least-loaded, then back to the same worker);
+* `round-robin`, `least-loaded` (fewest in flight), `consistent-hash` (on the request's affinity
+  key, with virtual nodes), `sticky-least-loaded` (first turn least-loaded, then back to the same worker);
 * `cache-aware` (vLLM Router / SGLang router): if the pool is imbalanced, least-loaded; else the
   worker holding the longest prefix of the request when the match rate clears `cache_threshold`,
   else least-loaded; the request's text is then inserted in the chosen worker's tree.
@@ -98,24 +98,31 @@ class LeastLoadedRouter(Router):
 
 
 class ConsistentHash(Router):
-    """Session id on a hash ring with virtual nodes; the first live worker clockwise."""
+    """The request's affinity key (a live router's session id, `user` or prompt prefix; the
+    simulator's trajectory id) on a hash ring with virtual nodes; the first live worker clockwise.
+    The ring follows the set of worker ids, so a worker added while running takes its share."""
 
     name = "consistent-hash"
     VNODES = 64
 
     def __init__(self) -> None:
-        self._ring: list[tuple[int, int]] | None = None
+        self._ring: list[tuple[int, int]] = []
+        self._keys: list[int] = []
+        self._ids: frozenset[int] = frozenset()
 
     @staticmethod
     def _h(text: str) -> int:
         return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "big")
 
     def route(self, view, traj, workers):
-        if self._ring is None:
-            self._ring = sorted((self._h(f"{w.id}#{i}"), w.id) for w in view.workers for i in range(self.VNODES))
+        ids = frozenset(w.id for w in view.workers)
+        if ids != self._ids:
+            self._ring = sorted((self._h(f"{wid}#{i}"), wid) for wid in ids for i in range(self.VNODES))
+            self._keys = [k for k, _ in self._ring]
+            self._ids = ids
         allowed = {w.id: w for w in workers}
-        keys = [k for k, _ in self._ring]
-        start = bisect_right(keys, self._h(f"session-{traj.id}"))
+        key = traj.spec.affinity
+        start = bisect_right(self._keys, self._h(f"session-{traj.id}" if key is None else key))
         for i in range(len(self._ring)):
             wid = self._ring[(start + i) % len(self._ring)][1]
             if wid in allowed:

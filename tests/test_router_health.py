@@ -1,0 +1,52 @@
+"""The router's view of its servers' health: up or down from /health alone, /metrics best-effort
+(either KV gauge name), and each change logged once with its reason."""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import httpx
+import pytest
+
+from cadencerl.engine.server_metrics import parse_metrics
+from router_stub import Fleet
+
+pytestmark = pytest.mark.timeout(60)
+
+TOKENS = {"model": "tiny", "prompt": [5, 6, 7, 8], "max_tokens": 4}
+
+
+def _polls(f: Fleet, n: int = 5) -> None:
+    time.sleep(n * f.settings.metrics_interval_s)
+
+
+def test_the_older_kv_gauge_name_is_read() -> None:
+    page = "# TYPE vllm:gpu_cache_usage_perc gauge\nvllm:gpu_cache_usage_perc 0.25\n" \
+           "# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running 3\n"
+    m = parse_metrics(page)
+    assert m.kv_cache_usage == 0.25 and m.num_requests_running == 3
+
+
+@pytest.mark.parametrize("metrics", ["old", "none"])
+def test_a_server_whose_health_is_ok_stays_up_whatever_its_metrics_say(metrics: str) -> None:
+    with Fleet() as f, httpx.Client(base_url=f.url, timeout=10) as c:
+        for s in f.states:
+            s.metrics = metrics
+        _polls(f)
+        assert c.get("/health").json()["workers_up"] == 2
+        assert c.post("/v1/completions", json=TOKENS).status_code == 200
+        assert all(u.metrics_ok == (metrics == "old") for u in f.service.upstreams)
+
+
+def test_a_server_that_stays_down_is_logged_once_with_its_reason(caplog) -> None:
+    caplog.set_level(logging.WARNING, logger="cadencerl.router")
+    with Fleet(stubs=1, admin_token="secret") as f, httpx.Client(base_url=f.url, timeout=10) as c:
+        wrong = f.settings.workers[0] + "/v1"
+        r = c.post("/admin/workers", json={"url": wrong}, headers={"Authorization": "Bearer secret"})
+        assert r.status_code == 201
+        _polls(f, 8)
+        down = [rec for rec in caplog.records if wrong in rec.getMessage() and "down" in rec.getMessage()]
+        assert len(down) == 1 and down[0].levelno == logging.WARNING
+        assert "ends in /v1" in down[0].getMessage() and "404" in down[0].getMessage()
+        assert c.post("/v1/completions", json=TOKENS).headers["x-cadencerl-worker"] == "0"
