@@ -9,7 +9,7 @@ from collections import Counter
 import pytest
 
 from cadencerl.config import builtin_scenario
-from cadencerl.core.actions import ActionError, Admit, Advance
+from cadencerl.core.actions import ActionError, Admit, Advance, Place
 from cadencerl.policies.cadence import Cadence
 from cadencerl.policies.least_loaded import LeastLoaded
 from cadencerl.routing.gated import PLACEMENT_TRAITS
@@ -40,6 +40,22 @@ def test_behind_cadence_a_worker_at_its_cap_takes_no_more_sessions_in_the_same_d
     admits = Counter(a.worker for a in p.decide() if isinstance(a, Admit))
     assert admits == {0: 1, 1: 39}     # the tight fit would put all 40 on worker 0
     assert tight.sessions == 3
+
+
+def test_behind_cadence_a_session_moving_its_home_onto_a_worker_can_fill_its_cap():
+    """A resumed session placed away from its home moves it: the worker it lands on counts one
+    more session, which may reach its cap before the fresh work of the same decision."""
+    misa = MisaT({"rlvr": 1.0})
+    tight = worker(0, residents=[traj(i, 10) for i in range(1000, 1002)])   # 2 sessions, cap 3
+    roomy = worker(1)
+    back = traj(1, 5)                     # shorter than the fresh work: placed first, on the tight fit
+    back.home, roomy.sessions = 1, 1
+    p = pool(Admitted(misa, Cadence(PARAMS.model_copy(update={"spread_when_underloaded": False}))),
+             [tight, roomy], pending=[back], fresh=fresh(10))
+    pinned(misa, p.view, {0: 3.0, 1: 50.0})
+    acts = p.decide()
+    assert acts[0] == Place(1, 0) and tight.sessions == 3
+    assert Counter(a.worker for a in acts if isinstance(a, Admit)) == {1: 10}
 
 
 def test_the_controller_refuses_an_admission_the_layer_holds():

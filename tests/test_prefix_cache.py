@@ -177,3 +177,30 @@ def test_a_request_arriving_while_the_engine_is_frozen_starts_no_prefill_before_
     assert engine.prefill_tokens == chunked and engine.mixed_end < 0
     run_until(sim, 5.0 + 1e-3)
     assert engine.mixed_end > 5.0                                     # chunks go on once the weights are in
+
+
+@pytest.mark.parametrize("exact", [False, True])
+def test_the_kv_an_engine_reports_counts_what_a_prefill_has_computed_so_far(exact):
+    """vLLM's kv_cache_usage counts the blocks a prefilling request holds; MISA-T reads it as
+    pressure, so the simulator reports them too: a long prompt mid-prefill on an idle engine."""
+    from cadencerl.config import PolicySpec
+    from cadencerl.core.actions import Admit
+    from cadencerl.core.controller import Controller
+    from cadencerl.core.spec import HiddenLength, TrajectorySpec
+    from cadencerl.core.trajectory import Trajectory
+    from cadencerl.policies.least_loaded import LeastLoaded
+
+    workers, perfs = build_pool(small())
+    sim = SimBackend(perfs, KEY, exact=exact)
+    sim.start(workers)
+    long = Trajectory(TrajectorySpec(0, 0, 30_000, HiddenLength(100, KEY)))
+    ctl = Controller(LeastLoaded(), sim, workers, [long], batch_size=1, params=PolicySpec(eta=1), train_time_s=1.0)
+    ctl.apply(Admit(0, 0), 0.0)
+    sim.commit(0.0)
+    assert sim.stats(0).kv_tokens == 0                                # nothing computed yet
+    engine = sim.engines[0]
+    budget = engine.perf.token_budget
+    run_until(sim, engine.mixed_end + 1e-6)                           # the first chunk's step ended
+    sim.sync(sim._clock)
+    assert engine.prefilling and not engine.running
+    assert sim.stats(0).kv_tokens == budget

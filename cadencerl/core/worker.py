@@ -22,7 +22,7 @@ class Worker:
     kv_used: int = 0             # tokens committed to residents (running, queued or loading)
     sessions: int = 0            # unfinished trajectories whose home (KV or prefix cache) is here
     # what the engine itself reports (vLLM's /metrics), refreshed at every decision
-    engine_kv: int = 0           # KV tokens held by running requests
+    engine_kv: int = 0           # KV tokens the engine holds (running requests, and prefilling ones so far)
     num_waiting: int = 0
     preemptions: int = 0
 

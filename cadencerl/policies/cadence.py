@@ -250,7 +250,8 @@ class Cadence:
                 nxt = next(pending, None)
                 nxt_context = nxt.context if nxt is not None else 0
             yield traj.id, w.id, is_fresh
-            if is_fresh and gated and not view.accepts_new(w):   # applied by now: the layer may close `w`
+            # applied by now: a session that started on `w` or moved its home there may fill its cap
+            if gated and w in newcomers and not view.accepts_new(w):
                 newcomers.remove(w)
 
     def _fair_shares(self, view: PoolView, v: int) -> dict[int, float]:

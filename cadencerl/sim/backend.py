@@ -62,7 +62,10 @@ class SimBackend:
 
     def stats(self, worker: int) -> EngineStats:
         e = self.engines[worker]
-        return EngineStats(e.ctx_total + len(e.running) * e.lag, len(e.running) + len(e.prefilling),
+        # KV in use as vLLM's kv_cache_usage counts it: the running set's, and the blocks prefilling
+        # requests already hold (cached prefix and computed chunks)
+        used = e.ctx_total + len(e.running) * e.lag + sum(r.done for r in e.prefilling)
+        return EngineStats(used, len(e.running) + len(e.prefilling),
                            len(e.waiting), e.preemptions)
 
     def place(self, traj: Trajectory, worker: int, restore: Restore, delay_s: float) -> None:
