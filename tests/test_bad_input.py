@@ -14,6 +14,7 @@ import pytest
 from typer.testing import CliRunner
 
 from cadencerl.cli import app
+from cadencerl.cli.common import build_scenario
 from cadencerl.config import ConfigError, builtin_scenario, load_scenario_dict, load_scenario_file
 from cadencerl.workload.trace import load_trace
 from tests.test_cli import GOOD as CLI_GOOD
@@ -278,6 +279,17 @@ CLI_CASES = [
     ("run-deadline-nan", ["run", "-s", "cpu-pair", "--workers", "http://127.0.0.1:9", "--deadline", "nan"],
      "deadline"),
     ("unknown-option", ["sim", "-s", "h800-16", "--trajectory", "5"], "--trajectory"),
+    # an empty value is refused as such, not taken for 'not given' and failed on as a bug
+    ("sim-empty-scenario", ["sim", "-s", ""], "error: scenario:"),
+    ("compare-empty-scenario", ["compare", "-s", ""], "error: scenario:"),
+    ("sweep-empty-scenario", ["sweep", "-s", ""], "error: scenario:"),
+    ("sensitivity-empty-scenario", ["sensitivity", "-s", ""], "error: scenario:"),
+    ("run-empty-scenario", ["run", "-s", "", "--workers", "http://127.0.0.1:9"], "error: scenario:"),
+    ("pool-up-empty-scenario", ["pool", "up", "-s", ""], "error: scenario:"),
+    ("run-empty-workers", ["run", "-s", "cpu-pair", "--workers", ""], "error: workers:"),
+    ("run-blank-workers", ["run", "-s", "cpu-pair", "--workers", " , "], "error: workers:"),
+    ("calibrate-empty-workers", ["calibrate", "--workers", ""], "error: workers:"),
+    ("json-empty", ["sim", "-s", "h800-16", "--json", ""], "error: json: give a file path or '-'"),
 ]
 
 
@@ -331,6 +343,7 @@ API_CASES = [
     ("resized-batch", lambda: builtin_scenario("h800-16").resized(64, batch_size=65), "trainer.batch_size"),
     ("load-file-directory", lambda: load_scenario_file(Path(".")), "directory"),
     ("load-trace-missing", lambda: load_trace("/no/such/trace.jsonl", object()), "workload.trace"),
+    ("build-empty-scenario", lambda: build_scenario("", None, {}), "scenario"),
 ]
 
 

@@ -21,9 +21,6 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from cadencerl.config import ConfigError, Scenario, builtin_scenario, load_scenario_file
 from cadencerl.runs.outputs import write_atomic
 
-ScenarioOpt = typer.Option(None, "--scenario", "-s", help="built-in scenario name (see `cadencerl scenarios`)")
-ConfigOpt = typer.Option(None, "--config", "-c", help="a scenario file (YAML or TOML)")
-JsonOpt = typer.Option(None, "--json", help="write the figures as JSON to PATH, or '-' for stdout only")
 
 
 # click's exception classes as typer uses them (typer >= 0.22 vendors its own click, older ones use click)
@@ -45,6 +42,26 @@ def bug(exc: BaseException) -> None:
     Console(stderr=True).print(Text.assemble(("internal error (a bug in CadenceRL; please report it):", "bold red"),
                                              " ", line), highlight=False, soft_wrap=True)
     raise typer.Exit(1)
+
+
+def given(field: str, hint: str) -> Callable:
+    """An option callback refusing an empty value (`-s ""`, `--workers ","`): the commands take a
+    falsy value for 'not given' and would otherwise fail later, far from the option."""
+    def check(value: Optional[str]) -> Optional[str]:
+        if value is not None and not any(part.strip() for part in str(value).split(",")):
+            fail(f"{field}: {hint}")
+        return value
+    return check
+
+
+ScenarioOpt = typer.Option(None, "--scenario", "-s", help="built-in scenario name (see `cadencerl scenarios`)",
+                           callback=given("scenario", "give a built-in name (see `cadencerl scenarios`), "
+                                                      "not an empty string"))
+ConfigOpt = typer.Option(None, "--config", "-c", help="a scenario file (YAML or TOML)")
+JsonOpt = typer.Option(None, "--json", help="write the figures as JSON to PATH, or '-' for stdout only",
+                       callback=given("json", "give a file path or '-'"))
+WorkersOpt = typer.Option(None, "--workers", help="server URLs, comma-separated",
+                          callback=given("workers", "give server URLs, comma-separated, not an empty string"))
 
 
 def guarded(command: Callable) -> Callable:
@@ -93,7 +110,7 @@ def build_scenario(name: Optional[str], config: Optional[Path], overrides: dict)
     batches (the same regime, smaller); `--batch-size B` sets the batch instead."""
     if (name is None) == (config is None):
         raise ConfigError("scenario: give exactly one of --scenario NAME or --config FILE")
-    s = builtin_scenario(name) if name else load_scenario_file(config)
+    s = builtin_scenario(name) if name is not None else load_scenario_file(config)
     trajectories, batch = overrides.get("trajectories"), overrides.get("batch_size")
     if trajectories is not None:
         s = s.resized(trajectories, batch)

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import typer
 
-from cadencerl.cli.common import BatchOpt, ConfigOpt, JsonOpt, ScenarioOpt, bug, check_json_target, fail
+from cadencerl.cli.common import BatchOpt, ConfigOpt, JsonOpt, ScenarioOpt, WorkersOpt, bug, check_json_target, fail
 from cadencerl.cli.common import int_list, load_scenario, write_json
 from cadencerl.cli.live import live_status
 from cadencerl.cli.pinning import pin_servers
@@ -229,7 +229,7 @@ def _check_run_input(scenario: str | None, config: Path | None, policy: str, wor
 
 def run(scenario: str | None = ScenarioOpt, config: Path | None = ConfigOpt,
         policy: str = typer.Option("cadence", "--policy", "-p"),
-        workers: str | None = typer.Option(None, "--workers", help="server URLs, comma-separated"),
+        workers: str | None = WorkersOpt,
         labels: str | None = typer.Option(None, "--labels", help="catalog accelerator per URL (default cpu-tiny)"),
         local: int | None = typer.Option(None, "--local", help="start N local servers for this run"),
         ray: str | None = typer.Option(None, "--ray", help="Ray cluster address: run on the servers of its actors"),
@@ -295,7 +295,7 @@ def run(scenario: str | None = ScenarioOpt, config: Path | None = ConfigOpt,
     write_json(json_out, result)
 
 
-def calibrate(workers: str | None = typer.Option(None, "--workers", help="server URLs, comma-separated"),
+def calibrate(workers: str | None = WorkersOpt,
               local: int | None = typer.Option(None, "--local", help="start N local servers to measure"),
               batches: str = typer.Option("1,4,16,32", "--batches"),
               prompts: str = typer.Option("32,384", "--prompts", help="prompt lengths (context per request)"),
