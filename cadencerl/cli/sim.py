@@ -175,7 +175,7 @@ def sweep(scenario: Optional[str] = ScenarioOpt, config: Optional[Path] = Config
 
 def scenarios() -> None:
     """List the built-in scenarios."""
-    console().print(scenarios_table())
+    print_tables([scenarios_table()], False)
 
 
 def report(out: Optional[Path] = typer.Option(None, "--out", "-o", help="directory for report.md, figures/, results.json"),
@@ -211,5 +211,5 @@ def report(out: Optional[Path] = typer.Option(None, "--out", "-o", help="directo
         table.add_column(h.replace("**", ""), justify="left" if h == "pool" else "right")
     for row in headline:
         table.add_row(*(str(c).replace("**", "") for c in row))
-    console().print(table)
+    print_tables([table], False)
     console().print(f"report written to {path}")
