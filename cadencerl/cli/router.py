@@ -8,6 +8,7 @@ from typing import Optional
 import typer
 
 from cadencerl.cli.common import fail
+from cadencerl.cli.tables import console
 from cadencerl.config import ConfigError
 
 
@@ -39,7 +40,7 @@ def router(
     Headers: X-Session-Id (a multi-turn session; `user` is an affinity key only), X-Workload-Class,
     X-Session-End.
     Admin endpoints need $CADENCERL_ROUTER_ADMIN_TOKEN."""
-    from cadencerl.router.serve import serve
+    from cadencerl.router.serve import bind, serve
     from cadencerl.router.settings import make_settings, read_classes, scenario_classes
 
     try:
@@ -56,6 +57,15 @@ def router(
             balance_abs_threshold=balance_abs_threshold, balance_rel_threshold=balance_rel_threshold,
             hold_max=hold_max, hold_timeout_s=hold_timeout, session_ttl_s=session_ttl, kv_capacity=kv_capacity,
             max_num_seqs=max_num_seqs if max_num_seqs is not None else seqs, batch_size=batch_size)
+        sock = bind(settings.host, settings.port)
     except ConfigError as exc:
         fail(str(exc))
-    serve(settings)
+    console(True).print(started_line(settings, sock.getsockname()[1]), highlight=False, soft_wrap=True)
+    serve(settings, sock)
+
+
+def started_line(settings, port: int) -> str:
+    """What the router serves, said once on stderr when it starts (uvicorn logs only warnings)."""
+    host = f"[{settings.host}]" if ":" in settings.host else settings.host
+    return (f"router: listening on http://{host}:{port}, {len(settings.workers)} workers "
+            f"({', '.join(settings.workers)}), policy {settings.policy}")
