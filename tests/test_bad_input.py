@@ -290,6 +290,16 @@ CLI_CASES = [
     ("run-blank-workers", ["run", "-s", "cpu-pair", "--workers", " , "], "error: workers:"),
     ("calibrate-empty-workers", ["calibrate", "--workers", ""], "error: workers:"),
     ("json-empty", ["sim", "-s", "h800-16", "--json", ""], "error: json: give a file path or '-'"),
+    # a value given twice would run (or measure) twice, or silently be the default
+    ("compare-duplicate-policy", ["compare", "-s", "h800-16", "--policies", "cadence,areal, cadence"],
+     "error: policies: duplicate cadence"),
+    ("sensitivity-duplicate-eta", ["sensitivity", "-s", "h800-16", "--etas", "1,1"], "error: etas: duplicate 1"),
+    ("sensitivity-duplicate-delta", ["sensitivity", "-s", "h800-16", "--deltas", "512,1024,512"],
+     "error: deltas: duplicate 512"),
+    ("calibrate-duplicate-batch", ["calibrate", "--workers", "http://127.0.0.1:9", "--batches", "4,4"],
+     "error: batches: duplicate 4"),
+    ("run-empty-labels", ["run", "-s", "cpu-pair", "--workers", "http://127.0.0.1:9", "--labels", ""],
+     "error: labels:"),
 ]
 
 
@@ -459,6 +469,11 @@ def test_valid_yaml_variants_run(tmp_path, encode):
 ], ids=["plain", "crlf", "bom"])
 def test_valid_toml_variants_run(tmp_path, encode):
     _runs(*_run_config(tmp_path, encode(TOML), ".toml"))
+
+
+@pytest.mark.parametrize("suffix", [".TOML", ".Toml"])
+def test_a_toml_suffix_in_any_case_is_read_as_toml(tmp_path, suffix):
+    _runs(*_run_config(tmp_path, TOML, suffix))
 
 
 def test_trace_without_response_runs_everywhere(tmp_path, monkeypatch):

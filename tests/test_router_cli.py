@@ -80,3 +80,12 @@ def test_the_router_says_where_it_listens() -> None:
     match = re.fullmatch(r"router: listening on http://127\.0\.0\.1:(\d+), 1 workers \(http://127\.0\.0\.1:9\), "
                          r"policy round-robin\n", line)
     assert match and int(match.group(1)) > 0, line
+
+
+@pytest.mark.parametrize("name, text", [("c.TOML", "agent = 1\nrlvr = 3\n"), ("c.Json", '{"agent": 1, "rlvr": 3}')])
+def test_a_classes_suffix_in_any_case_picks_the_parser(tmp_path: Path, name: str, text: str) -> None:
+    from cadencerl.router.settings import read_classes
+
+    (tmp_path / name).write_text(text)
+    shares, default = read_classes(tmp_path / name)
+    assert shares == {"agent": 1, "rlvr": 3} and default is None

@@ -171,11 +171,19 @@ def write_json(target: Optional[str], payload) -> None:
 
 
 def int_list(name: str, text: str, minimum: int = 0) -> list[int]:
-    """A comma-separated list of integers >= `minimum`, or a one-line error naming the option."""
+    """A comma-separated list of distinct integers >= `minimum`, or a one-line error naming the option."""
     try:
         values = [int(x) for x in text.split(",") if x.strip()]
     except ValueError:
         values = []
     if not values or any(v < minimum for v in values):
         fail(f"{name}: expected comma-separated integers >= {minimum}, got {text!r}")
+    return distinct(name, values)
+
+
+def distinct(name: str, values: list) -> list:
+    """`values`, or a one-line error naming the option when one is given twice (it would run twice)."""
+    twice = sorted({str(v) for v in values if values.count(v) > 1})
+    if twice:
+        fail(f"{name}: duplicate {', '.join(twice)}; give each once")
     return values

@@ -20,7 +20,7 @@ from pathlib import Path
 import typer
 
 from cadencerl.cli.common import BatchOpt, ConfigOpt, JsonOpt, ScenarioOpt, WorkersOpt, bug, check_json_target, fail
-from cadencerl.cli.common import int_list, load_scenario, write_json
+from cadencerl.cli.common import given, int_list, load_scenario, write_json
 from cadencerl.cli.live import live_status
 from cadencerl.cli.pinning import pin_servers
 from cadencerl.cli.ray_pool import ray_down, ray_up, ray_urls
@@ -230,7 +230,9 @@ def _check_run_input(scenario: str | None, config: Path | None, policy: str, wor
 def run(scenario: str | None = ScenarioOpt, config: Path | None = ConfigOpt,
         policy: str = typer.Option("cadence", "--policy", "-p"),
         workers: str | None = WorkersOpt,
-        labels: str | None = typer.Option(None, "--labels", help="catalog accelerator per URL (default cpu-tiny)"),
+        labels: str | None = typer.Option(None, "--labels", help="catalog accelerator per URL (default cpu-tiny)",
+                                          callback=given("labels", "give a catalog accelerator per URL, "
+                                                                   "comma-separated, not an empty string")),
         local: int | None = typer.Option(None, "--local", help="start N local servers for this run"),
         ray: str | None = typer.Option(None, "--ray", help="Ray cluster address: run on the servers of its actors"),
         ray_actors: str | None = typer.Option(None, "--ray-actors", help="with --ray: these actors (names, "

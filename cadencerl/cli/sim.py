@@ -11,7 +11,8 @@ from typing import Optional
 import typer
 
 from cadencerl.cli.common import BatchOpt, ConfigOpt, DeltaOpt, EtaOpt, JsonOpt, ScenarioOpt, SeedOpt, TrainerClusterOpt
-from cadencerl.cli.common import TrajectoriesOpt, bug, fail, int_list, load_scenario, progress_bar, write_json
+from cadencerl.cli.common import TrajectoriesOpt, bug, distinct, fail, int_list, load_scenario, progress_bar
+from cadencerl.cli.common import write_json
 from cadencerl.cli.tables import (
     comparison_table,
     console,
@@ -119,7 +120,7 @@ def compare(scenario: Optional[str] = ScenarioOpt, config: Optional[Path] = Conf
     knobs = dict(seed=seed, trajectories=trajectories, batch_size=batch_size, eta=eta, delta=delta,
                  trainer_cluster=trainer_cluster)
     s = load_scenario(scenario, config, knobs, json_out)
-    names = [p.strip() for p in policies.split(",") if p.strip()]
+    names = distinct("policies", [p.strip() for p in policies.split(",") if p.strip()])
     if not names:
         fail("policies: give at least one policy name")
     results = run_policies(s, names, False, show_progress=True)
