@@ -80,6 +80,11 @@ def guarded(command: Callable) -> Callable:
     return run
 
 
+# The policy names the registry (runs/registry.py) resolves; kept literal so `--help` does not import
+# every policy, and checked against the registry by tests/test_cli_help.py.
+ADMISSION_FORMS = "misa, misa-goodput or cap<N> (N sessions in flight)"
+POLICY_HELP = ("a policy name (e.g. cadence, laminar, areal, least-loaded, cache-aware; an unknown name lists "
+               f"them all), or ADMISSION+POLICY with ADMISSION {ADMISSION_FORMS}")
 SeedOpt = typer.Option(None, "--seed", min=0, help="workload seed (default: the scenario's)")
 TrajectoriesOpt = typer.Option(None, "--trajectories", min=1,
                                help="trajectories per run; the trainer batch scales with it unless --batch-size")

@@ -21,8 +21,8 @@ def router(
                                            "class -> share (optional `default: CLASS`)"),
     config: Optional[Path] = typer.Option(None, "--config", help="a scenario file: the target mix from its "
                                           "workload classes, max_num_seqs from its pool"),
-    host: str = typer.Option("127.0.0.1", "--host"),
-    port: int = typer.Option(8000, "--port"),
+    host: str = typer.Option("127.0.0.1", "--host", help="address to listen on (0.0.0.0: every interface)"),
+    port: int = typer.Option(8000, "--port", help="port to listen on (0: any free one, said at start-up)"),
     cache_threshold: Optional[float] = typer.Option(None, "--cache-threshold", help="vllm-router's name (0.3)"),
     balance_abs_threshold: Optional[int] = typer.Option(None, "--balance-abs-threshold", help="(64)"),
     balance_rel_threshold: Optional[float] = typer.Option(None, "--balance-rel-threshold", help="(1.5)"),
@@ -31,7 +31,8 @@ def router(
     session_ttl: Optional[float] = typer.Option(None, "--session-ttl", help="seconds a parked session lives (60)"),
     kv_capacity: Optional[int] = typer.Option(None, "--kv-capacity",
                                               help="KV tokens per server until it reports its own"),
-    max_num_seqs: Optional[int] = typer.Option(None, "--max-num-seqs"),
+    max_num_seqs: Optional[int] = typer.Option(None, "--max-num-seqs", help="sequences each server runs at once (its "
+                                               "vLLM --max-num-seqs), as routing assumes (default: --config's pool's, else 256)"),
     batch_size: Optional[int] = typer.Option(None, "--batch-size", help="the trainer's batch: MISA-T keeps "
                                              "each batch-sized cohort of sessions on the target mix (1024)"),
 ) -> None:
