@@ -2,7 +2,9 @@
 
 Usage: python benchmarks/sim_speed.py [--scenario 16a16b8h] [--policy cadence] [--trajectories N]
        python benchmarks/sim_speed.py --every-scenario [--policy cadence]
-Prints simulated decode tokens per wall second for both modes, and as its last line one JSON
+`--trajectories N` scales the trainer batch with it, as `cadencerl compare` does; bad input is one
+line `error: FIELD: ...` and exit code 2. Prints simulated decode tokens per wall second for both
+modes, and as its last line one JSON
 object with `trajectories`, `wall_time_s`, `exact_wall_time_s`, `speedup` and `max_rel_diff`.
 `--every-scenario` runs each built-in scenario at a small size (96 trajectories, 48 for the
 multi-turn ones; cpu-pair as it is) in both modes and prints the largest relative difference of
@@ -19,7 +21,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))   # this checkout's cadencerl
 
-from cadencerl.config import builtin_scenario  # noqa: E402
+from cadencerl.cli.common import scenario_from_options  # noqa: E402
+from cadencerl.config import ConfigError, builtin_scenario  # noqa: E402
 from cadencerl.runs.registry import make_policy  # noqa: E402
 from cadencerl.runs.simulate import simulate  # noqa: E402
 
@@ -62,12 +65,18 @@ def main() -> None:
     ap.add_argument("--skip-exact", action="store_true", help="closed form only (the exact run is slow)")
     ap.add_argument("--every-scenario", action="store_true", help="closed form vs exact on every built-in scenario")
     args = ap.parse_args()
-    if args.every_scenario:
-        every_scenario(args.policy)
-        return
-    scenario = builtin_scenario(args.scenario)
-    if args.trajectories:
-        scenario = scenario.with_overrides(workload={"trajectories": args.trajectories})
+    try:
+        if args.every_scenario:
+            every_scenario(args.policy)
+        else:
+            measure(args, scenario_from_options(args))   # --trajectories scales the batch, as in `compare`
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        sys.exit(2)
+
+
+def measure(args: argparse.Namespace, scenario) -> None:
+    """Closed form (and, unless --skip-exact, exact stepping) on one scenario; the JSON line last."""
     devices = sum(g.devices for g in scenario.pool)
     print(f"{scenario.name}: {scenario.workload.trajectories} trajectories, cap {scenario.workload.response.cap} "
           f"tokens, {devices} devices, policy {args.policy}")

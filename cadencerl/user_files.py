@@ -43,8 +43,8 @@ _UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG,
 
 
 def parse_scenario_file(path: Path, text: str) -> object:
-    """YAML or TOML by suffix; a syntax error keeps its line number."""
-    if path.suffix == ".toml":
+    """YAML or TOML by suffix, in any case (`p.TOML`); a syntax error keeps its line number."""
+    if path.suffix.lower() == ".toml":
         try:
             return tomllib.loads(text)
         except tomllib.TOMLDecodeError as exc:

@@ -14,6 +14,7 @@ import pytest
 from typer.testing import CliRunner
 
 from cadencerl.cli import app
+from cadencerl.cli.common import build_scenario
 from cadencerl.config import ConfigError, builtin_scenario, load_scenario_dict, load_scenario_file
 from cadencerl.workload.trace import load_trace
 from tests.test_cli import GOOD as CLI_GOOD
@@ -278,6 +279,27 @@ CLI_CASES = [
     ("run-deadline-nan", ["run", "-s", "cpu-pair", "--workers", "http://127.0.0.1:9", "--deadline", "nan"],
      "deadline"),
     ("unknown-option", ["sim", "-s", "h800-16", "--trajectory", "5"], "--trajectory"),
+    # an empty value is refused as such, not taken for 'not given' and failed on as a bug
+    ("sim-empty-scenario", ["sim", "-s", ""], "error: scenario:"),
+    ("compare-empty-scenario", ["compare", "-s", ""], "error: scenario:"),
+    ("sweep-empty-scenario", ["sweep", "-s", ""], "error: scenario:"),
+    ("sensitivity-empty-scenario", ["sensitivity", "-s", ""], "error: scenario:"),
+    ("run-empty-scenario", ["run", "-s", "", "--workers", "http://127.0.0.1:9"], "error: scenario:"),
+    ("pool-up-empty-scenario", ["pool", "up", "-s", ""], "error: scenario:"),
+    ("run-empty-workers", ["run", "-s", "cpu-pair", "--workers", ""], "error: workers:"),
+    ("run-blank-workers", ["run", "-s", "cpu-pair", "--workers", " , "], "error: workers:"),
+    ("calibrate-empty-workers", ["calibrate", "--workers", ""], "error: workers:"),
+    ("json-empty", ["sim", "-s", "h800-16", "--json", ""], "error: json: give a file path or '-'"),
+    # a value given twice would run (or measure) twice, or silently be the default
+    ("compare-duplicate-policy", ["compare", "-s", "h800-16", "--policies", "cadence,areal, cadence"],
+     "error: policies: duplicate cadence"),
+    ("sensitivity-duplicate-eta", ["sensitivity", "-s", "h800-16", "--etas", "1,1"], "error: etas: duplicate 1"),
+    ("sensitivity-duplicate-delta", ["sensitivity", "-s", "h800-16", "--deltas", "512,1024,512"],
+     "error: deltas: duplicate 512"),
+    ("calibrate-duplicate-batch", ["calibrate", "--workers", "http://127.0.0.1:9", "--batches", "4,4"],
+     "error: batches: duplicate 4"),
+    ("run-empty-labels", ["run", "-s", "cpu-pair", "--workers", "http://127.0.0.1:9", "--labels", ""],
+     "error: labels:"),
 ]
 
 
@@ -331,6 +353,7 @@ API_CASES = [
     ("resized-batch", lambda: builtin_scenario("h800-16").resized(64, batch_size=65), "trainer.batch_size"),
     ("load-file-directory", lambda: load_scenario_file(Path(".")), "directory"),
     ("load-trace-missing", lambda: load_trace("/no/such/trace.jsonl", object()), "workload.trace"),
+    ("build-empty-scenario", lambda: build_scenario("", None, {}), "scenario"),
 ]
 
 
@@ -446,6 +469,11 @@ def test_valid_yaml_variants_run(tmp_path, encode):
 ], ids=["plain", "crlf", "bom"])
 def test_valid_toml_variants_run(tmp_path, encode):
     _runs(*_run_config(tmp_path, encode(TOML), ".toml"))
+
+
+@pytest.mark.parametrize("suffix", [".TOML", ".Toml"])
+def test_a_toml_suffix_in_any_case_is_read_as_toml(tmp_path, suffix):
+    _runs(*_run_config(tmp_path, TOML, suffix))
 
 
 def test_trace_without_response_runs_everywhere(tmp_path, monkeypatch):

@@ -8,6 +8,8 @@ import importlib.util
 import inspect
 from pathlib import Path
 
+import pytest
+
 from cadencerl.config import builtin_scenario
 from cadencerl.policies.cadence import Cadence
 from cadencerl.policies.cadence_rooms import RoomIndex
@@ -75,3 +77,26 @@ def test_the_prefixes_kept_what_if_evicts_nothing_and_is_undone():
     with headroom.prefixes_kept():
         assert cached_after_trim() == 2048
     assert cached_after_trim() == 0
+
+
+def _sim_speed(*args: str):
+    import subprocess
+    import sys
+
+    return subprocess.run([sys.executable, str(REPO / "benchmarks" / "sim_speed.py"), "--skip-exact", *args],
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_sim_speed_scales_the_batch_with_trajectories_as_compare_does():
+    """16a16b8h's batch of 4,096 is more than 1,024 trajectories: the batch scales, not a traceback."""
+    result = _sim_speed("--trajectories", "1024")
+    assert result.returncode == 0, result.stderr
+    assert '"trajectories": 1024' in result.stdout.splitlines()[-1]
+
+
+@pytest.mark.parametrize("args, field", [(["--policy", "magic"], "policy"), (["--scenario", "nope"], "scenario"),
+                                         (["--trajectories", "0"], "workload.trajectories")])
+def test_sim_speed_bad_input_is_one_line(args, field):
+    result = _sim_speed(*args)
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert result.stderr.startswith(f"error: {field}:") and len(result.stderr.splitlines()) == 1, result.stderr

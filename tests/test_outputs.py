@@ -4,6 +4,8 @@ says it is a bug, a corrupt cache is neither; a report replaces an earlier one w
 from __future__ import annotations
 
 import json
+import os
+import stat
 
 import pytest
 from typer.testing import CliRunner
@@ -11,6 +13,7 @@ from typer.testing import CliRunner
 from cadencerl.cli import app
 from cadencerl.report.build import OutputError, _replace_dir, check_out_dir
 from cadencerl.runs import sweep as sw
+from cadencerl.runs.outputs import fresh_dir
 from cadencerl.config import builtin_scenario
 
 pytestmark = pytest.mark.timeout(120)
@@ -86,3 +89,27 @@ def test_out_that_is_not_a_report_is_refused(tmp_path):
     (tmp_path / "thesis.tex").write_text("x")
     with pytest.raises(OutputError, match="thesis.tex"):
         check_out_dir(tmp_path)
+
+
+@pytest.fixture(params=[0o022, 0o027], ids=["umask022", "umask027"])
+def umask(request):
+    old = os.umask(request.param)
+    yield request.param
+    os.umask(old)
+
+
+def test_json_gets_the_umask_mode_and_keeps_a_chosen_one(tmp_path, umask):
+    """Not 0o600 whatever the umask (tempfile's mode); a re-run keeps a mode the user set."""
+    target = tmp_path / "r.json"
+    args = ["sim", "-s", "h800-16", "-p", "least-loaded", "--trajectories", "16", "--json", str(target)]
+    assert runner.invoke(app, args).exit_code == 0
+    assert stat.S_IMODE(target.stat().st_mode) == 0o666 & ~umask
+    target.chmod(0o604)
+    assert runner.invoke(app, args).exit_code == 0
+    assert stat.S_IMODE(target.stat().st_mode) == 0o604
+
+
+def test_fresh_dir_gets_the_umask_mode(tmp_path, umask):
+    made = fresh_dir(tmp_path, ".staging-")
+    assert made.parent == tmp_path and not any(made.iterdir())
+    assert stat.S_IMODE(made.stat().st_mode) == 0o777 & ~umask

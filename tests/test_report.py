@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import shlex
+import stat
 from pathlib import Path
 
 import pytest
@@ -34,6 +36,19 @@ def test_files_written(report_dir):
     assert (report_dir / "report.md").is_file()
     assert (report_dir / "results.json").is_file()
     assert list((report_dir / "figures").glob("*.png"))
+
+
+def current_umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def test_the_report_gets_the_umask_modes(report_dir):
+    """The directory and its files as any program would make them, not tempfile's 0o700."""
+    mask = current_umask()
+    assert stat.S_IMODE(report_dir.stat().st_mode) == 0o777 & ~mask
+    assert stat.S_IMODE((report_dir / "results.json").stat().st_mode) == 0o666 & ~mask
 
 
 def test_every_section_and_table(report_dir):

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import re
+import socket
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -42,3 +46,46 @@ def test_a_bad_classes_file_names_the_field(tmp_path: Path) -> None:
     result = runner.invoke(app, ["router", "--workers", "http://a:1", "--classes", str(path),
                                  "--config", str(path)])
     assert result.exit_code == 2 and "classes: give --classes or --config" in result.output
+
+
+def one_error_line(args: list[str]) -> str:
+    result = runner.invoke(app, ["router", "--workers", "http://127.0.0.1:9", *args])
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert result.exit_code == 2 and len(lines) == 1, result.output
+    return lines[0]
+
+
+def test_a_host_that_does_not_resolve_names_the_host() -> None:
+    assert one_error_line(["--host", "999.1.1.1"]).startswith("error: host: cannot resolve '999.1.1.1'")
+
+
+def test_a_port_in_use_names_the_port() -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        assert one_error_line(["--port", str(port)]) == f"error: port: {port} on 127.0.0.1 is already in use"
+
+
+def test_the_router_says_where_it_listens() -> None:
+    """One line on stderr when it starts: address (the real port for --port 0), workers, policy."""
+    proc = subprocess.Popen([sys.executable, "-m", "cadencerl.cli", "router", "--workers", "http://127.0.0.1:9",
+                             "--port", "0", "--policy", "round-robin"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        line = proc.stderr.readline()
+    finally:
+        proc.terminate()
+        proc.wait(timeout=20)
+    match = re.fullmatch(r"router: listening on http://127\.0\.0\.1:(\d+), 1 workers \(http://127\.0\.0\.1:9\), "
+                         r"policy round-robin\n", line)
+    assert match and int(match.group(1)) > 0, line
+
+
+@pytest.mark.parametrize("name, text", [("c.TOML", "agent = 1\nrlvr = 3\n"), ("c.Json", '{"agent": 1, "rlvr": 3}')])
+def test_a_classes_suffix_in_any_case_picks_the_parser(tmp_path: Path, name: str, text: str) -> None:
+    from cadencerl.router.settings import read_classes
+
+    (tmp_path / name).write_text(text)
+    shares, default = read_classes(tmp_path / name)
+    assert shares == {"agent": 1, "rlvr": 3} and default is None

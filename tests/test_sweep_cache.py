@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import stat
 
 import pytest
 
@@ -33,6 +35,9 @@ def test_tuned_thresholds_are_cached_atomically(scenario):
     path = sw.cache_path(scenario, GRID)
     assert json.loads(path.read_text())["best"] == best
     assert [p.name for p in path.parent.iterdir()] == [path.name]   # no temporary file left behind
+    mask = os.umask(0)
+    os.umask(mask)
+    assert stat.S_IMODE(path.stat().st_mode) == 0o666 & ~mask         # not tempfile's 0o600
 
 
 @pytest.mark.parametrize("corrupt", [

@@ -21,9 +21,6 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from cadencerl.config import ConfigError, Scenario, builtin_scenario, load_scenario_file
 from cadencerl.runs.outputs import write_atomic
 
-ScenarioOpt = typer.Option(None, "--scenario", "-s", help="built-in scenario name (see `cadencerl scenarios`)")
-ConfigOpt = typer.Option(None, "--config", "-c", help="a scenario file (YAML or TOML)")
-JsonOpt = typer.Option(None, "--json", help="write the figures as JSON to PATH, or '-' for stdout only")
 
 
 # click's exception classes as typer uses them (typer >= 0.22 vendors its own click, older ones use click)
@@ -47,6 +44,26 @@ def bug(exc: BaseException) -> None:
     raise typer.Exit(1)
 
 
+def given(field: str, hint: str) -> Callable:
+    """An option callback refusing an empty value (`-s ""`, `--workers ","`): the commands take a
+    falsy value for 'not given' and would otherwise fail later, far from the option."""
+    def check(value: Optional[str]) -> Optional[str]:
+        if value is not None and not any(part.strip() for part in str(value).split(",")):
+            fail(f"{field}: {hint}")
+        return value
+    return check
+
+
+ScenarioOpt = typer.Option(None, "--scenario", "-s", help="built-in scenario name (see `cadencerl scenarios`)",
+                           callback=given("scenario", "give a built-in name (see `cadencerl scenarios`), "
+                                                      "not an empty string"))
+ConfigOpt = typer.Option(None, "--config", "-c", help="a scenario file (YAML or TOML)")
+JsonOpt = typer.Option(None, "--json", help="write the figures as JSON to PATH, or '-' for stdout only",
+                       callback=given("json", "give a file path or '-'"))
+WorkersOpt = typer.Option(None, "--workers", help="server URLs, comma-separated",
+                          callback=given("workers", "give server URLs, comma-separated, not an empty string"))
+
+
 def guarded(command: Callable) -> Callable:
     """Run a command so that bad input that escaped its own checks still exits 2 in one line, and
     anything else unexpected exits 1 as a bug, never as a traceback posing as bad input."""
@@ -63,6 +80,11 @@ def guarded(command: Callable) -> Callable:
     return run
 
 
+# The policy names the registry (runs/registry.py) resolves; kept literal so `--help` does not import
+# every policy, and checked against the registry by tests/test_cli_help.py.
+ADMISSION_FORMS = "misa, misa-goodput or cap<N> (N sessions in flight)"
+POLICY_HELP = ("a policy name (e.g. cadence, laminar, areal, least-loaded, cache-aware; an unknown name lists "
+               f"them all), or ADMISSION+POLICY with ADMISSION {ADMISSION_FORMS}")
 SeedOpt = typer.Option(None, "--seed", min=0, help="workload seed (default: the scenario's)")
 TrajectoriesOpt = typer.Option(None, "--trajectories", min=1,
                                help="trajectories per run; the trainer batch scales with it unless --batch-size")
@@ -93,7 +115,7 @@ def build_scenario(name: Optional[str], config: Optional[Path], overrides: dict)
     batches (the same regime, smaller); `--batch-size B` sets the batch instead."""
     if (name is None) == (config is None):
         raise ConfigError("scenario: give exactly one of --scenario NAME or --config FILE")
-    s = builtin_scenario(name) if name else load_scenario_file(config)
+    s = builtin_scenario(name) if name is not None else load_scenario_file(config)
     trajectories, batch = overrides.get("trajectories"), overrides.get("batch_size")
     if trajectories is not None:
         s = s.resized(trajectories, batch)
@@ -154,11 +176,19 @@ def write_json(target: Optional[str], payload) -> None:
 
 
 def int_list(name: str, text: str, minimum: int = 0) -> list[int]:
-    """A comma-separated list of integers >= `minimum`, or a one-line error naming the option."""
+    """A comma-separated list of distinct integers >= `minimum`, or a one-line error naming the option."""
     try:
         values = [int(x) for x in text.split(",") if x.strip()]
     except ValueError:
         values = []
     if not values or any(v < minimum for v in values):
         fail(f"{name}: expected comma-separated integers >= {minimum}, got {text!r}")
+    return distinct(name, values)
+
+
+def distinct(name: str, values: list) -> list:
+    """`values`, or a one-line error naming the option when one is given twice (it would run twice)."""
+    twice = sorted({str(v) for v in values if values.count(v) > 1})
+    if twice:
+        fail(f"{name}: duplicate {', '.join(twice)}; give each once")
     return values

@@ -19,8 +19,9 @@ from pathlib import Path
 
 import typer
 
-from cadencerl.cli.common import BatchOpt, ConfigOpt, JsonOpt, ScenarioOpt, bug, check_json_target, fail
-from cadencerl.cli.common import int_list, load_scenario, write_json
+from cadencerl.cli.common import BatchOpt, ConfigOpt, JsonOpt, ScenarioOpt, WorkersOpt, bug, check_json_target, fail
+from cadencerl.cli.common import POLICY_HELP, DeltaOpt, EtaOpt, SeedOpt, TrajectoriesOpt, given, int_list
+from cadencerl.cli.common import load_scenario, write_json
 from cadencerl.cli.live import live_status
 from cadencerl.cli.pinning import pin_servers
 from cadencerl.cli.ray_pool import ray_down, ray_up, ray_urls
@@ -37,6 +38,8 @@ from cadencerl.config import MAX_TOKENS, ConfigError
 DEFAULT_STATE_DIR = Path("out/pool")
 MAX_DEADLINE_S = 7 * 86_400.0
 POOL_HELP = "Local vLLM CPU servers serving the tiny model."
+StateDirOpt = typer.Option(DEFAULT_STATE_DIR, "--state-dir", help="where `pool up` keeps its servers' PIDs, "
+                           "logs and urls.txt, and `pool down` finds them")
 
 
 def default_model_dir() -> Path:
@@ -137,11 +140,11 @@ def weight_pusher(model_dir: Path | None):
 
 def pool_up(workers: int = typer.Option(2, "--workers", help="servers to start (one core each)"),
             kv_tokens: int = typer.Option(8192, "--kv-tokens", help="KV cache per server, in tokens"),
-            max_num_seqs: int = typer.Option(32, "--max-num-seqs"),
+            max_num_seqs: int = typer.Option(32, "--max-num-seqs", help="sequences a server runs at once"),
             max_model_len: int | None = typer.Option(None, "--max-model-len", help="longest request a server "
                                                      "takes (default: 4096, or its KV tokens less one block)"),
-            dtype: str = typer.Option("bfloat16", "--dtype"),
-            state_dir: Path = typer.Option(DEFAULT_STATE_DIR, "--state-dir"),
+            dtype: str = typer.Option("bfloat16", "--dtype", help="bfloat16 or float32"),
+            state_dir: Path = StateDirOpt,
             ray: str | None = typer.Option(None, "--ray", help="Ray cluster address ('auto': the running one): "
                                            "start one server per worker of the scenario as Ray actors"),
             scenario: str | None = ScenarioOpt, config: Path | None = ConfigOpt) -> None:
@@ -175,7 +178,7 @@ def pool_up(workers: int = typer.Option(2, "--workers", help="servers to start (
     typer.echo(urls)
 
 
-def pool_down(state_dir: Path = typer.Option(DEFAULT_STATE_DIR, "--state-dir"),
+def pool_down(state_dir: Path = StateDirOpt,
               ray: str | None = typer.Option(None, "--ray", help="Ray cluster address: remove its server actors")) -> None:
     """Stop exactly the servers `pool up` started in this state dir (or in that Ray cluster)."""
     from cadencerl.engine.local_pool import PoolError, down
@@ -207,11 +210,7 @@ def _check_run_input(scenario: str | None, config: Path | None, policy: str, wor
     workers_or_local(workers, local, ray)
     if numbers["metrics_port"] is not None and not 0 <= numbers["metrics_port"] <= 65535:
         fail(f"metrics_port: expected 0..65535, got {numbers['metrics_port']}")
-    for name in ("trajectories", "kv_tokens"):
-        positive(name, numbers[name])
-    for name in ("seed", "eta", "delta"):
-        if numbers[name] is not None and numbers[name] < 0:
-            fail(f"{name}: must be non-negative, got {numbers[name]}")
+    positive("kv_tokens", numbers["kv_tokens"])
     s = load_scenario(scenario, config, {k: numbers[k] for k in ("seed", "trajectories", "batch_size", "eta", "delta")},
                       numbers["json_out"])
     try:
@@ -228,16 +227,18 @@ def _check_run_input(scenario: str | None, config: Path | None, policy: str, wor
 
 
 def run(scenario: str | None = ScenarioOpt, config: Path | None = ConfigOpt,
-        policy: str = typer.Option("cadence", "--policy", "-p"),
-        workers: str | None = typer.Option(None, "--workers", help="server URLs, comma-separated"),
-        labels: str | None = typer.Option(None, "--labels", help="catalog accelerator per URL (default cpu-tiny)"),
+        policy: str = typer.Option("cadence", "--policy", "-p", help=POLICY_HELP),
+        workers: str | None = WorkersOpt,
+        labels: str | None = typer.Option(None, "--labels", help="catalog accelerator per URL (default cpu-tiny)",
+                                          callback=given("labels", "give a catalog accelerator per URL, "
+                                                                   "comma-separated, not an empty string")),
         local: int | None = typer.Option(None, "--local", help="start N local servers for this run"),
         ray: str | None = typer.Option(None, "--ray", help="Ray cluster address: run on the servers of its actors"),
         ray_actors: str | None = typer.Option(None, "--ray-actors", help="with --ray: these actors (names, "
                                               "comma-separated) instead of those of `pool up --ray`"),
         kv_tokens: int | None = typer.Option(None, "--kv-tokens", help="KV tokens the controller may use per server"),
-        trajectories: int | None = typer.Option(None), seed: int | None = typer.Option(None),
-        eta: int | None = typer.Option(None), delta: int | None = typer.Option(None),
+        trajectories: int | None = TrajectoriesOpt, seed: int | None = SeedOpt,
+        eta: int | None = EtaOpt, delta: int | None = DeltaOpt,
         batch_size: int | None = BatchOpt,
         deadline: float = typer.Option(3600.0, "--deadline", help="give up after this many seconds (at most a week)"),
         weights: Path | None = typer.Option(None, "--weights", help="the servers' model folder: push a new "
@@ -295,15 +296,17 @@ def run(scenario: str | None = ScenarioOpt, config: Path | None = ConfigOpt,
     write_json(json_out, result)
 
 
-def calibrate(workers: str | None = typer.Option(None, "--workers", help="server URLs, comma-separated"),
+def calibrate(workers: str | None = WorkersOpt,
               local: int | None = typer.Option(None, "--local", help="start N local servers to measure"),
-              batches: str = typer.Option("1,4,16,32", "--batches"),
+              batches: str = typer.Option("1,4,16,32", "--batches", help="requests in flight per server "
+                                          "(comma-separated distinct integers >= 1)"),
               prompts: str = typer.Option("32,384", "--prompts", help="prompt lengths (context per request)"),
               tokens: int = typer.Option(64, "--tokens", help="new tokens per request"),
               repeat: int = typer.Option(3, "--repeat", help="measurements per point (the median is kept)"),
               alone: bool = typer.Option(False, "--alone", help="load one server at a time, not all together"),
               accelerator: str = typer.Option("cpu-tiny", "--accelerator", help="catalog entry to start from"),
-              model: str = typer.Option("tiny", "--model"),
+              model: str = typer.Option("tiny", "--model", help="the model the servers serve, by its name there "
+                                        "and in the catalog (its bytes and FLOPs per token, for the fit)"),
               json_out: str | None = JsonOpt) -> None:
     """Measure decode step time vs batch and context on real servers; print fitted profile numbers."""
     from cadencerl.engine.calibrate import catalog_snippet, fit, measure

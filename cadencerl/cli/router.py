@@ -8,6 +8,7 @@ from typing import Optional
 import typer
 
 from cadencerl.cli.common import fail
+from cadencerl.cli.tables import console
 from cadencerl.config import ConfigError
 
 
@@ -20,8 +21,8 @@ def router(
                                            "class -> share (optional `default: CLASS`)"),
     config: Optional[Path] = typer.Option(None, "--config", help="a scenario file: the target mix from its "
                                           "workload classes, max_num_seqs from its pool"),
-    host: str = typer.Option("127.0.0.1", "--host"),
-    port: int = typer.Option(8000, "--port"),
+    host: str = typer.Option("127.0.0.1", "--host", help="address to listen on (0.0.0.0: every interface)"),
+    port: int = typer.Option(8000, "--port", help="port to listen on (0: any free one, said at start-up)"),
     cache_threshold: Optional[float] = typer.Option(None, "--cache-threshold", help="vllm-router's name (0.3)"),
     balance_abs_threshold: Optional[int] = typer.Option(None, "--balance-abs-threshold", help="(64)"),
     balance_rel_threshold: Optional[float] = typer.Option(None, "--balance-rel-threshold", help="(1.5)"),
@@ -30,7 +31,8 @@ def router(
     session_ttl: Optional[float] = typer.Option(None, "--session-ttl", help="seconds a parked session lives (60)"),
     kv_capacity: Optional[int] = typer.Option(None, "--kv-capacity",
                                               help="KV tokens per server until it reports its own"),
-    max_num_seqs: Optional[int] = typer.Option(None, "--max-num-seqs"),
+    max_num_seqs: Optional[int] = typer.Option(None, "--max-num-seqs", help="sequences each server runs at once (its "
+                                               "vLLM --max-num-seqs), as routing assumes (default: --config's pool's, else 256)"),
     batch_size: Optional[int] = typer.Option(None, "--batch-size", help="the trainer's batch: MISA-T keeps "
                                              "each batch-sized cohort of sessions on the target mix (1024)"),
 ) -> None:
@@ -39,7 +41,7 @@ def router(
     Headers: X-Session-Id (a multi-turn session; `user` is an affinity key only), X-Workload-Class,
     X-Session-End.
     Admin endpoints need $CADENCERL_ROUTER_ADMIN_TOKEN."""
-    from cadencerl.router.serve import serve
+    from cadencerl.router.serve import bind, serve
     from cadencerl.router.settings import make_settings, read_classes, scenario_classes
 
     try:
@@ -56,6 +58,15 @@ def router(
             balance_abs_threshold=balance_abs_threshold, balance_rel_threshold=balance_rel_threshold,
             hold_max=hold_max, hold_timeout_s=hold_timeout, session_ttl_s=session_ttl, kv_capacity=kv_capacity,
             max_num_seqs=max_num_seqs if max_num_seqs is not None else seqs, batch_size=batch_size)
+        sock = bind(settings.host, settings.port)
     except ConfigError as exc:
         fail(str(exc))
-    serve(settings)
+    console(True).print(started_line(settings, sock.getsockname()[1]), highlight=False, soft_wrap=True)
+    serve(settings, sock)
+
+
+def started_line(settings, port: int) -> str:
+    """What the router serves, said once on stderr when it starts (uvicorn logs only warnings)."""
+    host = f"[{settings.host}]" if ":" in settings.host else settings.host
+    return (f"router: listening on http://{host}:{port}, {len(settings.workers)} workers "
+            f"({', '.join(settings.workers)}), policy {settings.policy}")

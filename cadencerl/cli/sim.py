@@ -10,8 +10,10 @@ from typing import Optional
 
 import typer
 
-from cadencerl.cli.common import BatchOpt, ConfigOpt, DeltaOpt, EtaOpt, JsonOpt, ScenarioOpt, SeedOpt, TrainerClusterOpt
-from cadencerl.cli.common import TrajectoriesOpt, bug, fail, int_list, load_scenario, progress_bar, write_json
+from cadencerl.cli.common import ADMISSION_FORMS, POLICY_HELP, BatchOpt, ConfigOpt, DeltaOpt, EtaOpt, JsonOpt
+from cadencerl.cli.common import ScenarioOpt, SeedOpt, TrainerClusterOpt
+from cadencerl.cli.common import TrajectoriesOpt, bug, distinct, fail, int_list, load_scenario, progress_bar
+from cadencerl.cli.common import write_json
 from cadencerl.cli.tables import (
     comparison_table,
     console,
@@ -34,7 +36,8 @@ REFERENCE_HELP = ("also simulate the clairvoyant reference (an oracle that sees 
 # --reference, compare (4 policies) 12.8 s -> 27.2 s.
 REFERENCE_BY_DEFAULT = False
 MAX_JOBS = 256   # simulations in parallel: processes, so a bound keeps `report` from exhausting the machine
-AdmissionOpt = typer.Option(None, "--admission", help="an admission layer in front of the policy: misa, misa-goodput, cap<N> (N sessions in flight) or none")
+AdmissionOpt = typer.Option(None, "--admission", help=f"an admission layer in front of the policy: {ADMISSION_FORMS}, or none")
+PolicyOpt = typer.Option("cadence", "--policy", "-p", help=POLICY_HELP)
 
 
 def run_policies(scenario: Scenario, names: list[str], exact: bool, show_progress: bool) -> list[dict]:
@@ -85,7 +88,7 @@ def captioned(table, results: list[dict], reference: dict | None):
 
 
 def sim(scenario: Optional[str] = ScenarioOpt, config: Optional[Path] = ConfigOpt,
-        policy: str = typer.Option("cadence", "--policy", "-p", help="a policy, or ADMISSION+POLICY"),
+        policy: str = PolicyOpt,
         admission: Optional[str] = AdmissionOpt,
         json_out: Optional[str] = JsonOpt,
         exact: bool = typer.Option(False, "--exact", help="step every decode iteration (reference mode)"),
@@ -109,7 +112,8 @@ def sim(scenario: Optional[str] = ScenarioOpt, config: Optional[Path] = ConfigOp
 
 
 def compare(scenario: Optional[str] = ScenarioOpt, config: Optional[Path] = ConfigOpt,
-            policies: str = typer.Option("cadence,laminar,areal,least-loaded", "--policies"),
+            policies: str = typer.Option("cadence,laminar,areal,least-loaded", "--policies",
+                                         help="comma-separated, each given once: " + POLICY_HELP),
             json_out: Optional[str] = JsonOpt,
             reference: bool = typer.Option(REFERENCE_BY_DEFAULT, "--reference/--no-reference", help=REFERENCE_HELP),
             seed: Optional[int] = SeedOpt, trajectories: Optional[int] = TrajectoriesOpt,
@@ -119,7 +123,7 @@ def compare(scenario: Optional[str] = ScenarioOpt, config: Optional[Path] = Conf
     knobs = dict(seed=seed, trajectories=trajectories, batch_size=batch_size, eta=eta, delta=delta,
                  trainer_cluster=trainer_cluster)
     s = load_scenario(scenario, config, knobs, json_out)
-    names = [p.strip() for p in policies.split(",") if p.strip()]
+    names = distinct("policies", [p.strip() for p in policies.split(",") if p.strip()])
     if not names:
         fail("policies: give at least one policy name")
     results = run_policies(s, names, False, show_progress=True)
@@ -129,8 +133,11 @@ def compare(scenario: Optional[str] = ScenarioOpt, config: Optional[Path] = Conf
 
 
 def sensitivity(scenario: Optional[str] = ScenarioOpt, config: Optional[Path] = ConfigOpt,
-                policy: str = typer.Option("cadence", "--policy", "-p"),
-                etas: str = typer.Option("1,2,3,4,6", "--etas"), deltas: str = typer.Option("512,1024,2048,4096", "--deltas"),
+                policy: str = PolicyOpt,
+                etas: str = typer.Option("1,2,3,4,6", "--etas", help="staleness bounds to try (the rows): "
+                                         "comma-separated distinct integers >= 0"),
+                deltas: str = typer.Option("512,1024,2048,4096", "--deltas", help="decode reserves per trajectory "
+                                           "to try, tokens (the columns): comma-separated distinct integers >= 0"),
                 json_out: Optional[str] = JsonOpt, trajectories: Optional[int] = TrajectoriesOpt,
                 batch_size: Optional[int] = BatchOpt) -> None:
     """Throughput and P95 latency over a grid of eta (admission budget) and delta (decode reserve)."""
@@ -175,26 +182,20 @@ def sweep(scenario: Optional[str] = ScenarioOpt, config: Optional[Path] = Config
 
 def scenarios() -> None:
     """List the built-in scenarios."""
-    console().print(scenarios_table())
+    print_tables([scenarios_table()], False)
 
 
 def report(out: Optional[Path] = typer.Option(None, "--out", "-o", help="directory for report.md, figures/, results.json"),
            quick: bool = typer.Option(False, "--quick", help="16 iterations of batch 512 per run, fewer sweep points, ablation on one pool"),
-           trajectories: Optional[int] = typer.Option(None, help="trajectories per run (batch = a sixteenth); overrides --quick's size"),
-           seed: Optional[int] = typer.Option(None, help="workload seed for every run (default: the scenarios' own, 0)"),
-           jobs: Optional[int] = typer.Option(None, help="simulations run in parallel (default: the CPU count)")) -> None:
+           trajectories: Optional[int] = typer.Option(None, min=8, help="trajectories per run (batch = a sixteenth); overrides --quick's size"),
+           seed: Optional[int] = typer.Option(None, min=0, help="workload seed for every run (default: the scenarios' own, 0)"),
+           jobs: Optional[int] = typer.Option(None, min=1, max=MAX_JOBS, help="simulations run in parallel (default: the CPU count)")) -> None:
     """Run the evaluation matrix (the paper's section 6) and write a markdown report with tables and plots."""
     from cadencerl.report.build import OutputError, build_report, check_out_dir
     from cadencerl.report.runner import ReportError
 
     if out is None:
         fail("out: give --out DIR")
-    if trajectories is not None and trajectories < 8:
-        fail(f"trajectories: must be at least 8, got {trajectories}")
-    if seed is not None and seed < 0:
-        fail(f"seed: must be non-negative, got {seed}")
-    if jobs is not None and not 1 <= jobs <= MAX_JOBS:
-        fail(f"jobs: must be from 1 to {MAX_JOBS}, got {jobs}")
     try:
         check_out_dir(out)
         path, headline = build_report(out, quick=quick, trajectories=trajectories, seed=seed, processes=jobs)
@@ -211,5 +212,5 @@ def report(out: Optional[Path] = typer.Option(None, "--out", "-o", help="directo
         table.add_column(h.replace("**", ""), justify="left" if h == "pool" else "right")
     for row in headline:
         table.add_row(*(str(c).replace("**", "") for c in row))
-    console().print(table)
+    print_tables([table], False)
     console().print(f"report written to {path}")

@@ -2,14 +2,27 @@
 
 from __future__ import annotations
 
+import os
+
 from rich.console import Console
+from rich.measure import Measurement
 from rich.table import Table
+
+# Piped output has no width to fit: this is wide enough that no table is squeezed (rich's 80 would cut
+# a comparison's policy names to `cadence-…`); tables never expand, so they keep their natural width.
+PIPE_WIDTH = 1000
 
 
 def _steady(r: dict, key: str) -> str:
     """A steady-window figure, or '-' when the run had fewer than three iterations."""
     v = r.get("steady_" + key) if r.get("steady_window_s") else None
     return "-" if v is None else (f"{v:,.0f}" if key.startswith("throughput") else f"{v:.1f}")
+
+
+def _label_column(table: Table, header: str, labels: list[str]) -> None:
+    """A column of names (policies, accelerators, URLs): never wrapped or cut, as three rows all
+    reading `cadence-…` say nothing; the other columns give way instead."""
+    table.add_column(header, no_wrap=True, min_width=max(len(str(x)) for x in (header, *labels)))
 
 
 def _share(r: dict, key: str) -> str:
@@ -22,10 +35,11 @@ def run_table(results: list[dict], title: str) -> Table:
     """One row per run: whole-run figures (throughput also as % of the bound and of the clairvoyant
     reference), then the steady window's (iterations 2..n-1)."""
     table = Table(title=title)
-    for col in ("policy", "throughput tok/s", "% bound", "% ref", "P50 s", "P95 s", "P99 s", "steady tok/s",
+    _label_column(table, "policy", [r["policy"] for r in results])
+    for col in ("throughput tok/s", "% bound", "% ref", "P50 s", "P95 s", "P99 s", "steady tok/s",
                 "steady P95 s", "steady P95 from submit s", "preempt", "evict", "migr", "non-res P95", "sim s",
                 "wall s"):
-        table.add_column(col, justify="left" if col == "policy" else "right")
+        table.add_column(col, justify="right")
     for r in results:
         table.add_row(r["policy"], f"{r['throughput_tok_s']:,.0f}", _share(r, "throughput_fraction_of_bound"),
                       _share(r, "throughput_fraction_of_reference"), f"{r['latency_p50_s']:.1f}",
@@ -52,8 +66,9 @@ def distance_note(results: list[dict], reference: dict | None) -> str:
 
 def per_accelerator_table(result: dict) -> Table:
     table = Table(title=f"{result['policy']}: per accelerator type")
-    for col in ("accelerator", "workers", "throughput tok/s", "mean context", "preemptions"):
-        table.add_column(col, justify="left" if col == "accelerator" else "right")
+    _label_column(table, "accelerator", list(result["per_accelerator"]))
+    for col in ("workers", "throughput tok/s", "mean context", "preemptions"):
+        table.add_column(col, justify="right")
     for acc, f in result["per_accelerator"].items():
         table.add_row(acc, str(f["workers"]), f"{f['throughput_tok_s']:,.0f}", f"{f['mean_context']:,.0f}",
                       str(f["preemptions"]))
@@ -77,15 +92,24 @@ def comparison_table(results: list[dict], reference: str | None) -> Table:
 
 
 def console(stderr: bool = False) -> Console:
-    """A console that keeps tables readable when output is piped (rich assumes 80 columns then)."""
+    """A console that keeps tables whole when output is piped (rich assumes 80 columns then), unless
+    $COLUMNS says how wide to be."""
     c = Console(stderr=stderr)
-    return c if c.is_terminal else Console(stderr=stderr, width=160)
+    return c if c.is_terminal or os.environ.get("COLUMNS", "").isdigit() else Console(stderr=stderr, width=PIPE_WIDTH)
 
 
 def print_tables(tables: list[Table], to_stderr: bool) -> None:
-    console_ = console(to_stderr)
-    for t in tables:
-        console_.print(t)
+    """Print whole words only: a narrow console wraps headers, but no column is squeezed below its
+    longest word, where rich would cut names and figures (`cadence-…`, `2,1…`) or drop columns; a
+    table wider than the terminal overflows it instead (the terminal wraps it)."""
+    out = console(to_stderr)
+    wide = out.options.update_width(PIPE_WIDTH)
+    for table in tables:
+        for col in table.columns:
+            words = (Measurement.get(out, wide, cell).minimum for cell in (col.header, *col.cells))
+            col.min_width = max(col.min_width or 0, *words)
+        out.width = max(out.width, Measurement.get(out, wide, table).minimum)   # else rich drops columns
+        out.print(table, crop=False)
 
 
 def sensitivity_table(title: str, runs: list[dict], etas: list[int], deltas: list[int]) -> Table:
@@ -97,7 +121,7 @@ def sensitivity_table(title: str, runs: list[dict], etas: list[int], deltas: lis
     tp, p95, sub = (f"steady_{k}" for k in keys) if steady else keys
     table = Table(title=f"{title} {'steady-window ' if steady else ''}throughput tok/s / P95 s from admission / "
                         "P95 s from submission, by eta (rows) and delta (columns)")
-    table.add_column("eta")
+    _label_column(table, "eta", [str(e) for e in etas])
     for d in deltas:
         table.add_column(f"delta {d}", justify="right")
     for eta in etas:
@@ -120,7 +144,8 @@ def sweep_table(scenario: str, results: list[dict]) -> Table:
 def weight_update_table(scenario: str, results: list[dict]) -> Table:
     """The sweep's second stage: the best thresholds under each weight update, best first."""
     table = Table(title=f"{scenario}: weight update at the best thresholds (best first)")
-    for col in ("weight update", "throughput tok/s", "steady tok/s", "hit rate"):
+    _label_column(table, "weight update", [r["weight_update"] for r in results])
+    for col in ("throughput tok/s", "steady tok/s", "hit rate"):
         table.add_column(col, justify="right")
     for r in results:
         steady = r["steady_throughput_tok_s"]
@@ -134,8 +159,10 @@ def scenarios_table() -> Table:
     from cadencerl.config import builtin_names, builtin_scenario
 
     table = Table(title="built-in scenarios")
-    for col in ("name", "workers", "devices", "model", "trajectories", "description"):
+    _label_column(table, "name", builtin_names())
+    for col in ("workers", "devices", "model", "trajectories"):
         table.add_column(col, overflow="fold")
+    table.add_column("description", max_width=100)
     for name in builtin_names():
         s = builtin_scenario(name)
         table.add_row(name, str(sum(g.workers for g in s.pool)), str(sum(g.devices for g in s.pool)), s.model,
@@ -146,9 +173,11 @@ def scenarios_table() -> Table:
 def engine_table(result: dict) -> Table:
     """Per server: the controller's KV accounting next to what /metrics said."""
     table = Table(title=f"{result['policy']}: per server (controller vs /metrics)")
-    for col in ("worker", "url", "label", "KV cap", "tokens", "max KV ctl", "max KV srv", "max gap", "max run",
-                "max wait", "preempt", "alive"):
-        table.add_column(col, justify="left" if col in ("url", "label") else "right")
+    table.add_column("worker", justify="right")
+    _label_column(table, "url", [w["url"] for w in result["workers"]])
+    _label_column(table, "label", [w["label"] for w in result["workers"]])
+    for col in ("KV cap", "tokens", "max KV ctl", "max KV srv", "max gap", "max run", "max wait", "preempt", "alive"):
+        table.add_column(col, justify="right")
     for w in result["workers"]:
         table.add_row(str(w["worker"]), w["url"], w["label"], f"{w['kv_capacity']:,}", f"{w['tokens_generated']:,}",
                       f"{w['max_committed']:,}", f"{w['max_server_kv_used']:,}", f"{w['max_kv_gap']:,}",

@@ -18,7 +18,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import tempfile
 import time
 from pathlib import Path
 
@@ -27,6 +26,7 @@ from cadencerl.report.matrix import DETAIL_POOL, STEADY_ITERATIONS, make_setting
 from cadencerl.report.runner import ReportError, Runner, progress_bar
 from cadencerl.report.sections import EXPERIMENTS
 from cadencerl.report.sections.pools import HETEROGENEOUS_RATIO_TABLE_HEADER
+from cadencerl.runs.outputs import fresh_dir
 
 
 def _common_setup(ctx: Report) -> str:
@@ -128,7 +128,7 @@ def build_report(out: str | Path, *, quick: bool = False, trajectories: int | No
     out = Path(out)
     check_out_dir(out)
     try:
-        staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.staging-", dir=out.resolve().parent))
+        staging = fresh_dir(out.resolve().parent, f".{out.name}.staging-")
     except OSError as exc:
         raise OutputError(f"out: cannot write beside {str(out)!r}: {exc.strerror or exc}") from None
     try:

@@ -112,10 +112,10 @@ def read_classes(path: Path) -> tuple[dict[str, float], str | None]:
     """A classes file: `{class: share, ...}`, optionally with `default: CLASS` (YAML, JSON or TOML)."""
     if not path.is_file():
         raise ConfigError(f"classes: no such file {str(path)!r}")
-    text = path.read_text()
+    text, suffix = path.read_text(), path.suffix.lower()
     try:
-        data = (tomllib.loads(text) if path.suffix == ".toml" else
-                json.loads(text) if path.suffix == ".json" else yaml.safe_load(text))
+        data = (tomllib.loads(text) if suffix == ".toml" else
+                json.loads(text) if suffix == ".json" else yaml.safe_load(text))
     except (ValueError, yaml.YAMLError) as exc:
         raise ConfigError(f"classes: {path.name} cannot be parsed: {str(exc).splitlines()[0]}") from None
     if not isinstance(data, dict):

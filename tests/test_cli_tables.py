@@ -1,0 +1,35 @@
+"""The results tables keep names, headers and figures whole, piped or on a narrow terminal."""
+
+import pytest
+from typer.testing import CliRunner
+
+from cadencerl.cli.main import app
+
+runner = CliRunner()
+LONG_NAMES = ("cadence-no-pacing", "cadence-no-affinity", "cadence-no-kv-prep")
+
+
+def compare_output(columns: str | None) -> str:
+    result = runner.invoke(app, ["compare", "-s", "cpu-pair", "--policies", ",".join(LONG_NAMES),
+                                 "--trajectories", "32"], env={"COLUMNS": columns})
+    assert result.exit_code == 0, result.output
+    return result.output
+
+
+def test_piped_table_is_not_squeezed():
+    """Not a terminal and no $COLUMNS: every row names its policy, headers on one line."""
+    out = compare_output(None)
+    for name in LONG_NAMES:
+        assert f"│ {name} " in out
+    assert "…" not in out
+    assert "throughput tok/s" in out and "steady P95 from submit s" in out
+
+
+@pytest.mark.parametrize("columns", ["100", "40"])
+def test_narrow_console_cuts_no_name_or_figure(columns):
+    """A narrow console wraps headers at spaces but cuts nothing and drops no column."""
+    out = compare_output(columns)
+    for name in LONG_NAMES:
+        assert f"│ {name} " in out
+    assert "…" not in out
+    assert "throughput" in out and "preempt" in out and "wall" in out
