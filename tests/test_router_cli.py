@@ -89,3 +89,25 @@ def test_a_classes_suffix_in_any_case_picks_the_parser(tmp_path: Path, name: str
     (tmp_path / name).write_text(text)
     shares, default = read_classes(tmp_path / name)
     assert shares == {"agent": 1, "rlvr": 3} and default is None
+
+
+def test_a_host_that_resolves_to_two_addresses_is_listened_on_at_both(monkeypatch) -> None:
+    """`localhost` often resolves to ::1 first: the router must listen on 127.0.0.1 as well, as
+    uvicorn's own binding (asyncio's create_server) does, on one port."""
+    from cadencerl.router import serve
+
+    try:
+        socket.socket(socket.AF_INET6).close()
+    except OSError:
+        pytest.skip("no IPv6 on this machine")
+    both = [(socket.AF_INET6, socket.SOCK_STREAM, 6, "", ("::1", 0, 0, 0)),
+            (socket.AF_INET, socket.SOCK_STREAM, 6, "", ("127.0.0.1", 0))]
+    monkeypatch.setattr(serve.socket, "getaddrinfo", lambda *a, **k: both)
+    socks = serve.bind("localhost", 0)
+    try:
+        assert [s.family for s in socks] == [socket.AF_INET6, socket.AF_INET]
+        assert len({s.getsockname()[1] for s in socks}) == 1
+        assert socks[0].getsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY) == 1
+    finally:
+        for s in socks:
+            s.close()

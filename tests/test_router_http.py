@@ -290,3 +290,18 @@ def test_headers_pass_both_ways_less_hop_by_hop_and_the_request_id_is_echoed(str
         r = c.post("/v1/completions", json={**TOKENS, "stream": stream}, headers={"X-Request-Id": "mine"})
         assert r.headers["x-request-id"] == "mine" == f.states[0].last_headers["x-request-id"]
         assert c.post("/v1/completions", content=b"{bad").headers["x-request-id"]
+
+
+def test_a_keyless_request_is_placed_by_its_whole_prompt_not_a_shared_system_prompt() -> None:
+    """Without a session or `user`, consistent-hash keys on the whole prompt: the samples of one
+    prompt share a server, while prompts that share only a long system prompt spread."""
+    from cadencerl.router.requests import _route
+
+    system = {"role": "system", "content": "You are a careful agent. " * 60}     # ~1,500 characters
+
+    def key(question: str) -> str:
+        body = {"model": "tiny", "messages": [system, {"role": "user", "content": question}]}
+        return _route(json.dumps(body).encode(), {}, True, {"rlvr": 1.0}, "rlvr").affinity
+
+    assert key("What is 2+2?") == key("What is 2+2?")
+    assert len({key(f"What is {i}+{i}?") for i in range(20)}) == 20

@@ -58,11 +58,12 @@ def router(
             balance_abs_threshold=balance_abs_threshold, balance_rel_threshold=balance_rel_threshold,
             hold_max=hold_max, hold_timeout_s=hold_timeout, session_ttl_s=session_ttl, kv_capacity=kv_capacity,
             max_num_seqs=max_num_seqs if max_num_seqs is not None else seqs, batch_size=batch_size)
-        sock = bind(settings.host, settings.port)
+        socks = bind(settings.host, settings.port)
     except ConfigError as exc:
         fail(str(exc))
-    console(True).print(started_line(settings, sock.getsockname()[1]), highlight=False, soft_wrap=True)
-    serve(settings, sock)
+    console(True).print(started_line(settings, socks[0].getsockname()[1]), markup=False, highlight=False,
+                        soft_wrap=True)
+    serve(settings, socks)
 
 
 def started_line(settings, port: int) -> str:

@@ -86,7 +86,7 @@ class TrajectorySpec:
     response: HiddenLength  # first (or only) reply
     workload_class: str = "rlvr"
     later_turns: SealedTurns = field(default=NO_TURNS)
-    affinity: str | None = None  # a live request's routing key (session id, user, prompt prefix); None in the simulator
+    affinity: str | None = None  # a live request's routing key (session id, user, whole prompt); None in the simulator
 
 
 def total_tokens(spec: TrajectorySpec, key: object) -> int:

@@ -24,8 +24,9 @@ class TokenMeter(Protocol):
 
 
 class Meter:
-    """What a resident trajectory shows of the engine request running it: its token count, never
-    the request (which knows where the turn ends). A backend sets `traj.meter = Meter(request)`."""
+    """What a resident trajectory shows of the engine request running it: its token count. The
+    request (which knows where the turn ends) stays private to the meter, by the same convention
+    as a HiddenLength's value. A backend sets `traj.meter = Meter(request)`."""
 
     __slots__ = ("_request",)
 

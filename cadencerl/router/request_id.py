@@ -1,8 +1,9 @@
-"""Every request carries an X-Request-Id, and every response echoes it.
+"""Every request carries an X-Request-Id, and every response the router's routes send echoes it.
 
 A client's id is kept; a request without one gets a fresh one before any route sees it, so the
 upstream server (which receives the client's headers), the router's response and the client's
-logs all name the same request. Pure ASGI: no per-request task or body buffering.
+logs all name the same request. Pure ASGI: no per-request task or body buffering. Not echoed: the
+500 of an unhandled error, which Starlette sends from outside every middleware (a bug's answer).
 """
 
 from __future__ import annotations

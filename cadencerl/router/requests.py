@@ -21,7 +21,6 @@ SESSION_HEADER = "x-session-id"
 CLASS_HEADER = "x-workload-class"
 END_HEADER = "x-session-end"
 CHARS_PER_TOKEN = 4          # a text prompt's length in tokens, without a tokenizer (an estimate)
-AFFINITY_PREFIX_TOKENS = 256  # a keyless request's affinity: its prompt's first tokens (about a system prompt)
 
 
 class ApiError(Exception):
@@ -48,7 +47,7 @@ class Routed:
     raw: bytes
     stream: bool
     session_key: str | None     # X-Session-Id: a multi-turn session that parks between turns
-    affinity: str               # what `consistent-hash` hashes: the session id, else `user`, else the prompt's prefix
+    affinity: str               # what `consistent-hash` hashes: the session id, else `user`, else the whole prompt
     workload_class: str
     last: bool
     prompt_len: int
@@ -77,10 +76,11 @@ def _route(raw: bytes, headers, chat: bool, classes: dict[str, float], default_c
     if cls not in classes:
         raise ApiError(400, f"{CLASS_HEADER}: unknown class {cls!r} (known: {', '.join(classes)})", CLASS_HEADER)
     key = headers.get(SESSION_HEADER) or None
-    affinity = (f"session:{key}" if key else f"user:{body['user']}" if body.get("user")
-                else f"prefix:{_prefix(prompt)}")
     last = headers.get(END_HEADER, "").lower() in ("1", "true", "yes")
     group = int.from_bytes(hashlib.blake2b(repr(prompt).encode(), digest_size=8).digest(), "big") >> 1
+    # keyless, the whole prompt (as vllm-router hashes a keyless body): the samples of one prompt
+    # share a server, while prompts that only share a long system prompt still spread
+    affinity = f"session:{key}" if key else f"user:{body['user']}" if body.get("user") else f"prompt:{group}"
     return Routed(raw, bool(body.get("stream", False)), key, affinity, cls, last, _length(prompt), group)
 
 
@@ -161,18 +161,6 @@ def _length(prompt: object) -> int:
     if isinstance(prompt, list) and prompt and isinstance(prompt[0], dict):
         return sum(_length(_text(m.get("content"))) for m in prompt)
     return sum(_length(p) for p in prompt) if isinstance(prompt, list) else 1
-
-
-def _prefix(prompt: object) -> str:
-    """The start of a prompt (its first texts or token ids, about AFFINITY_PREFIX_TOKENS), so that
-    requests sharing a prefix share an affinity key."""
-    if isinstance(prompt, str):
-        return prompt[:AFFINITY_PREFIX_TOKENS * CHARS_PER_TOKEN]
-    if prompt and isinstance(prompt[0], int):
-        return repr(prompt[:AFFINITY_PREFIX_TOKENS])
-    if prompt and isinstance(prompt[0], dict):
-        return "".join(f"{m['role']}:{_text(m.get('content'))}" for m in prompt)[:AFFINITY_PREFIX_TOKENS * CHARS_PER_TOKEN]
-    return _prefix(prompt[0])
 
 
 def _text(content: object) -> str:

@@ -27,26 +27,34 @@ def server_config(settings: RouterSettings, admin_token: str | None = None) -> u
                           backlog=4096)
 
 
-def bind(host: str, port: int) -> socket.socket:
-    """A TCP socket bound to host:port (as uvicorn binds: SO_REUSEADDR), or a ConfigError naming
-    `host` (does not resolve, not this machine's) or `port` (in use, privileged)."""
+def bind(host: str, port: int) -> list[socket.socket]:
+    """TCP sockets bound to every address `host` resolves to, as uvicorn (asyncio's create_server)
+    binds them: SO_REUSEADDR, IPv6 sockets IPv6-only, one port for all (port 0: the first one's).
+    A ConfigError names `host` (does not resolve, not this machine's) or `port` (in use, privileged)."""
     try:
-        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
-                                                             flags=socket.AI_PASSIVE)[0]
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
     except (socket.gaierror, UnicodeError) as exc:
         raise ConfigError(f"host: cannot resolve {host!r}: {getattr(exc, 'strerror', None) or exc}") from None
-    sock = socket.socket(family, kind, proto)
+    socks: list[socket.socket] = []
     try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind(address)
+        for family, kind, proto, _, address in dict.fromkeys(infos):    # distinct, in resolver order
+            if socks and port == 0:
+                address = (address[0], socks[0].getsockname()[1], *address[2:])
+            sock = socket.socket(family, kind, proto)
+            socks.append(sock)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if family == socket.AF_INET6:
+                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            sock.bind(address)
     except OSError as exc:
-        sock.close()
+        for sock in socks:
+            sock.close()
         if exc.errno in _PORT_ERRORS:
             raise ConfigError(f"port: {port} on {host} is {_PORT_ERRORS[exc.errno]}") from None
         raise ConfigError(f"host: cannot listen on {host}: {exc.strerror or exc}") from None
-    return sock
+    return socks
 
 
-def serve(settings: RouterSettings, sock: socket.socket) -> None:
-    """Serve on `sock` (from `bind`) until interrupted."""
-    uvicorn.Server(server_config(settings)).run(sockets=[sock])
+def serve(settings: RouterSettings, socks: list[socket.socket]) -> None:
+    """Serve on `socks` (from `bind`) until interrupted."""
+    uvicorn.Server(server_config(settings)).run(sockets=socks)

@@ -98,7 +98,7 @@ class LeastLoadedRouter(Router):
 
 
 class ConsistentHash(Router):
-    """The request's affinity key (a live router's session id, `user` or prompt prefix; the
+    """The request's affinity key (a live router's session id, `user` or whole prompt; the
     simulator's trajectory id) on a hash ring with virtual nodes; the first live worker clockwise.
     The ring follows the set of worker ids, so a worker added while running takes its share."""
 

@@ -30,9 +30,9 @@ def write_atomic(path: Path, text: str) -> None:
         except FileExistsError:
             continue
     try:
-        with contextlib.suppress(FileNotFoundError):
-            os.chmod(fd, stat.S_IMODE(path.stat().st_mode))
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:   # closes `fd` whatever happens next
+            with contextlib.suppress(FileNotFoundError):
+                os.chmod(f.fileno(), stat.S_IMODE(path.stat().st_mode))
             f.write(text)
         os.replace(tmp, path)
     except BaseException:
