@@ -41,20 +41,23 @@ class Upstream:
 
     def set_healthy(self, healthy: bool, reason: str = "") -> None:
         """Record the server's health; a change is logged once, with why."""
-        if healthy != self.healthy:
-            if healthy:
-                log.warning("worker %s is up again", self.url)
-            else:
-                log.warning("worker %s is down: %s", self.url, reason)
+        _log_change(self.healthy, healthy, "worker %s is up again", "worker %s is down: %s", self.url, reason)
         self.healthy = healthy
 
     def set_metrics_ok(self, ok: bool, reason: str = "") -> None:
-        if ok != self.metrics_ok:
-            if ok:
-                log.warning("worker %s: /metrics is readable again", self.url)
-            else:
-                log.warning("worker %s: /metrics unreadable (%s); routing without its KV figures", self.url, reason)
+        """Record whether /metrics could be read; a change is logged once, with why."""
+        _log_change(self.metrics_ok, ok, "worker %s: /metrics is readable again",
+                    "worker %s: /metrics unreadable (%s); routing without its KV figures", self.url, reason)
         self.metrics_ok = ok
+
+
+def _log_change(was: bool, now: bool, back: str, lost: str, url: str, reason: str) -> None:
+    """A warning when a server's state flips: `back` (with its URL) or `lost` (URL and reason)."""
+    if now != was:
+        if now:
+            log.warning(back, url)
+        else:
+            log.warning(lost, url, reason)
 
 
 async def probe(client: httpx.AsyncClient, url: str, timeout_s: float) -> str | None:
