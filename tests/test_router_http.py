@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import re
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
@@ -305,3 +306,32 @@ def test_a_keyless_request_is_placed_by_its_whole_prompt_not_a_shared_system_pro
 
     assert key("What is 2+2?") == key("What is 2+2?")
     assert len({key(f"What is {i}+{i}?") for i in range(20)}) == 20
+
+
+def test_held_requests_that_no_server_can_hold_any_more_get_the_400_at_once() -> None:
+    """A server reports a smaller KV while requests wait in the hold queue: each gets the 400 a new
+    request gets (naming `prompt`, or `messages` for chat), not a 429 when --hold-timeout passes."""
+    long_prompt = list(range(1, 201))                  # 200 tokens: fits the default KV, not 128 tokens
+    chat = {"model": "tiny", "messages": [{"role": "user", "content": "x" * 4 * 200}], "max_tokens": 2}
+    with Fleet(stubs=1, hold_timeout_s=20, session_ttl_s=30, max_num_seqs=1) as f, ThreadPoolExecutor(2) as pool:
+        def post(path: str, body: dict, session: str) -> httpx.Response:
+            return httpx.post(f.url + path, json=body, headers={"X-Session-Id": session}, timeout=10)
+
+        hold = f.service.state.hold
+        for i in range(16):       # sessions park and keep MISA-T's slots until one is held
+            first = pool.submit(post, "/v1/completions", {**TOKENS, "prompt": long_prompt}, f"s{i}")
+            assert _settle(lambda: first.done() or len(hold) == 1)
+            if not first.done():
+                break
+            assert first.result().status_code == 200
+        second = pool.submit(post, "/v1/chat/completions", chat, "chat")
+        assert _settle(lambda: len(hold) == 2) and not first.done()
+        t0 = time.monotonic()
+        f.states[0].kv_blocks = 8                        # 128 tokens
+        refused = [first.result(), second.result()]
+        assert time.monotonic() - t0 < 5, "refused at the next poll, not at --hold-timeout"
+        assert [r.status_code for r in refused] == [400, 400]
+        assert [r.json()["error"]["param"] for r in refused] == ["prompt", "messages"]
+        assert "200 tokens" in refused[0].json()["error"]["message"] and len(hold) == 0
+        assert f.service.state.live.keys() == {s.traj.id for s in f.service.state.parked.values()}
+        assert 'cadencerl_router_errors_total{kind="bad_request"} 2.0' in httpx.get(f.url + "/metrics").text

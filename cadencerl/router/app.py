@@ -63,13 +63,14 @@ def _completion(path: str, chat: bool):
     async def handler(request: Request) -> Response:
         svc: RouterService = request.app.state.service
         s = svc.settings
+        field = "messages" if chat else "prompt"
         try:
             routed = await read_request(request, chat, s.classes, s.fallback_class, s.max_body_bytes)
-            svc.check_fits(routed.prompt_len, "messages" if chat else "prompt")
+            svc.check_fits(routed.prompt_len, field)
         except ApiError as exc:
             svc.metrics.errors.labels("bad_request").inc()
             return exc.response()
-        response = await while_connected(request, _serve(svc, path, routed, request.headers))
+        response = await while_connected(request, _serve(svc, path, routed, request.headers, field))
         if response is None:
             svc.metrics.errors.labels("client_disconnect").inc()
             return Response(status_code=CLIENT_CLOSED)
@@ -77,12 +78,15 @@ def _completion(path: str, chat: bool):
     return handler
 
 
-async def _serve(svc: RouterService, path: str, routed: Routed, headers) -> Response:
+async def _serve(svc: RouterService, path: str, routed: Routed, headers, field: str) -> Response:
     try:
         session = await svc.acquire(routed.session_key, routed.workload_class, routed.prompt_len, routed.group,
-                                    routed.affinity)
+                                    routed.affinity, field)
     except Rejected as exc:
         return error_response(exc.status, str(exc), None, exc.reason, {"Retry-After": str(exc.retry_after)})
+    except ApiError as exc:           # it stopped fitting any server's KV while it waited
+        svc.metrics.errors.labels("bad_request").inc()
+        return exc.response()
     try:
         return await forward(svc, session, path, routed, headers)
     except ApiError as exc:

@@ -130,6 +130,18 @@ class LiveState:
         self.pending.remove(session.traj)
         self._done(session, now)
 
+    def refuse_longer_than(self, limit: int, now: float) -> list[Session]:
+        """The waiting sessions (held for admission, or a next turn waiting for a server) whose
+        context is `limit` tokens or more, withdrawn as the bound would withdraw them: no server
+        can take them any more (one reported a smaller KV), so no decision would ever place them."""
+        held = [self.live[t.id] for t in self.hold.in_order() if t.context >= limit]
+        pending = [self.live[t.id] for t in self.pending if t.context >= limit]
+        for session in held:
+            self.withdraw(session)
+        for session in pending:
+            self.drop_pending(session, now)
+        return held + pending
+
     def placed(self, tid: int) -> Session:
         return self.live[tid]
 
