@@ -4,6 +4,7 @@ classes, bad requests, the admin token, the hold queue's 429, and the fault rule
 from __future__ import annotations
 
 import json
+import logging
 import re
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -335,3 +336,25 @@ def test_held_requests_that_no_server_can_hold_any_more_get_the_400_at_once() ->
         assert "200 tokens" in refused[0].json()["error"]["message"] and len(hold) == 0
         assert f.service.state.live.keys() == {s.traj.id for s in f.service.state.parked.values()}
         assert 'cadencerl_router_errors_total{kind="bad_request"} 2.0' in httpx.get(f.url + "/metrics").text
+
+
+def test_the_500_of_an_unhandled_error_carries_the_request_id_and_is_logged_once(caplog) -> None:
+    def boom(key: str) -> bool:
+        raise RuntimeError("a bug")
+
+    uvicorn_log = logging.getLogger("uvicorn.error")       # uvicorn's loggers do not reach the root
+    uvicorn_log.addHandler(caplog.handler)
+    try:
+        with Fleet(stubs=1) as f, httpx.Client(base_url=f.url, timeout=10) as c:
+            f.service.end_session = boom
+            r = c.delete("/v1/sessions/s", headers={"X-Request-Id": "mine"})
+            assert r.status_code == 500 and r.headers["x-request-id"] == "mine"
+            assert r.json() == {"error": {"message": "internal router error: RuntimeError", "type": "internal_error",
+                                          "param": None, "code": 500}}
+            generated = c.delete("/v1/sessions/s")
+            assert generated.status_code == 500 and re.fullmatch(r"[0-9a-f]{32}", generated.headers["x-request-id"])
+            assert c.post("/v1/completions", json=TOKENS).status_code == 200, "the router keeps serving"
+    finally:
+        uvicorn_log.removeHandler(caplog.handler)
+    tracebacks = [rec for rec in caplog.records if rec.exc_info]
+    assert len(tracebacks) == 2 and "mine" in tracebacks[0].getMessage(), "one traceback per error, with its id"

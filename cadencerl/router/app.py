@@ -2,7 +2,7 @@
 
 Starlette (no per-route validation layer: the body is checked once in `requests.py` and forwarded
 as received). Every error is an OpenAI-style JSON body; an unexpected exception is a 500 body, not a
-dropped connection.
+dropped connection, sent by `request_id.py` so that it carries the request id.
 """
 
 from __future__ import annotations
@@ -52,7 +52,8 @@ def create_app(settings: RouterSettings, admin_token: str | None = None) -> Star
         Route("/admin/workers/remove", _admin(token, _remove_worker), methods=["POST"]),
         Route("/admin/workers/drain", _admin(token, _drain_worker), methods=["POST"]),
     ]
-    handlers = {ApiError: _server_error, HTTPException: _http_error, Exception: _server_error}
+    # an unhandled exception's 500 is RequestIdMiddleware's, so that it carries the request id
+    handlers = {ApiError: _api_error, HTTPException: _http_error}
     app = Starlette(routes=routes, lifespan=lifespan, exception_handlers=handlers,
                     middleware=[Middleware(RequestIdMiddleware)])
     app.state.service = svc
@@ -214,7 +215,5 @@ async def _http_error(request: Request, exc: HTTPException) -> Response:
     return error_response(exc.status_code, exc.detail or "error", kind="invalid_request_error")
 
 
-async def _server_error(request: Request, exc: Exception) -> Response:
-    if isinstance(exc, ApiError):
-        return exc.response()
-    return error_response(500, f"internal router error: {type(exc).__name__}", kind="internal_error")
+async def _api_error(request: Request, exc: ApiError) -> Response:
+    return exc.response()

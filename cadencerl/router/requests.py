@@ -40,6 +40,11 @@ def error_response(status: int, message: str, param: str | None = None, kind: st
     return JSONResponse(body, status_code=status, headers=headers)
 
 
+def internal_error(exc: Exception) -> JSONResponse:
+    """The 500 of an unhandled exception: its kind only (the traceback goes to the log)."""
+    return error_response(500, f"internal router error: {type(exc).__name__}", kind="internal_error")
+
+
 @dataclass(frozen=True)
 class Routed:
     """One completion request as the router sees it."""
