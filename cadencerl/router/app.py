@@ -46,6 +46,8 @@ def create_app(settings: RouterSettings, admin_token: str | None = None) -> Star
         Route("/v1/models", _models, methods=["GET"]),
         Route("/v1/sessions/{key}", _end_session, methods=["DELETE"]),
         Route("/health", _health, methods=["GET"]),
+        Route("/liveness", _liveness, methods=["GET"]),
+        Route("/readiness", _readiness, methods=["GET"]),
         Route("/metrics", _metrics, methods=["GET"]),
         Route("/admin/workers", _admin(token, _list_workers), methods=["GET"]),
         Route("/admin/workers", _admin(token, _add_worker), methods=["POST"]),
@@ -119,6 +121,28 @@ async def _health(request: Request) -> Response:
     up = sum(u.routable for u in svc.upstreams)
     body = {"status": "ok" if up else "no_workers", "workers_up": up, "held": len(svc.state.hold)}
     return JSONResponse(body, status_code=200 if up else 503)
+
+
+async def _liveness(request: Request) -> Response:
+    """vllm-router's liveness probe: the router process answers (whatever its servers' state), so
+    an orchestrator restarts the router only when the router itself is stuck."""
+    return JSONResponse({"status": "alive"})
+
+
+async def _readiness(request: Request) -> Response:
+    """vllm-router's readiness probe, with its body's names: ready while at least one server takes
+    new requests (healthy, not drained or removed), else 503 with the reason, so an orchestrator
+    sends no traffic to a router that could only answer 503."""
+    svc: RouterService = request.app.state.service
+    listed = [u for u in svc.upstreams if not u.removed]
+    up = sum(u.routable for u in listed)
+    body = {"status": "ready" if up else "not_ready", "healthy_workers": up, "total_workers": len(listed)}
+    if up:
+        return JSONResponse(body)
+    down, draining = sum(not u.healthy for u in listed), sum(u.healthy and u.draining for u in listed)
+    body["reason"] = (f"no healthy workers available ({down} down, {draining} draining)" if listed
+                      else "no workers: every one was removed")
+    return JSONResponse(body, status_code=503)
 
 
 async def _metrics(request: Request) -> Response:
