@@ -358,3 +358,24 @@ def test_the_500_of_an_unhandled_error_carries_the_request_id_and_is_logged_once
         uvicorn_log.removeHandler(caplog.handler)
     tracebacks = [rec for rec in caplog.records if rec.exc_info]
     assert len(tracebacks) == 2 and "mine" in tracebacks[0].getMessage(), "one traceback per error, with its id"
+
+
+def test_vllm_routers_other_session_headers_are_affinity_keys_that_open_no_session() -> None:
+    from cadencerl.router.requests import _route
+
+    def affinity(headers: dict, **body) -> str:
+        raw = json.dumps({"model": "tiny", "prompt": "hi", **body}).encode()
+        return _route(raw, headers, False, {"rlvr": 1.0}, "rlvr").affinity
+
+    assert affinity({"x-session-id": "s", "x-user-id": "u"}, user="b") == "session:s"
+    assert affinity({"x-tenant-id": "t", "x-user-id": "u"}, user="b") == "x-user-id:u", "vllm-router's order"
+    assert affinity({"x-correlation-id": "c"}, user="b") == "x-correlation-id:c"
+    assert affinity({"x-request-id": "r", "x-trace-id": "t"}).startswith("prompt:"), "per-request ids are no key"
+    with Fleet(stubs=3, policy="consistent-hash") as f, httpx.Client(base_url=f.url, timeout=10) as c:
+        for header in ("X-User-Id", "X-Tenant-Id", "X-Correlation-Id"):
+            homes = {}
+            for i in range(16):
+                r = c.post("/v1/completions", json={**TOKENS, "prompt": [i + 1] * 4}, headers={header: f"k{i % 6}"})
+                assert homes.setdefault(i % 6, r.headers["x-cadencerl-worker"]) == r.headers["x-cadencerl-worker"]
+            assert len(set(homes.values())) > 1, header
+        assert not f.service.state.by_key and not f.service.state.parked, "no session was opened"
