@@ -379,3 +379,57 @@ def test_vllm_routers_other_session_headers_are_affinity_keys_that_open_no_sessi
                 assert homes.setdefault(i % 6, r.headers["x-cadencerl-worker"]) == r.headers["x-cadencerl-worker"]
             assert len(set(homes.values())) > 1, header
         assert not f.service.state.by_key and not f.service.state.parked, "no session was opened"
+
+
+@pytest.mark.parametrize("path, body, key", [
+    ("/v1/embeddings", {"model": "tiny", "input": "hello"}, "data"),
+    ("/v1/rerank", {"model": "tiny", "query": "q", "documents": ["a", "b"]}, "results"),
+    ("/rerank", {"model": "tiny", "query": "q", "documents": ["a"]}, "results"),
+])
+def test_embeddings_and_rerank_pass_through_outside_admission(path: str, body: dict, key: str) -> None:
+    # One server with max_num_seqs 1 and no hold queue: parked sessions fill MISA-T's caps.
+    with Fleet(stubs=1, hold_max=0, session_ttl_s=30, max_num_seqs=1) as f, \
+            httpx.Client(base_url=f.url, timeout=10) as c:
+        codes = [c.post("/v1/completions", json=TOKENS, headers={"X-Session-Id": f"s{i}"}).status_code
+                 for i in range(6)]
+        assert 429 in codes
+        live = set(f.service.state.live)
+        r = c.post(path, json=body, headers={"X-Request-Id": "p1", "X-Custom": "v"})
+        assert r.status_code == 200 and r.json()[key] and r.headers["x-stub"] == "stub0"
+        assert r.headers["x-request-id"] == "p1" and r.headers["x-cadencerl-worker"] == "0"
+        seen = f.states[0].last_headers
+        assert f.states[0].served["p1"] == 1 and seen["x-custom"] == "v" and seen["content-type"] == "application/json"
+        assert set(f.service.state.live) == live, "no session: not held, not admitted"
+        assert c.post(path, content=b"[1]").json()["error"]["message"] == "the body must be a JSON object"
+        assert c.post(path, json={**body, "user": 5}).json()["error"]["param"] == "user"
+        f.states[0].fail_status = 500
+        r = c.post(path, json=body)
+        assert r.status_code == 500 and r.json()["error"]["message"] == "stub failure", "the server's own answer"
+        metrics = c.get("/metrics").text
+        assert f'cadencerl_router_pass_through_total{{route="{path}"}} 2.0' in metrics
+        assert 'cadencerl_router_errors_total{kind="bad_request"} 2.0' in metrics
+
+
+def test_pass_through_is_placed_by_the_policy_and_retried_once_on_another_server() -> None:
+    embed = {"model": "tiny", "input": "hello"}
+    with Fleet(stubs=3, policy="consistent-hash") as f, httpx.Client(base_url=f.url, timeout=10) as c:
+        homes = {}
+        for i in range(18):
+            r = c.post("/v1/embeddings", json={**embed, "input": f"text {i}", "user": f"u{i % 6}"})
+            assert homes.setdefault(i % 6, r.headers["x-cadencerl-worker"]) == r.headers["x-cadencerl-worker"]
+        assert len(set(homes.values())) > 1, "consistent-hash keys on `user`, as for completions"
+        home = int(homes[0])
+        f.stubs[home].stop()
+        r = c.post("/v1/embeddings", json={**embed, "user": "u0"})
+        assert r.status_code == 200 and r.headers["x-cadencerl-worker"] != str(home)
+        metrics = c.get("/metrics").text
+        assert 'cadencerl_router_errors_total{kind="connect"} 1.0' in metrics
+        assert "cadencerl_router_retries_total 1.0" in metrics
+        for i, stub in enumerate(f.stubs):
+            if i != home:
+                stub.stop()
+        r = c.post("/v1/embeddings", json=embed)
+        assert r.status_code in (502, 503) and r.json()["error"]["message"]
+        time.sleep(0.5)
+        r = c.post("/v1/embeddings", json=embed)
+        assert r.status_code == 503 and r.json()["error"]["type"] == "no_worker"

@@ -20,6 +20,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from cadencerl.router.disconnect import CLIENT_CLOSED, while_connected
+from cadencerl.router.passthrough import PASS_THROUGH, pass_through
 from cadencerl.router.proxy import forward
 from cadencerl.router.request_id import RequestIdMiddleware
 from cadencerl.router.requests import ApiError, Routed, error_response, read_request
@@ -43,6 +44,7 @@ def create_app(settings: RouterSettings, admin_token: str | None = None) -> Star
     routes = [
         Route("/v1/completions", _completion("/v1/completions", chat=False), methods=["POST"]),
         Route("/v1/chat/completions", _completion("/v1/chat/completions", chat=True), methods=["POST"]),
+        *(Route(path, pass_through(path), methods=["POST"]) for path in PASS_THROUGH),
         Route("/v1/models", _models, methods=["GET"]),
         Route("/v1/sessions/{key}", _end_session, methods=["DELETE"]),
         Route("/health", _health, methods=["GET"]),

@@ -66,6 +66,33 @@ class Routed:
     group: int
 
 
+@dataclass(frozen=True)
+class PassThrough:
+    """A request the router only places and relays (`passthrough.py`), forwarded as received."""
+
+    raw: bytes
+    affinity: str               # `affinity_key`, as a completion's
+    group: int                  # the body, hashed: one input is one prefix-tree entry
+    prompt_len: int             # estimated from the body's size, for the prefix tree's bookkeeping only
+
+
+async def read_pass_through(request: Request, max_bytes: int) -> PassThrough:
+    """The body must be a JSON object with the common fields well typed; the rest is the server's to check."""
+    raw = await _read_body(request, max_bytes)
+    try:
+        body = json.loads(raw)
+    except (ValueError, UnicodeDecodeError):
+        raise ApiError(400, "the body is not valid JSON") from None
+    except RecursionError:
+        raise ApiError(400, "the body is nested too deeply") from None
+    if not isinstance(body, dict):
+        raise ApiError(400, "the body must be a JSON object")
+    _check_fields(body)
+    group = int.from_bytes(hashlib.blake2b(raw, digest_size=8).digest(), "big") >> 1
+    affinity = affinity_key(request.headers, body, request.headers.get(SESSION_HEADER), group)
+    return PassThrough(raw, affinity, group, max(1, len(raw) // CHARS_PER_TOKEN))
+
+
 async def read_request(request: Request, chat: bool, classes: dict[str, float], default_class: str,
                        max_bytes: int) -> Routed:
     raw = await _read_body(request, max_bytes)

@@ -268,6 +268,18 @@ class RouterService:
                                self._retry_after()) from None
             raise Rejected(503, "no_worker", "no server can take this request now") from None
 
+    def place_outside(self, group: int, prompt_len: int, affinity: str,
+                      exclude: frozenset[int] = frozenset()) -> Upstream:
+        """The server for a request outside sessions (`passthrough.py`), after a decision pass (what
+        waits goes first); Rejected (503) when no server other than `exclude` is up."""
+        now = self.now()
+        self.decide(now)
+        worker = self.state.route_outside(group, prompt_len, affinity, now, exclude)
+        if worker is None:
+            self.metrics.rejections.labels("no_worker").inc()
+            raise Rejected(503, "no_worker", "no server is up; retry later", self._retry_after())
+        return self.upstreams[worker]
+
     def _retry_after(self) -> int:
         """Seconds a rejected client should wait: a quarter of the hold bound, at least one."""
         return max(1, round(self.settings.hold_timeout_s / 4))
