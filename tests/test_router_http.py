@@ -428,8 +428,10 @@ def test_pass_through_is_placed_by_the_policy_and_retried_once_on_another_server
         for i, stub in enumerate(f.stubs):
             if i != home:
                 stub.stop()
-        r = c.post("/v1/embeddings", json=embed)
-        assert r.status_code in (502, 503) and r.json()["error"]["message"]
+        first = c.post("/v1/embeddings", json=embed)
+        assert first.status_code in (502, 503) and first.json()["error"]["message"]
         time.sleep(0.5)
         r = c.post("/v1/embeddings", json=embed)
         assert r.status_code == 503 and r.json()["error"]["type"] == "no_worker"
+        refused = 1 + (first.status_code == 503)         # a 502 (the retry failed too) is no rejection
+        assert f'cadencerl_router_rejections_total{{reason="no_worker"}} {refused}.0' in c.get("/metrics").text

@@ -58,6 +58,7 @@ async def _relay(svc: RouterService, path: str, req: PassThrough, headers) -> Re
         except Rejected as exc:
             if failed:
                 break
+            svc.metrics.rejections.labels(exc.reason).inc()
             return error_response(exc.status, str(exc), None, exc.reason, {"Retry-After": str(exc.retry_after)})
         request = httpx.Request("POST", up.url + path, content=req.raw, headers=fwd,
                                 extensions={"timeout": svc.forward_timeout})

@@ -276,7 +276,6 @@ class RouterService:
         self.decide(now)
         worker = self.state.route_outside(group, prompt_len, affinity, now, exclude)
         if worker is None:
-            self.metrics.rejections.labels("no_worker").inc()
             raise Rejected(503, "no_worker", "no server is up; retry later", self._retry_after())
         return self.upstreams[worker]
 
