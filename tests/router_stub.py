@@ -1,12 +1,13 @@
 """A stub vLLM server for the router's tests and overhead benchmark, and a uvicorn-in-a-thread runner.
 
 It answers /v1/completions and /v1/chat/completions at once (streaming one SSE event per token, or
-one JSON body with `usage`), /v1/models, /health and a /metrics page with vLLM's gauge names. Fault
-modes, set on `StubState` while it runs: `fail_status` (answer every request with that status),
-`break_after` (close the stream after that many events, without the end of the chunked body),
-`token_delay_s` (sleep between events), `metrics` ("current" gauge names, "old": the KV gauge by its
-older name, or "none": /metrics answers 404). It counts the X-Request-Id of every request it serves
-and keeps the latest one's headers.
+one JSON body with `usage`), /v1/embeddings and (/v1)/rerank (one fixed answer), /v1/models, /health
+and a /metrics page with vLLM's gauge names. Fault modes, set on `StubState` while it runs:
+`fail_status` (answer every request with that status), `break_after` (close the stream after that
+many events, without the end of the chunked body), `token_delay_s` (sleep between events),
+`metrics` ("current" gauge names, "old": the KV gauge by its older name, or "none": /metrics
+answers 404), `kv_blocks` (a KV of that many 16-token blocks in `vllm:cache_config_info`; None: no
+KV size). It counts the X-Request-Id of every request it serves and keeps the latest one's headers.
 
     python tests/router_stub.py --port 8001        # a stub server in its own process
 """
@@ -38,6 +39,7 @@ class StubState:
     break_after: int | None = None
     token_delay_s: float = 0.0
     metrics: str = "current"
+    kv_blocks: int | None = None
     running: int = 0
     served: Counter = field(default_factory=Counter)
     last_headers: object = None      # the headers of the latest completion request
@@ -83,7 +85,23 @@ def stub_app(state: StubState) -> Starlette:
                 f"# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running{{engine=\"0\"}} {state.running}\n"
                 "# TYPE vllm:num_requests_waiting gauge\nvllm:num_requests_waiting{engine=\"0\"} 0\n"
                 "# TYPE vllm:num_preemptions counter\nvllm:num_preemptions_total{engine=\"0\"} 0\n")
+        if state.kv_blocks is not None:
+            text += ("# TYPE vllm:cache_config_info gauge\n"
+                     f"vllm:cache_config_info{{block_size=\"16\",num_gpu_blocks=\"{state.kv_blocks}\"}} 1.0\n")
         return PlainTextResponse(text)
+
+    async def pooled(request: Request) -> Response:
+        """/v1/embeddings and (/v1)/rerank, as a pooling model answers them."""
+        body = await request.json()
+        state.served[request.headers.get("x-request-id", "")] += 1
+        state.last_headers = request.headers
+        if state.fail_status is not None:
+            return JSONResponse({"error": {"message": "stub failure"}}, status_code=state.fail_status)
+        if request.url.path.endswith("embeddings"):
+            out = {"object": "list", "data": [{"object": "embedding", "index": 0, "embedding": [0.5, 0.5]}]}
+        else:
+            out = {"results": [{"index": i, "relevance_score": 1 / (i + 1)} for i in range(len(body["documents"]))]}
+        return JSONResponse({**out, "model": "tiny"}, headers={"x-stub": state.name})
 
     async def models(request: Request) -> Response:
         return JSONResponse({"object": "list", "data": [{"id": "tiny", "object": "model"}]})
@@ -93,6 +111,7 @@ def stub_app(state: StubState) -> Starlette:
 
     return Starlette(routes=[Route("/v1/completions", complete, methods=["POST"]),
                              Route("/v1/chat/completions", complete, methods=["POST"]),
+                             *(Route(p, pooled, methods=["POST"]) for p in ("/v1/embeddings", "/v1/rerank", "/rerank")),
                              Route("/metrics", metrics), Route("/v1/models", models), Route("/health", health)])
 
 

@@ -50,3 +50,27 @@ def test_a_server_that_stays_down_is_logged_once_with_its_reason(caplog) -> None
         assert len(down) == 1 and down[0].levelno == logging.WARNING
         assert "ends in /v1" in down[0].getMessage() and "404" in down[0].getMessage()
         assert c.post("/v1/completions", json=TOKENS).headers["x-cadencerl-worker"] == "0"
+
+
+def test_liveness_and_readiness_as_vllm_router_answers_them() -> None:
+    with Fleet(admin_token="secret") as f, httpx.Client(base_url=f.url, timeout=10) as c:
+        auth = {"Authorization": "Bearer secret"}
+        url0, url1 = f.settings.workers
+        assert c.get("/liveness").json() == {"status": "alive"}
+        r = c.get("/readiness")
+        assert r.status_code == 200 and r.json() == {"status": "ready", "healthy_workers": 2, "total_workers": 2}
+        assert c.post("/admin/workers/drain", json={"url": url0}, headers=auth).status_code == 200
+        assert c.get("/readiness").json()["healthy_workers"] == 1
+        f.stubs[1].stop()
+        deadline = time.monotonic() + 5
+        while c.get("/readiness").status_code == 200 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        r = c.get("/readiness")
+        assert r.status_code == 503 and r.json()["status"] == "not_ready" and r.json()["healthy_workers"] == 0
+        assert r.json()["reason"] == "no healthy workers available (1 down, 1 draining)"
+        assert c.get("/liveness").status_code == 200, "the router itself is alive"
+        for url in (url0, url1):
+            assert c.post("/admin/workers/remove", json={"url": url}, headers=auth).status_code == 200
+        r = c.get("/readiness")
+        assert r.status_code == 503 and r.json()["total_workers"] == 0 and "removed" in r.json()["reason"]
+        assert r.headers["x-request-id"]

@@ -4,8 +4,10 @@ classes, bad requests, the admin token, the hold queue's 429, and the fault rule
 from __future__ import annotations
 
 import json
+import logging
 import re
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
@@ -305,3 +307,131 @@ def test_a_keyless_request_is_placed_by_its_whole_prompt_not_a_shared_system_pro
 
     assert key("What is 2+2?") == key("What is 2+2?")
     assert len({key(f"What is {i}+{i}?") for i in range(20)}) == 20
+
+
+def test_held_requests_that_no_server_can_hold_any_more_get_the_400_at_once() -> None:
+    """A server reports a smaller KV while requests wait in the hold queue: each gets the 400 a new
+    request gets (naming `prompt`, or `messages` for chat), not a 429 when --hold-timeout passes."""
+    long_prompt = list(range(1, 201))                  # 200 tokens: fits the default KV, not 128 tokens
+    chat = {"model": "tiny", "messages": [{"role": "user", "content": "x" * 4 * 200}], "max_tokens": 2}
+    with Fleet(stubs=1, hold_timeout_s=20, session_ttl_s=30, max_num_seqs=1) as f, ThreadPoolExecutor(2) as pool:
+        def post(path: str, body: dict, session: str) -> httpx.Response:
+            return httpx.post(f.url + path, json=body, headers={"X-Session-Id": session}, timeout=10)
+
+        hold = f.service.state.hold
+        for i in range(16):       # sessions park and keep MISA-T's slots until one is held
+            first = pool.submit(post, "/v1/completions", {**TOKENS, "prompt": long_prompt}, f"s{i}")
+            assert _settle(lambda: first.done() or len(hold) == 1)
+            if not first.done():
+                break
+            assert first.result().status_code == 200
+        second = pool.submit(post, "/v1/chat/completions", chat, "chat")
+        assert _settle(lambda: len(hold) == 2) and not first.done()
+        t0 = time.monotonic()
+        f.states[0].kv_blocks = 8                        # 128 tokens
+        refused = [first.result(), second.result()]
+        assert time.monotonic() - t0 < 5, "refused at the next poll, not at --hold-timeout"
+        assert [r.status_code for r in refused] == [400, 400]
+        assert [r.json()["error"]["param"] for r in refused] == ["prompt", "messages"]
+        assert "200 tokens" in refused[0].json()["error"]["message"] and len(hold) == 0
+        assert f.service.state.live.keys() == {s.traj.id for s in f.service.state.parked.values()}
+        assert 'cadencerl_router_errors_total{kind="bad_request"} 2.0' in httpx.get(f.url + "/metrics").text
+
+
+def test_the_500_of_an_unhandled_error_carries_the_request_id_and_is_logged_once(caplog) -> None:
+    def boom(key: str) -> bool:
+        raise RuntimeError("a bug")
+
+    uvicorn_log = logging.getLogger("uvicorn.error")       # uvicorn's loggers do not reach the root
+    uvicorn_log.addHandler(caplog.handler)
+    try:
+        with Fleet(stubs=1) as f, httpx.Client(base_url=f.url, timeout=10) as c:
+            f.service.end_session = boom
+            r = c.delete("/v1/sessions/s", headers={"X-Request-Id": "mine"})
+            assert r.status_code == 500 and r.headers["x-request-id"] == "mine"
+            assert r.json() == {"error": {"message": "internal router error: RuntimeError", "type": "internal_error",
+                                          "param": None, "code": 500}}
+            generated = c.delete("/v1/sessions/s")
+            assert generated.status_code == 500 and re.fullmatch(r"[0-9a-f]{32}", generated.headers["x-request-id"])
+            assert c.post("/v1/completions", json=TOKENS).status_code == 200, "the router keeps serving"
+    finally:
+        uvicorn_log.removeHandler(caplog.handler)
+    tracebacks = [rec for rec in caplog.records if rec.exc_info]
+    assert len(tracebacks) == 2 and "mine" in tracebacks[0].getMessage(), "one traceback per error, with its id"
+
+
+def test_vllm_routers_other_session_headers_are_affinity_keys_that_open_no_session() -> None:
+    from cadencerl.router.requests import _route
+
+    def affinity(headers: dict, **body) -> str:
+        raw = json.dumps({"model": "tiny", "prompt": "hi", **body}).encode()
+        return _route(raw, headers, False, {"rlvr": 1.0}, "rlvr").affinity
+
+    assert affinity({"x-session-id": "s", "x-user-id": "u"}, user="b") == "session:s"
+    assert affinity({"x-tenant-id": "t", "x-user-id": "u"}, user="b") == "x-user-id:u", "vllm-router's order"
+    assert affinity({"x-correlation-id": "c"}, user="b") == "x-correlation-id:c"
+    assert affinity({"x-request-id": "r", "x-trace-id": "t"}).startswith("prompt:"), "per-request ids are no key"
+    with Fleet(stubs=3, policy="consistent-hash") as f, httpx.Client(base_url=f.url, timeout=10) as c:
+        for header in ("X-User-Id", "X-Tenant-Id", "X-Correlation-Id"):
+            homes = {}
+            for i in range(16):
+                r = c.post("/v1/completions", json={**TOKENS, "prompt": [i + 1] * 4}, headers={header: f"k{i % 6}"})
+                assert homes.setdefault(i % 6, r.headers["x-cadencerl-worker"]) == r.headers["x-cadencerl-worker"]
+            assert len(set(homes.values())) > 1, header
+        assert not f.service.state.by_key and not f.service.state.parked, "no session was opened"
+
+
+@pytest.mark.parametrize("path, body, key", [
+    ("/v1/embeddings", {"model": "tiny", "input": "hello"}, "data"),
+    ("/v1/rerank", {"model": "tiny", "query": "q", "documents": ["a", "b"]}, "results"),
+    ("/rerank", {"model": "tiny", "query": "q", "documents": ["a"]}, "results"),
+])
+def test_embeddings_and_rerank_pass_through_outside_admission(path: str, body: dict, key: str) -> None:
+    # One server with max_num_seqs 1 and no hold queue: parked sessions fill MISA-T's caps.
+    with Fleet(stubs=1, hold_max=0, session_ttl_s=30, max_num_seqs=1) as f, \
+            httpx.Client(base_url=f.url, timeout=10) as c:
+        codes = [c.post("/v1/completions", json=TOKENS, headers={"X-Session-Id": f"s{i}"}).status_code
+                 for i in range(6)]
+        assert 429 in codes
+        live = set(f.service.state.live)
+        r = c.post(path, json=body, headers={"X-Request-Id": "p1", "X-Custom": "v"})
+        assert r.status_code == 200 and r.json()[key] and r.headers["x-stub"] == "stub0"
+        assert r.headers["x-request-id"] == "p1" and r.headers["x-cadencerl-worker"] == "0"
+        seen = f.states[0].last_headers
+        assert f.states[0].served["p1"] == 1 and seen["x-custom"] == "v" and seen["content-type"] == "application/json"
+        assert set(f.service.state.live) == live, "no session: not held, not admitted"
+        assert c.post(path, content=b"[1]").json()["error"]["message"] == "the body must be a JSON object"
+        assert c.post(path, json={**body, "user": 5}).json()["error"]["param"] == "user"
+        f.states[0].fail_status = 500
+        r = c.post(path, json=body)
+        assert r.status_code == 500 and r.json()["error"]["message"] == "stub failure", "the server's own answer"
+        metrics = c.get("/metrics").text
+        assert f'cadencerl_router_pass_through_total{{route="{path}"}} 2.0' in metrics
+        assert 'cadencerl_router_errors_total{kind="bad_request"} 2.0' in metrics
+
+
+def test_pass_through_is_placed_by_the_policy_and_retried_once_on_another_server() -> None:
+    embed = {"model": "tiny", "input": "hello"}
+    with Fleet(stubs=3, policy="consistent-hash") as f, httpx.Client(base_url=f.url, timeout=10) as c:
+        homes = {}
+        for i in range(18):
+            r = c.post("/v1/embeddings", json={**embed, "input": f"text {i}", "user": f"u{i % 6}"})
+            assert homes.setdefault(i % 6, r.headers["x-cadencerl-worker"]) == r.headers["x-cadencerl-worker"]
+        assert len(set(homes.values())) > 1, "consistent-hash keys on `user`, as for completions"
+        home = int(homes[0])
+        f.stubs[home].stop()
+        r = c.post("/v1/embeddings", json={**embed, "user": "u0"})
+        assert r.status_code == 200 and r.headers["x-cadencerl-worker"] != str(home)
+        metrics = c.get("/metrics").text
+        assert 'cadencerl_router_errors_total{kind="connect"} 1.0' in metrics
+        assert "cadencerl_router_retries_total 1.0" in metrics
+        for i, stub in enumerate(f.stubs):
+            if i != home:
+                stub.stop()
+        first = c.post("/v1/embeddings", json=embed)
+        assert first.status_code in (502, 503) and first.json()["error"]["message"]
+        time.sleep(0.5)
+        r = c.post("/v1/embeddings", json=embed)
+        assert r.status_code == 503 and r.json()["error"]["type"] == "no_worker"
+        refused = 1 + (first.status_code == 503)         # a 502 (the retry failed too) is no rejection
+        assert f'cadencerl_router_rejections_total{{reason="no_worker"}} {refused}.0' in c.get("/metrics").text

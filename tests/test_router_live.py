@@ -200,3 +200,17 @@ def test_consistent_hash_gives_a_worker_added_later_its_share() -> None:
     sessions = [st.new_session(None, "rlvr", 10, group=i, affinity=f"user:{i}") for i in range(40)]
     st.decide(0.0)
     assert any(s.traj.worker == 2 for s in sessions)
+
+
+def test_waiting_sessions_longer_than_a_limit_are_withdrawn_held_or_pending() -> None:
+    st = _state(policy="cache-aware", workers=1)
+    parked = st.new_session("p", "agent", 100, group=1)
+    st.decide(0.0)
+    st.turn_ended(parked, 50, 0.1)
+    st.continuation(parked, 400, 0.2)              # its next turn, 400 tokens, waits for a server
+    st.workers[0].alive = False
+    short, long = st.new_session("s", "rlvr", 100, group=2), st.new_session("l", "rlvr", 300, group=3)
+    assert st.refuse_longer_than(300, 0.3) == [long, parked]
+    assert long.traj.state is State.DONE and parked.traj.state is State.DONE and st.workers[0].sessions == 0
+    assert [t.id for t in st.hold.in_order()] == [short.traj.id] and len(st.pending) == 0
+    assert set(st.live) == {short.traj.id} and st.completed["agent"] == 1

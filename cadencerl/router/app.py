@@ -2,7 +2,7 @@
 
 Starlette (no per-route validation layer: the body is checked once in `requests.py` and forwarded
 as received). Every error is an OpenAI-style JSON body; an unexpected exception is a 500 body, not a
-dropped connection.
+dropped connection, sent by `request_id.py` so that it carries the request id.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from cadencerl.router.disconnect import CLIENT_CLOSED, while_connected
+from cadencerl.router.passthrough import PASS_THROUGH, pass_through
 from cadencerl.router.proxy import forward
 from cadencerl.router.request_id import RequestIdMiddleware
 from cadencerl.router.requests import ApiError, Routed, error_response, read_request
@@ -43,16 +44,20 @@ def create_app(settings: RouterSettings, admin_token: str | None = None) -> Star
     routes = [
         Route("/v1/completions", _completion("/v1/completions", chat=False), methods=["POST"]),
         Route("/v1/chat/completions", _completion("/v1/chat/completions", chat=True), methods=["POST"]),
+        *(Route(path, pass_through(path), methods=["POST"]) for path in PASS_THROUGH),
         Route("/v1/models", _models, methods=["GET"]),
         Route("/v1/sessions/{key}", _end_session, methods=["DELETE"]),
         Route("/health", _health, methods=["GET"]),
+        Route("/liveness", _liveness, methods=["GET"]),
+        Route("/readiness", _readiness, methods=["GET"]),
         Route("/metrics", _metrics, methods=["GET"]),
         Route("/admin/workers", _admin(token, _list_workers), methods=["GET"]),
         Route("/admin/workers", _admin(token, _add_worker), methods=["POST"]),
         Route("/admin/workers/remove", _admin(token, _remove_worker), methods=["POST"]),
         Route("/admin/workers/drain", _admin(token, _drain_worker), methods=["POST"]),
     ]
-    handlers = {ApiError: _server_error, HTTPException: _http_error, Exception: _server_error}
+    # an unhandled exception's 500 is RequestIdMiddleware's, so that it carries the request id
+    handlers = {ApiError: _api_error, HTTPException: _http_error}
     app = Starlette(routes=routes, lifespan=lifespan, exception_handlers=handlers,
                     middleware=[Middleware(RequestIdMiddleware)])
     app.state.service = svc
@@ -63,13 +68,14 @@ def _completion(path: str, chat: bool):
     async def handler(request: Request) -> Response:
         svc: RouterService = request.app.state.service
         s = svc.settings
+        field = "messages" if chat else "prompt"
         try:
             routed = await read_request(request, chat, s.classes, s.fallback_class, s.max_body_bytes)
-            svc.check_fits(routed.prompt_len, "messages" if chat else "prompt")
+            svc.check_fits(routed.prompt_len, field)
         except ApiError as exc:
             svc.metrics.errors.labels("bad_request").inc()
             return exc.response()
-        response = await while_connected(request, _serve(svc, path, routed, request.headers))
+        response = await while_connected(request, _serve(svc, path, routed, request.headers, field))
         if response is None:
             svc.metrics.errors.labels("client_disconnect").inc()
             return Response(status_code=CLIENT_CLOSED)
@@ -77,12 +83,15 @@ def _completion(path: str, chat: bool):
     return handler
 
 
-async def _serve(svc: RouterService, path: str, routed: Routed, headers) -> Response:
+async def _serve(svc: RouterService, path: str, routed: Routed, headers, field: str) -> Response:
     try:
         session = await svc.acquire(routed.session_key, routed.workload_class, routed.prompt_len, routed.group,
-                                    routed.affinity)
+                                    routed.affinity, field)
     except Rejected as exc:
         return error_response(exc.status, str(exc), None, exc.reason, {"Retry-After": str(exc.retry_after)})
+    except ApiError as exc:           # it stopped fitting any server's KV while it waited
+        svc.metrics.errors.labels("bad_request").inc()
+        return exc.response()
     try:
         return await forward(svc, session, path, routed, headers)
     except ApiError as exc:
@@ -114,6 +123,28 @@ async def _health(request: Request) -> Response:
     up = sum(u.routable for u in svc.upstreams)
     body = {"status": "ok" if up else "no_workers", "workers_up": up, "held": len(svc.state.hold)}
     return JSONResponse(body, status_code=200 if up else 503)
+
+
+async def _liveness(request: Request) -> Response:
+    """vllm-router's liveness probe: the router process answers (whatever its servers' state), so
+    an orchestrator restarts the router only when the router itself is stuck."""
+    return JSONResponse({"status": "alive"})
+
+
+async def _readiness(request: Request) -> Response:
+    """vllm-router's readiness probe, with its body's names: ready while at least one server takes
+    new requests (healthy, not drained or removed), else 503 with the reason, so an orchestrator
+    sends no traffic to a router that could only answer 503."""
+    svc: RouterService = request.app.state.service
+    listed = [u for u in svc.upstreams if not u.removed]
+    up = sum(u.routable for u in listed)
+    body = {"status": "ready" if up else "not_ready", "healthy_workers": up, "total_workers": len(listed)}
+    if up:
+        return JSONResponse(body)
+    down, draining = sum(not u.healthy for u in listed), sum(u.healthy and u.draining for u in listed)
+    body["reason"] = (f"no healthy workers available ({down} down, {draining} draining)" if listed
+                      else "no workers: every one was removed")
+    return JSONResponse(body, status_code=503)
 
 
 async def _metrics(request: Request) -> Response:
@@ -210,7 +241,5 @@ async def _http_error(request: Request, exc: HTTPException) -> Response:
     return error_response(exc.status_code, exc.detail or "error", kind="invalid_request_error")
 
 
-async def _server_error(request: Request, exc: Exception) -> Response:
-    if isinstance(exc, ApiError):
-        return exc.response()
-    return error_response(500, f"internal router error: {type(exc).__name__}", kind="internal_error")
+async def _api_error(request: Request, exc: ApiError) -> Response:
+    return exc.response()

@@ -29,6 +29,7 @@ from cadencerl.engine.server_metrics import EngineMetrics
 
 UNBOUNDED = 1 << 62        # a live router has no staleness budget: the trainer paces its own requests
 _SEALED = object()         # nobody holds this key: a router never knows how long a reply will be
+OUTSIDE = -1               # the trajectory id of every request outside sessions: it has no history to keep
 
 
 class HoldQueue(FreshQueue):
@@ -130,6 +131,18 @@ class LiveState:
         self.pending.remove(session.traj)
         self._done(session, now)
 
+    def refuse_longer_than(self, limit: int, now: float) -> list[Session]:
+        """The waiting sessions (held for admission, or a next turn waiting for a server) whose
+        context is `limit` tokens or more, withdrawn as the bound would withdraw them: no server
+        can take them any more (one reported a smaller KV), so no decision would ever place them."""
+        held = [self.live[t.id] for t in self.hold.in_order() if t.context >= limit]
+        pending = [self.live[t.id] for t in self.pending if t.context >= limit]
+        for session in held:
+            self.withdraw(session)
+        for session in pending:
+            self.drop_pending(session, now)
+        return held + pending
+
     def placed(self, tid: int) -> Session:
         return self.live[tid]
 
@@ -202,6 +215,20 @@ class LiveState:
             attach(traj, live_worker(self.workers, action.worker), self.workers, now)
         else:
             raise ActionError(f"a live router cannot apply {action!r} (use a router policy)")
+
+    def route_outside(self, group: int, prompt_len: int, affinity: str, now: float,
+                      exclude: frozenset[int] = frozenset()) -> int | None:
+        """The worker for a request that is no session (an embedding, a rerank): the placement
+        policy's own rule (`route`, as for an admitted session) over the live workers, with no
+        admission, no residency and no place in the class mix; None when no live worker is left.
+        Call it after a `decide` pass (cache-aware sets up its tree there)."""
+        ok = [w for w in self.workers if w.alive and w.id not in exclude]
+        if not ok:
+            return None
+        placement = getattr(self.policy, "inner", self.policy)     # past an admission layer
+        spec = TrajectorySpec(id=OUTSIDE, group=group, prompt_len=max(1, prompt_len),
+                              response=HiddenLength(0, _SEALED), workload_class="", affinity=affinity)
+        return placement.route(self.view(now), Trajectory(spec), ok).id
 
     # -- bookkeeping, as the controller keeps it ---------------------------------------------------
 

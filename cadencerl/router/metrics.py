@@ -16,6 +16,8 @@ class RouterMetrics:
                                   "server, by reason: 429 hold_full / hold_timeout, 503 no_worker",
                                   ["reason"], registry=r)
         self.errors = Counter("cadencerl_router_errors", "Errors, by kind", ["kind"], registry=r)
+        self.pass_through = Counter("cadencerl_router_pass_through", "Requests relayed outside sessions and "
+                                    "admission (embeddings, rerank), by route", ["route"], registry=r)
         self.retries = Counter("cadencerl_router_retries", "Requests retried on another server before "
                                "their first token", registry=r)
         self.prefix_hits = Counter("cadencerl_router_prefix_hits", "Placements on a server the router "

@@ -50,8 +50,18 @@ class _BeforeFirstToken(Exception):
         self.down = down
 
 
+def forwarded_headers(headers) -> list[tuple[bytes, bytes]]:
+    """The client's request headers as they go upstream (the body is JSON)."""
+    return [*_without(headers.raw, _NOT_FORWARDED), (b"content-type", b"application/json")]
+
+
+def returned_headers(resp: httpx.Response, worker: int) -> list[tuple[bytes, bytes]]:
+    """The server's response headers as they go back, with the worker that answered."""
+    return [*_without(resp.headers.raw, _NOT_RETURNED), (WORKER_HEADER.encode(), str(worker).encode())]
+
+
 async def forward(svc: RouterService, session: Session, path: str, req: Routed, headers) -> Response:
-    fwd = [*_without(headers.raw, _NOT_FORWARDED), (b"content-type", b"application/json")]
+    fwd = forwarded_headers(headers)
     retried = False
     while True:
         up = svc.upstreams[session.traj.worker]
@@ -84,7 +94,7 @@ async def _attempt(svc: RouterService, session: Session, url: str, req: Routed, 
         raise _BeforeFirstToken(f"send_{type(exc).__name__}") from None
     if resp.status_code >= 500:
         svc.metrics.errors.labels("upstream_5xx").inc()
-    out_headers = [*_without(resp.headers.raw, _NOT_RETURNED), (WORKER_HEADER.encode(), str(worker).encode())]
+    out_headers = returned_headers(resp, worker)
     if resp.status_code != 200 or not req.stream:
         try:
             content = await resp.aread()

@@ -1,18 +1,27 @@
-"""Every request carries an X-Request-Id, and every response the router's routes send echoes it.
+"""Every request carries an X-Request-Id, and every response the router sends echoes it.
 
 A client's id is kept; a request without one gets a fresh one before any route sees it, so the
 upstream server (which receives the client's headers), the router's response and the client's
-logs all name the same request. Pure ASGI: no per-request task or body buffering. Not echoed: the
-500 of an unhandled error, which Starlette sends from outside every middleware (a bug's answer).
+logs all name the same request. Pure ASGI: no per-request task or body buffering.
+
+An unhandled exception is caught here too, not left to Starlette's outermost handler: that one runs
+outside every middleware, so its 500 would carry no id (the answer to a bug is the one a client most
+needs to quote). The traceback is logged once, with the id; an error after the response started
+is re-raised, for the server to log and close the connection (no second status can be sent).
 """
 
 from __future__ import annotations
 
+import logging
 import uuid
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from cadencerl.router.requests import internal_error
+
 HEADER = b"x-request-id"
+
+log = logging.getLogger(__name__)
 
 
 class RequestIdMiddleware:
@@ -27,10 +36,21 @@ class RequestIdMiddleware:
         if rid is None:
             rid = uuid.uuid4().hex.encode()
             scope = {**scope, "headers": [*scope["headers"], (HEADER, rid)]}
+        started = False
 
         async def send_with_id(message: Message) -> None:
-            if message["type"] == "http.response.start" and not any(k == HEADER for k, _ in message["headers"]):
-                message = {**message, "headers": [*message["headers"], (HEADER, rid)]}
+            nonlocal started
+            if message["type"] == "http.response.start":
+                started = True
+                if not any(k == HEADER for k, _ in message["headers"]):
+                    message = {**message, "headers": [*message["headers"], (HEADER, rid)]}
             await send(message)
 
-        await self.app(scope, receive, send_with_id)
+        try:
+            await self.app(scope, receive, send_with_id)
+        except Exception as exc:
+            if started:
+                raise
+            log.exception("unhandled error in %s %s (request %s)", scope["method"], scope["path"],
+                          rid.decode("latin-1"))
+            await internal_error(exc)(scope, receive, send_with_id)

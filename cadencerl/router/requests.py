@@ -6,6 +6,12 @@ Headers (documented in the README):
                     treats it; the OpenAI `user` field is an affinity key only and holds no capacity)
   X-Workload-Class  the request's class, one of the classes file (else the default class)
   X-Session-End     `1`/`true` on a session's last request, so it finishes at once instead of at its TTL
+  X-User-Id, X-Tenant-Id, X-Correlation-Id
+                    the other session headers vllm-router reads, in its order after X-Session-Id:
+                    affinity keys like `user` (consistent-hash keeps each on one server, as vllm-router
+                    does), not sessions: a client or gateway that sets one per user or per call would
+                    otherwise hold a MISA-T slot per request until the session TTL. X-Request-Id and
+                    X-Trace-Id, which vllm-router reads last, name one request: no placement key here.
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ from starlette.responses import JSONResponse
 SESSION_HEADER = "x-session-id"
 CLASS_HEADER = "x-workload-class"
 END_HEADER = "x-session-end"
+AFFINITY_HEADERS = ("x-user-id", "x-tenant-id", "x-correlation-id")     # vllm-router's order
 CHARS_PER_TOKEN = 4          # a text prompt's length in tokens, without a tokenizer (an estimate)
 
 
@@ -40,6 +47,11 @@ def error_response(status: int, message: str, param: str | None = None, kind: st
     return JSONResponse(body, status_code=status, headers=headers)
 
 
+def internal_error(exc: Exception) -> JSONResponse:
+    """The 500 of an unhandled exception: its kind only (the traceback goes to the log)."""
+    return error_response(500, f"internal router error: {type(exc).__name__}", kind="internal_error")
+
+
 @dataclass(frozen=True)
 class Routed:
     """One completion request as the router sees it."""
@@ -47,11 +59,38 @@ class Routed:
     raw: bytes
     stream: bool
     session_key: str | None     # X-Session-Id: a multi-turn session that parks between turns
-    affinity: str               # what `consistent-hash` hashes: the session id, else `user`, else the whole prompt
+    affinity: str               # what `consistent-hash` hashes (`affinity_key`)
     workload_class: str
     last: bool
     prompt_len: int
     group: int
+
+
+@dataclass(frozen=True)
+class PassThrough:
+    """A request the router only places and relays (`passthrough.py`), forwarded as received."""
+
+    raw: bytes
+    affinity: str               # `affinity_key`, as a completion's
+    group: int                  # the body, hashed: one input is one prefix-tree entry
+    prompt_len: int             # estimated from the body's size, for the prefix tree's bookkeeping only
+
+
+async def read_pass_through(request: Request, max_bytes: int) -> PassThrough:
+    """The body must be a JSON object with the common fields well typed; the rest is the server's to check."""
+    raw = await _read_body(request, max_bytes)
+    try:
+        body = json.loads(raw)
+    except (ValueError, UnicodeDecodeError):
+        raise ApiError(400, "the body is not valid JSON") from None
+    except RecursionError:
+        raise ApiError(400, "the body is nested too deeply") from None
+    if not isinstance(body, dict):
+        raise ApiError(400, "the body must be a JSON object")
+    _check_fields(body)
+    group = int.from_bytes(hashlib.blake2b(raw, digest_size=8).digest(), "big") >> 1
+    affinity = affinity_key(request.headers, body, request.headers.get(SESSION_HEADER), group)
+    return PassThrough(raw, affinity, group, max(1, len(raw) // CHARS_PER_TOKEN))
 
 
 async def read_request(request: Request, chat: bool, classes: dict[str, float], default_class: str,
@@ -78,10 +117,20 @@ def _route(raw: bytes, headers, chat: bool, classes: dict[str, float], default_c
     key = headers.get(SESSION_HEADER) or None
     last = headers.get(END_HEADER, "").lower() in ("1", "true", "yes")
     group = int.from_bytes(hashlib.blake2b(repr(prompt).encode(), digest_size=8).digest(), "big") >> 1
-    # keyless, the whole prompt (as vllm-router hashes a keyless body): the samples of one prompt
-    # share a server, while prompts that only share a long system prompt still spread
-    affinity = f"session:{key}" if key else f"user:{body['user']}" if body.get("user") else f"prompt:{group}"
+    affinity = affinity_key(headers, body, key, group)
     return Routed(raw, bool(body.get("stream", False)), key, affinity, cls, last, _length(prompt), group)
+
+
+def affinity_key(headers, body: dict, session_key: str | None, group: int) -> str:
+    """What consistent-hash hashes, in vllm-router's order: the session id, the other session headers,
+    `user`; keyless, the whole prompt (as vllm-router hashes a keyless body): the samples of one
+    prompt share a server, while prompts that only share a long system prompt still spread."""
+    if session_key:
+        return f"session:{session_key}"
+    for name in AFFINITY_HEADERS:
+        if value := headers.get(name):
+            return f"{name}:{value}"
+    return f"user:{body['user']}" if body.get("user") else f"prompt:{group}"
 
 
 async def _read_body(request: Request, max_bytes: int) -> bytes:

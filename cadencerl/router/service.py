@@ -58,6 +58,20 @@ class Rejected(Exception):
         self.status, self.reason, self.retry_after = status, reason, retry_after
 
 
+class TooLong(Exception):
+    """A waiting request that no server's KV can hold any more: a server reported a smaller capacity."""
+
+    def __init__(self, tokens: int, largest: int) -> None:
+        super().__init__(tokens, largest)
+        self.tokens, self.largest = tokens, largest
+
+
+def too_long(tokens: int, field: str, largest: int) -> ApiError:
+    """The 400 for a prompt no server's KV can hold, naming the request's field (`prompt`, `messages`)."""
+    return ApiError(400, f"{field}: about {tokens} tokens, more than any server's KV capacity "
+                         f"({largest - 1} tokens at most)", field)
+
+
 def build_policy(settings: RouterSettings) -> Policy:
     """The routing/ decision code the settings name (the simulator runs the very same objects)."""
     admission, _, placement = settings.policy.rpartition("+")
@@ -139,7 +153,20 @@ class RouterService:
         await asyncio.gather(*(self._poll(u) for u in self.upstreams if not u.removed))
         now = self.now()
         self.state.expire(now)
+        self._refuse_unfittable(now)
         self.decide(now)
+
+    def _refuse_unfittable(self, now: float) -> None:
+        """Capacities change here, once a poll (a server's reported KV, a worker removed), so the
+        waiting requests are checked again here: one that no server can hold any more gets the 400 a
+        new one gets from `check_fits` at once, instead of a 429 when --hold-timeout passes."""
+        largest = self.largest_kv()
+        if not largest or not (self.state.hold or self.state.pending):
+            return
+        for session in self.state.refuse_longer_than(largest, now):
+            fut = self.waiters.pop(session.traj.id, None)
+            if fut is not None and not fut.done():
+                fut.set_exception(TooLong(session.traj.context, largest))
 
     async def _poll_forever(self) -> None:
         while True:
@@ -173,18 +200,22 @@ class RouterService:
 
     # -- requests ---------------------------------------------------------------------------------
 
+    def largest_kv(self) -> int:
+        """The largest KV capacity, in tokens, of the servers not removed (0 when none is left)."""
+        return max((w.kv_capacity for u, w in zip(self.upstreams, self.state.workers) if not u.removed), default=0)
+
     def check_fits(self, prompt_len: int, field: str) -> None:
         """A prompt no server's KV can hold would wait at the head of the hold queue, blocking every
         request behind it, until it timed out: refuse it now (the simulator refuses such a
         trajectory at set-up, `check_fits_somewhere`)."""
-        caps = [w.kv_capacity for u, w in zip(self.upstreams, self.state.workers) if not u.removed]
-        if caps and max(1, prompt_len) >= max(caps):
-            raise ApiError(400, f"{field}: about {prompt_len} tokens, more than any server's KV capacity "
-                                f"({max(caps) - 1} tokens at most)", field)
+        largest = self.largest_kv()
+        if largest and max(1, prompt_len) >= largest:
+            raise too_long(prompt_len, field, largest)
 
     async def acquire(self, key: str | None, cls: str, prompt_len: int, group: int,
-                      affinity: str | None = None) -> Session:
-        """Admit (a new session) or place (a continuation) one request; waits in HOLD if it must."""
+                      affinity: str | None = None, field: str = "prompt") -> Session:
+        """Admit (a new session) or place (a continuation) one request; waits in HOLD if it must.
+        `field` names the prompt in the 400 of a request that stops fitting while it waits."""
         now = self.now()
         if not any(w.alive for w in self.state.workers):
             self.metrics.rejections.labels("no_worker").inc()
@@ -205,15 +236,17 @@ class RouterService:
             self.metrics.rejections.labels("hold_full").inc()
             raise Rejected(429, "hold_full", "the admission queue is full; retry later", self._retry_after())
         if session.traj.state is not State.RESIDENT:
-            await self._wait(session)
+            await self._wait(session, field)
         return session
 
-    async def _wait(self, session: Session) -> None:
+    async def _wait(self, session: Session, field: str) -> None:
         traj = session.traj
         fut = asyncio.get_running_loop().create_future()
         self.waiters[traj.id] = fut
         try:
             await asyncio.wait_for(fut, self.settings.hold_timeout_s)
+        except TooLong as exc:            # withdrawn already (`_refuse_unfittable`)
+            raise too_long(exc.tokens, field, exc.largest) from None
         except BaseException as exc:      # the wait passed its bound, or the client left
             self.waiters.pop(traj.id, None)
             timed_out = isinstance(exc, asyncio.TimeoutError)
@@ -234,6 +267,17 @@ class RouterService:
                 raise Rejected(429, "hold_timeout", "waited too long for admission; retry later",
                                self._retry_after()) from None
             raise Rejected(503, "no_worker", "no server can take this request now") from None
+
+    def place_outside(self, group: int, prompt_len: int, affinity: str,
+                      exclude: frozenset[int] = frozenset()) -> Upstream:
+        """The server for a request outside sessions (`passthrough.py`), after a decision pass (what
+        waits goes first); Rejected (503) when no server other than `exclude` is up."""
+        now = self.now()
+        self.decide(now)
+        worker = self.state.route_outside(group, prompt_len, affinity, now, exclude)
+        if worker is None:
+            raise Rejected(503, "no_worker", "no server is up; retry later", self._retry_after())
+        return self.upstreams[worker]
 
     def _retry_after(self) -> int:
         """Seconds a rejected client should wait: a quarter of the hold bound, at least one."""

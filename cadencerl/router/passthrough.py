@@ -1,0 +1,86 @@
+"""Routes the router places and relays without making them sessions: embeddings and rerank.
+
+vllm-router serves `/v1/embeddings`, `/v1/rerank` and `/rerank` beside completions, and vLLM
+answers them from a pooling model. Such a request is one prefill with no decode: it holds no KV once
+answered and has no next turn, so MISA-T has nothing to admit (its caps count sessions that hold KV
+across turns, and its class mix is the trainer's rollouts); it is neither held nor counted as a
+session. It is placed by the placement policy's own rule over the servers up
+(`LiveState.route_outside`: consistent-hash keeps a key on one server, cache-aware sends an input
+back where it went) and relayed with completions' fault rules: a server that fails before answering
+leaves rotation if it refused the connection and the request is tried once on another; the server's
+own answers, errors too, pass unchanged. What the rule does not see: these requests' own in-flight
+count (the live state's load counts sessions' requests), so a load-based rule spreads a burst of
+them by the sessions' load alone.
+
+`/v1/responses` is not served: it generates, so it belongs behind admission like completions (a
+relay would let generation bypass MISA-T), and vLLM keeps stored responses on the server that made
+them (`previous_response_id`, `GET /v1/responses/{id}`), which needs a response-to-server map.
+"""
+
+from __future__ import annotations
+
+import httpx
+from starlette.requests import Request
+from starlette.responses import Response
+
+from cadencerl.router.disconnect import CLIENT_CLOSED, while_connected
+from cadencerl.router.proxy import forwarded_headers, returned_headers
+from cadencerl.router.requests import ApiError, PassThrough, error_response, read_pass_through
+from cadencerl.router.service import Rejected, RouterService
+
+PASS_THROUGH = ("/v1/embeddings", "/v1/rerank", "/rerank")
+
+
+def pass_through(path: str):
+    """The handler of one pass-through route."""
+    async def handler(request: Request) -> Response:
+        svc: RouterService = request.app.state.service
+        try:
+            req = await read_pass_through(request, svc.settings.max_body_bytes)
+        except ApiError as exc:
+            svc.metrics.errors.labels("bad_request").inc()
+            return exc.response()
+        svc.metrics.pass_through.labels(path).inc()
+        response = await while_connected(request, _relay(svc, path, req, request.headers))
+        if response is None:
+            svc.metrics.errors.labels("client_disconnect").inc()
+            return Response(status_code=CLIENT_CLOSED)
+        return response
+    return handler
+
+
+async def _relay(svc: RouterService, path: str, req: PassThrough, headers) -> Response:
+    fwd = forwarded_headers(headers)
+    failed: frozenset[int] = frozenset()
+    while True:
+        try:
+            up = svc.place_outside(req.group, req.prompt_len, req.affinity, failed)
+        except Rejected as exc:
+            if failed:
+                break
+            svc.metrics.rejections.labels(exc.reason).inc()
+            return error_response(exc.status, str(exc), None, exc.reason, {"Retry-After": str(exc.retry_after)})
+        request = httpx.Request("POST", up.url + path, content=req.raw, headers=fwd,
+                                extensions={"timeout": svc.forward_timeout})
+        try:
+            resp = await svc.transport.handle_async_request(request)
+            try:
+                content = await resp.aread()
+            finally:
+                await resp.aclose()
+        except httpx.HTTPError as exc:
+            refused = isinstance(exc, httpx.ConnectError)
+            svc.metrics.errors.labels("connect" if refused else f"send_{type(exc).__name__}").inc()
+            if refused:
+                svc.upstream_failed(up)
+            if failed:
+                break
+            svc.metrics.retries.inc()
+            failed = frozenset({up.id})
+            continue
+        if resp.status_code >= 500:
+            svc.metrics.errors.labels("upstream_5xx").inc()
+        reply = Response(content, status_code=resp.status_code)     # content-length only
+        reply.raw_headers.extend(returned_headers(resp, up.id))
+        return reply
+    return error_response(502, "upstream server failed, and the retry too", kind="upstream_error")
