@@ -36,10 +36,11 @@ def router(
     batch_size: Optional[int] = typer.Option(None, "--batch-size", help="the trainer's batch: MISA-T keeps "
                                              "each batch-sized cohort of sessions on the target mix (1024)"),
 ) -> None:
-    """Serve /v1/completions and /v1/chat/completions, routing with the simulator's decision code.
+    """Serve /v1/completions and /v1/chat/completions, routing with the simulator's decision code;
+    /v1/embeddings and /v1/rerank are placed and relayed outside admission.
 
-    Headers: X-Session-Id (a multi-turn session; `user` is an affinity key only), X-Workload-Class,
-    X-Session-End.
+    Headers: X-Session-Id (a multi-turn session), X-Workload-Class, X-Session-End; X-User-Id,
+    X-Tenant-Id, X-Correlation-Id and `user` are affinity keys only.
     Admin endpoints need $CADENCERL_ROUTER_ADMIN_TOKEN."""
     from cadencerl.router.serve import bind, serve
     from cadencerl.router.settings import make_settings, read_classes, scenario_classes
