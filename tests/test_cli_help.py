@@ -54,3 +54,10 @@ def test_report_states_its_smallest_trajectories():
     assert "[x>=8]" in flat(runner.invoke(app, ["report", "--help"]).output)
     result = runner.invoke(app, ["report", "--out", "unused", "--trajectories", "7"])
     assert result.exit_code == 2 and "--trajectories" in result.output and "equal to 8" in result.output
+
+
+def test_version_prints_the_installed_packages_version():
+    from importlib.metadata import version
+
+    result = runner.invoke(app, ["--version"])
+    assert result.exit_code == 0 and result.output.strip() == f"cadencerl {version('cadencerl')}"

@@ -13,6 +13,7 @@ import typer
 from typer.core import TyperCommand, TyperGroup
 from rich.console import Console
 
+from cadencerl import __version__
 from cadencerl.cli import engine, router, sim
 from cadencerl.cli.common import UsageError, guarded
 
@@ -47,6 +48,7 @@ def build_app() -> typer.Typer:
     app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                       rich_markup_mode=None, cls=Group,
                       help="CadenceRL: rollout control plane for asynchronous RL post-training.")
+    app.callback()(_version_option)
     for command in (sim.sim, sim.compare, sim.sensitivity, sim.sweep, sim.scenarios, sim.report):
         app.command(cls=Command)(guarded(command))
     pool = typer.Typer(no_args_is_help=True, help=engine.POOL_HELP, cls=Group)
@@ -57,6 +59,17 @@ def build_app() -> typer.Typer:
     app.command("calibrate", cls=Command)(guarded(engine.calibrate))
     app.command("router", cls=Command)(guarded(router.router))
     return app
+
+
+def _show_version(given: bool) -> None:
+    if given:
+        print(f"cadencerl {__version__}")
+        raise typer.Exit()
+
+
+def _version_option(version: bool = typer.Option(False, "--version", callback=_show_version, is_eager=True,
+                                                 help="print the installed version and exit")) -> None:
+    """The options of `cadencerl` itself (the app's help text is `build_app`'s)."""
 
 
 app = build_app()
