@@ -261,9 +261,12 @@ def test_a_slow_health_answer_is_not_a_dead_server(monkeypatch: pytest.MonkeyPat
         assert backend.token_ids(0) == expected_ids() and backend.verify() == []
 
 
-def test_a_rejected_request_ends_the_run_and_loses_no_worker() -> None:
-    """A 4xx is a bad request, not a dead server: re-sending it to every worker would lose them all."""
-    with FakeVLLM(reject_status=400) as a, FakeVLLM() as b:
+@pytest.mark.parametrize("in_stream", [False, True], ids=["status", "in-stream"])
+def test_a_rejected_request_ends_the_run_and_loses_no_worker(in_stream: bool) -> None:
+    """A 4xx is a bad request, not a dead server: re-sending it to every worker would lose them all.
+    vLLM 0.32 answers a streamed request it rejects (e.g. a token id out of vocabulary) with 200 and
+    an error event carrying the 400, which counted as a broken stream and lost every worker in turn."""
+    with FakeVLLM(reject_status=400, reject_in_stream=in_stream) as a, FakeVLLM() as b:
         with pytest.raises(EngineRunError, match=r"worker 0 .*rejected trajectory 0's request: HTTP 400.*out of range"):
             with streaming([a.url, b.url], 0, 1):
                 pass
