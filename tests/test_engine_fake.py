@@ -10,7 +10,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import inspect
+import logging
+import socket
 import time
 from collections.abc import Callable, Iterator
 
@@ -32,7 +35,7 @@ from cadencerl.engine.backend import EngineBackend
 from cadencerl.engine.clock import EngineRunError
 from cadencerl.engine.streams import Streams
 from cadencerl.engine import client as client_module
-from cadencerl.engine.client import EngineHTTPError, VLLMClient
+from cadencerl.engine.client import EngineError, EngineHTTPError, VLLMClient
 from cadencerl.engine.prompts import synthetic_observation, synthetic_prompt
 from tests.fake_vllm import PREFIX, FakeVLLM, reference
 from tests.server_thread import ServerThread
@@ -271,6 +274,24 @@ def test_a_rejected_request_ends_the_run_and_loses_no_worker(in_stream: bool) ->
             with streaming([a.url, b.url], 0, 1):
                 pass
         assert len(a.state.requests) == 1 and b.state.requests == []
+
+
+def test_a_refused_server_at_connect_leaves_no_check_of_the_others_running(caplog: pytest.LogCaptureFixture) -> None:
+    """One server refuses while another is still being checked: the refusal is the one error. The
+    other check was left running, hit the closed client, and asyncio logged its traceback ('Task
+    exception was never retrieved') into the trainer's output."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        dead = f"http://127.0.0.1:{s.getsockname()[1]}"
+    with FakeVLLM(slow_health_probes=1) as a:
+        backend = EngineBackend([a.url, dead], "tiny", object())
+        with caplog.at_level(logging.ERROR, logger="asyncio"):
+            with pytest.raises(EngineError, match="refused"):
+                backend.connect(10)
+            backend.close()
+            del backend
+            gc.collect()
+    assert [r.getMessage() for r in caplog.records if r.name == "asyncio"] == []
 
 
 def test_every_worker_lost_says_so_and_why() -> None:

@@ -99,8 +99,9 @@ class EngineBackend:
             max_len = await client.check_model()
             return ServerLimits(client.base_url, max_len, await client.kv_capacity())
 
-        async def all_() -> list[ServerLimits]:
-            return list(await asyncio.wait_for(asyncio.gather(*(one(c) for c in self._clients)), timeout_s + 15))
+        async def all_() -> list[ServerLimits]:   # spawned: a failure leaves the others to close() to cancel
+            checks = [self._clock.spawn(one(c)) for c in self._clients]
+            return list(await asyncio.wait_for(asyncio.gather(*checks), timeout_s + 15))
 
         try:
             self.servers = self._clock.run(all_())
