@@ -34,6 +34,7 @@ from cadencerl.core.controller import StallError
 from cadencerl.engine.backend import EngineBackend
 from cadencerl.engine.clock import EngineRunError
 from cadencerl.engine.streams import Streams
+from cadencerl.engine.weights import WeightPushError
 from cadencerl.engine import client as client_module
 from cadencerl.engine.client import EngineError, EngineHTTPError, VLLMClient
 from cadencerl.engine.prompts import synthetic_observation, synthetic_prompt
@@ -327,12 +328,13 @@ def test_a_tool_turn_appends_its_observation_and_the_next_reply_follows_it(
 TRAJECTORIES = 32
 
 
-def run_pool(urls: list[str], kv_tokens: int) -> tuple[dict, RolloutPool, list]:
+def run_pool(urls: list[str], kv_tokens: int, weight_update=None) -> tuple[dict, RolloutPool, list]:
     """The `cpu-pair` scenario, shrunk, through the trainer API with a zero-time trainer."""
     s = builtin_scenario("cpu-pair").with_overrides(
         workload={"trajectories": TRAJECTORIES, "response": {"median": 60, "sigma": 1.0, "cap": 400}},
         trainer={"batch_size": 8}, policy={"delta": 32, "headroom_floor": 0.15})
-    with RolloutPool.from_scenario(s, urls, policy="cadence", kv_tokens=kv_tokens, deadline_s=45) as pool:
+    with RolloutPool.from_scenario(s, urls, policy="cadence", kv_tokens=kv_tokens, deadline_s=45,
+                                   weight_update=weight_update) as pool:
         batches = []
         for batch in pool.batches():
             batches.append(batch)
@@ -371,3 +373,29 @@ def test_rollout_pool_survives_a_server_dying_mid_run() -> None:
     check_every_trajectory_once_and_exact(result, pool, batches)
     assert result["lost_workers"] == [1] and [w["alive"] for w in result["workers"]] == [True, False]
     assert result["resumes"] >= 1   # the dead worker's residents continued on the survivor
+
+
+def test_a_server_found_dead_by_its_weight_push_is_a_lost_worker_not_a_failed_run() -> None:
+    """A worker advances once it is empty, so a server that died while idle is first noticed by the
+    push of its new version: that is one lost worker (as a broken stream is), not the end of the run."""
+    pushes: list[tuple[int, int]] = []
+    with FakeVLLM() as a, FakeVLLM() as b:
+        def push(worker: int, url: str, version: int) -> None:
+            pushes.append((worker, version))
+            if worker == 1:
+                b.dead = True     # what WeightPusher meets on a killed server: its /pause fails
+                raise WeightPushError(f"weights: /pause failed on {url}: ConnectError")
+        result, pool, batches = run_pool([a.url, b.url], kv_tokens=1024, weight_update=push)
+    check_every_trajectory_once_and_exact(result, pool, batches)
+    assert result["lost_workers"] == [1] and "weight push" in result["lost_why"]["1"]
+    assert len([v for w, v in pushes if w == 1]) == 1              # never pushed to again
+
+
+def test_a_weight_push_refused_by_a_live_server_still_ends_the_run() -> None:
+    """A server that answers refused the version (no dev-mode routes, a bad folder): not a lost worker."""
+    def push(worker: int, url: str, version: int) -> None:
+        raise WeightPushError(f"weights: /pause on {url} answered 404 (start the server with VLLM_SERVER_DEV_MODE=1)")
+
+    with FakeVLLM() as a, FakeVLLM() as b:
+        with pytest.raises(WeightPushError, match="answered 404"):
+            run_pool([a.url, b.url], kv_tokens=1024, weight_update=push)
