@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import subprocess
+
 import pytest
 from typer.testing import CliRunner
 
 from cadencerl.cli.main import app
+from cadencerl.engine.local_pool import PoolState, SpawnedServer
+from cadencerl.engine.processes import start_ticks
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -21,3 +25,22 @@ def test_bad_input_is_one_line_naming_the_field(args: list[str], field: str) -> 
     assert r.exit_code == 2, r.output
     lines = [ln for ln in r.output.splitlines() if ln.strip()]
     assert len(lines) == 1 and field in lines[0], r.output
+
+
+def test_pool_up_refuses_a_state_dir_whose_servers_still_run(tmp_path, monkeypatch) -> None:
+    """A second `pool up` in the same state dir stopped the running servers without a word (and
+    with them every run using them); it now says so and leaves them alone."""
+    monkeypatch.setenv("CADENCERL_VLLM_PYTHON", "/bin/false")     # nothing may start here
+    server = subprocess.Popen(["sleep", "60"], start_new_session=True)
+    try:
+        PoolState(model_dir=str(tmp_path), servers=[SpawnedServer(0, "http://127.0.0.1:1", 1, server.pid,
+                                                                   start_ticks(server.pid) or 0, 0, 8192, "log")]
+                  ).write(tmp_path)
+        r = CliRunner().invoke(app, ["pool", "up", "--workers", "1", "--state-dir", str(tmp_path)])
+        assert r.exit_code == 2 and r.output.startswith("error: state_dir:") and "pool down" in r.output, r.output
+        assert server.poll() is None                                   # still running
+    finally:
+        server.kill()
+        server.wait()
+    r = CliRunner().invoke(app, ["pool", "up", "--workers", "1", "--state-dir", str(tmp_path)])
+    assert "state_dir" not in r.output                                 # a dead pool's state is leftovers
