@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 import subprocess
 
 import pytest
@@ -14,11 +15,20 @@ from cadencerl.engine.processes import start_ticks
 pytestmark = pytest.mark.timeout(60)
 
 
+def _closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 @pytest.mark.parametrize("args, field", [
     (["run", "-s", "cpu-pair", "--workers", "http://127.0.0.1:1", "--metrics-port", "70000"], "metrics_port"),
     (["run", "-s", "cpu-pair", "--workers", "http://127.0.0.1:1", "--weights", "/nonexistent"], "weights"),
     (["run", "-s", "cpu-pair", "--ray", "auto", "--local", "2"], "workers"),
     (["pool", "up", "--ray", "auto"], "scenario"),
+    # an address nothing listens at: Ray's own connect retried for ~13 minutes, printing warnings
+    (["run", "-s", "cpu-hetero", "--ray", f"127.0.0.1:{_closed_port()}"], "ray: no Ray cluster answers"),
+    (["pool", "down", "--ray", f"localhost:{_closed_port()}"], "ray: no Ray cluster answers"),
 ])
 def test_bad_input_is_one_line_naming_the_field(args: list[str], field: str) -> None:
     r = CliRunner().invoke(app, args)
