@@ -54,3 +54,17 @@ def test_pool_up_refuses_a_state_dir_whose_servers_still_run(tmp_path, monkeypat
         server.wait()
     r = CliRunner().invoke(app, ["pool", "up", "--workers", "1", "--state-dir", str(tmp_path)])
     assert "state_dir" not in r.output                                 # a dead pool's state is leftovers
+
+
+def test_a_ray_pool_error_is_said_once_under_ray(monkeypatch) -> None:
+    """The pool's errors start with 'ray: ' already: the CLI printed 'ray: ray: Failed to look up ...'."""
+    pytest.importorskip("ray")
+    from cadencerl.engine import ray_pool
+    from cadencerl.engine.local_pool import PoolError
+
+    def attach(names, address=None):
+        raise PoolError(f"ray: Failed to look up actor with name '{names[0]}'.")
+
+    monkeypatch.setattr(ray_pool, "attach", attach)
+    r = CliRunner().invoke(app, ["run", "-s", "cpu-hetero", "--ray", "auto", "--ray-actors", "my-engine-0"])
+    assert r.exit_code == 2 and r.output.strip() == "error: ray: Failed to look up actor with name 'my-engine-0'."
