@@ -294,8 +294,6 @@ def run(scenario: str | None = ScenarioOpt, config: Path | None = ConfigOpt,
                 fail(f"policy {policy}: {exc}", code=1)
             except WeightPushError as exc:   # a server refused a weight version: not bad input either
                 fail(str(exc), code=1)
-            except OSError as exc:
-                fail(f"metrics_port: cannot serve on {metrics_port}: {exc}")
             except ActionError as exc:       # a policy broke the rules (a failed conservation check too: a bug)
                 bug(exc)
         if pusher is not None:
