@@ -26,6 +26,8 @@ def _closed_port() -> int:
     (["run", "-s", "cpu-pair", "--workers", "http://127.0.0.1:1", "--weights", "/nonexistent"], "weights"),
     (["run", "-s", "cpu-pair", "--ray", "auto", "--local", "2"], "workers"),
     (["pool", "up", "--ray", "auto"], "scenario"),
+    # an empty list was taken for 'not given': 'no server actors in the cluster; start them with pool up'
+    (["run", "-s", "cpu-hetero", "--ray", "auto", "--ray-actors", " , "], "ray_actors: give actor names"),
     # an address nothing listens at: Ray's own connect retried for ~13 minutes, printing warnings
     (["run", "-s", "cpu-hetero", "--ray", f"127.0.0.1:{_closed_port()}"], "ray: no Ray cluster answers"),
     (["pool", "down", "--ray", f"localhost:{_closed_port()}"], "ray: no Ray cluster answers"),

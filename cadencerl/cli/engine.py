@@ -247,7 +247,9 @@ def run(scenario: str | None = ScenarioOpt, config: Path | None = ConfigOpt,
         local: int | None = typer.Option(None, "--local", help="start N local servers for this run"),
         ray: str | None = typer.Option(None, "--ray", help="Ray cluster address: run on the servers of its actors"),
         ray_actors: str | None = typer.Option(None, "--ray-actors", help="with --ray: these actors (names, "
-                                              "comma-separated) instead of those of `pool up --ray`"),
+                                              "comma-separated) instead of those of `pool up --ray`",
+                                              callback=given("ray_actors", "give actor names, comma-separated, "
+                                                                           "not an empty string")),
         kv_tokens: int | None = typer.Option(None, "--kv-tokens", help="KV tokens the controller may use per server"),
         trajectories: int | None = TrajectoriesOpt, seed: int | None = SeedOpt,
         eta: int | None = EtaOpt, delta: int | None = DeltaOpt,
