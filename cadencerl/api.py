@@ -253,14 +253,17 @@ class RolloutPool:
             return
         if not self._specs:
             raise ValueError("submit: nothing submitted")
+        if self.exporter is not None:     # first: a taken port leaves no run half-started behind
+            try:
+                self.exporter.start()
+            except OSError as exc:
+                raise ConfigError(f"metrics_port: cannot serve on {self.exporter.port}: {exc}") from None
         self._started_at = time.perf_counter()
         self._run = assemble(self.scenario, make_policy(self.policy, self.scenario), self.urls, self._specs, self._key, labels=self.labels,
                              kv_tokens=self.kv_tokens, prompts=self._prompts, weight_update=self.weight_update,
                              on_publish_due=self._hand_out_batch, timeouts=self.timeouts,
                              deadline_s=self.deadline_s, connect_timeout_s=self.connect_timeout_s)
         self._run.controller.on_progress = self.progress
-        if self.exporter is not None:
-            self.exporter.start()
         self._thread = threading.Thread(target=self._drive, name="cadencerl-controller", daemon=True)
         self._thread.start()
 

@@ -75,7 +75,8 @@ class FakeVLLM:
     def __init__(self, *, model: str = "tiny", max_model_len: int = 2048, kv_tokens: int = 8192,
                  token_interval_s: float = 0.002, die_after_tokens: int | None = None,
                  break_after_tokens: int | None = None, hold_after_tokens: int | None = None,
-                 slow_health_probes: int = 0, reject_status: int | None = None) -> None:
+                 slow_health_probes: int = 0, reject_status: int | None = None,
+                 reject_in_stream: bool = False) -> None:
         self.model, self.max_model_len, self.kv_tokens = model, max_model_len, kv_tokens
         self.token_interval_s = token_interval_s
         # Faults at a token count, not a time, so a test on a busy machine sees the same run.
@@ -84,6 +85,7 @@ class FakeVLLM:
         self.hold_after_tokens = hold_after_tokens    # a request stalls after this many of its tokens
         self.slow_health_probes = slow_health_probes  # this many /health calls answer only after 2 s
         self.reject_status = reject_status            # answer every generate with this 4xx status
+        self.reject_in_stream = reject_in_stream      # ... as vLLM does a streamed one: 200, then an error event
         self.state = FakeState()
         self.dead = False
         self._break_once = False
@@ -165,8 +167,11 @@ class FakeVLLM:
                                            "code": 404}}, status_code=404)
         if self.reject_status is not None:
             self.state.requests.append((body["request_id"], [], 0))
-            return JSONResponse({"error": {"message": "bad request: token id out of range",
-                                           "code": self.reject_status}}, status_code=self.reject_status)
+            error = {"error": {"message": "bad request: token id out of range", "type": "BadRequestError",
+                               "param": None, "code": self.reject_status}}
+            if self.reject_in_stream:
+                return StreamingResponse(iter([_event(error), "data: [DONE]\n\n"]), media_type="text/event-stream")
+            return JSONResponse(error, status_code=self.reject_status)
         prompt = [int(t) for t in body["token_ids"]]
         max_tokens = min(int(body["sampling_params"]["max_tokens"]), self.max_model_len - len(prompt))
         rid = PREFIX + body["request_id"]

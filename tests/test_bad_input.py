@@ -298,6 +298,11 @@ CLI_CASES = [
      "error: deltas: duplicate 512"),
     ("calibrate-duplicate-batch", ["calibrate", "--workers", "http://127.0.0.1:9", "--batches", "4,4"],
      "error: batches: duplicate 4"),
+    # a port past 65535 passed the URL check and crashed in the socket layer, reported as a bug
+    ("run-port-too-big", ["run", "-s", "cpu-pair", "--workers", "http://localhost:99999"], "error: workers:"),
+    ("run-port-zero", ["run", "-s", "cpu-pair", "--workers", "http://127.0.0.1:9,http://127.0.0.1:0"],
+     "error: workers:"),
+    ("calibrate-port-too-big", ["calibrate", "--workers", "http://127.0.0.1:70000"], "error: workers:"),
     ("run-empty-labels", ["run", "-s", "cpu-pair", "--workers", "http://127.0.0.1:9", "--labels", ""],
      "error: labels:"),
 ]
@@ -388,6 +393,7 @@ API_CASES += [
     ("pool-url-string", lambda: _pool(urls=DEAD_URL), "urls"),
     ("pool-url-not-http", lambda: _pool(urls=["ftp://x:1"]), "workers"),
     ("pool-url-number", lambda: _pool(urls=[8000]), "urls"),
+    ("pool-url-port-too-big", lambda: _pool(urls=["http://127.0.0.1:65536"]), "workers"),
     ("pool-batch-true", lambda: _pool(batch_size=True), "trainer.batch_size"),
     ("pool-batch-string", lambda: _pool(batch_size="64"), "trainer.batch_size"),
     ("pool-eta-float", lambda: _pool(eta=1.5), "policy.eta"),

@@ -159,3 +159,16 @@ def test_sensitivity_cells_show_p95_from_admission_and_from_submission():
     steady = [dict(r, steady_window_s=[1.0, 2.0], steady_throughput_tok_s=7.0, steady_latency_p95_s=8.0,
                    steady_latency_from_submit_p95_s=9.0) for r in whole]
     assert cells(steady) == ["7 / 8 / 9", "7 / 8 / 9"]
+
+
+def test_ctrl_c_says_interrupted_and_exits_130(monkeypatch, tmp_path):
+    """Ctrl-C in a command (here `pool down`) ends it with 'interrupted', not silently: typer turns
+    KeyboardInterrupt into a bare exit 130, which left main()'s own message unreachable."""
+    from cadencerl.engine import local_pool
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(local_pool, "down", interrupted)
+    result = CliRunner().invoke(app, ["pool", "down", "--state-dir", str(tmp_path)])
+    assert result.exit_code == 130 and result.output.strip() == "interrupted", result.output

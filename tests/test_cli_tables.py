@@ -33,3 +33,18 @@ def test_narrow_console_cuts_no_name_or_figure(columns):
         assert f"│ {name} " in out
     assert "…" not in out
     assert "throughput" in out and "preempt" in out and "wall" in out
+
+
+def test_a_lost_workers_reason_keeps_its_url():
+    """Engine errors end with '[URL]', which the caption took for rich markup and dropped: the run
+    printed 'worker 1 lost: ... after 12 tokens )' with the server's URL gone."""
+    from rich.console import Console
+
+    from cadencerl.cli.tables import engine_table
+
+    why = "its /health refused the connection after a stream broke (peer closed [http://127.0.0.1:28798/generate])"
+    result = {"policy": "cadence", "workers": [], "makespan_wall_s": 1.0, "setup_wall_s": 0.1, "resumes": 0,
+              "resumes_accepted": 0, "aborts": 0, "lost_workers": [1], "lost_why": {"1": why}}
+    out = Console(width=400, record=True)
+    out.print(engine_table(result))
+    assert f"worker 1 lost: {why}" in " ".join(out.export_text().split())   # the caption wraps to the table

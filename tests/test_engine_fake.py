@@ -10,7 +10,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import inspect
+import logging
+import socket
 import time
 from collections.abc import Callable, Iterator
 
@@ -31,8 +34,9 @@ from cadencerl.core.controller import StallError
 from cadencerl.engine.backend import EngineBackend
 from cadencerl.engine.clock import EngineRunError
 from cadencerl.engine.streams import Streams
+from cadencerl.engine.weights import WeightPushError
 from cadencerl.engine import client as client_module
-from cadencerl.engine.client import EngineHTTPError, VLLMClient
+from cadencerl.engine.client import EngineError, EngineHTTPError, VLLMClient
 from cadencerl.engine.prompts import synthetic_observation, synthetic_prompt
 from tests.fake_vllm import PREFIX, FakeVLLM, reference
 from tests.server_thread import ServerThread
@@ -261,13 +265,34 @@ def test_a_slow_health_answer_is_not_a_dead_server(monkeypatch: pytest.MonkeyPat
         assert backend.token_ids(0) == expected_ids() and backend.verify() == []
 
 
-def test_a_rejected_request_ends_the_run_and_loses_no_worker() -> None:
-    """A 4xx is a bad request, not a dead server: re-sending it to every worker would lose them all."""
-    with FakeVLLM(reject_status=400) as a, FakeVLLM() as b:
+@pytest.mark.parametrize("in_stream", [False, True], ids=["status", "in-stream"])
+def test_a_rejected_request_ends_the_run_and_loses_no_worker(in_stream: bool) -> None:
+    """A 4xx is a bad request, not a dead server: re-sending it to every worker would lose them all.
+    vLLM 0.32 answers a streamed request it rejects (e.g. a token id out of vocabulary) with 200 and
+    an error event carrying the 400, which counted as a broken stream and lost every worker in turn."""
+    with FakeVLLM(reject_status=400, reject_in_stream=in_stream) as a, FakeVLLM() as b:
         with pytest.raises(EngineRunError, match=r"worker 0 .*rejected trajectory 0's request: HTTP 400.*out of range"):
             with streaming([a.url, b.url], 0, 1):
                 pass
         assert len(a.state.requests) == 1 and b.state.requests == []
+
+
+def test_a_refused_server_at_connect_leaves_no_check_of_the_others_running(caplog: pytest.LogCaptureFixture) -> None:
+    """One server refuses while another is still being checked: the refusal is the one error. The
+    other check was left running, hit the closed client, and asyncio logged its traceback ('Task
+    exception was never retrieved') into the trainer's output."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        dead = f"http://127.0.0.1:{s.getsockname()[1]}"
+    with FakeVLLM(slow_health_probes=1) as a:
+        backend = EngineBackend([a.url, dead], "tiny", object())
+        with caplog.at_level(logging.ERROR, logger="asyncio"):
+            with pytest.raises(EngineError, match="refused"):
+                backend.connect(10)
+            backend.close()
+            del backend
+            gc.collect()
+    assert [r.getMessage() for r in caplog.records if r.name == "asyncio"] == []
 
 
 def test_every_worker_lost_says_so_and_why() -> None:
@@ -303,12 +328,13 @@ def test_a_tool_turn_appends_its_observation_and_the_next_reply_follows_it(
 TRAJECTORIES = 32
 
 
-def run_pool(urls: list[str], kv_tokens: int) -> tuple[dict, RolloutPool, list]:
+def run_pool(urls: list[str], kv_tokens: int, weight_update=None) -> tuple[dict, RolloutPool, list]:
     """The `cpu-pair` scenario, shrunk, through the trainer API with a zero-time trainer."""
     s = builtin_scenario("cpu-pair").with_overrides(
         workload={"trajectories": TRAJECTORIES, "response": {"median": 60, "sigma": 1.0, "cap": 400}},
         trainer={"batch_size": 8}, policy={"delta": 32, "headroom_floor": 0.15})
-    with RolloutPool.from_scenario(s, urls, policy="cadence", kv_tokens=kv_tokens, deadline_s=45) as pool:
+    with RolloutPool.from_scenario(s, urls, policy="cadence", kv_tokens=kv_tokens, deadline_s=45,
+                                   weight_update=weight_update) as pool:
         batches = []
         for batch in pool.batches():
             batches.append(batch)
@@ -347,3 +373,29 @@ def test_rollout_pool_survives_a_server_dying_mid_run() -> None:
     check_every_trajectory_once_and_exact(result, pool, batches)
     assert result["lost_workers"] == [1] and [w["alive"] for w in result["workers"]] == [True, False]
     assert result["resumes"] >= 1   # the dead worker's residents continued on the survivor
+
+
+def test_a_server_found_dead_by_its_weight_push_is_a_lost_worker_not_a_failed_run() -> None:
+    """A worker advances once it is empty, so a server that died while idle is first noticed by the
+    push of its new version: that is one lost worker (as a broken stream is), not the end of the run."""
+    pushes: list[tuple[int, int]] = []
+    with FakeVLLM() as a, FakeVLLM() as b:
+        def push(worker: int, url: str, version: int) -> None:
+            pushes.append((worker, version))
+            if worker == 1:
+                b.dead = True     # what WeightPusher meets on a killed server: its /pause fails
+                raise WeightPushError(f"weights: /pause failed on {url}: ConnectError")
+        result, pool, batches = run_pool([a.url, b.url], kv_tokens=1024, weight_update=push)
+    check_every_trajectory_once_and_exact(result, pool, batches)
+    assert result["lost_workers"] == [1] and "weight push" in result["lost_why"]["1"]
+    assert len([v for w, v in pushes if w == 1]) == 1              # never pushed to again
+
+
+def test_a_weight_push_refused_by_a_live_server_still_ends_the_run() -> None:
+    """A server that answers refused the version (no dev-mode routes, a bad folder): not a lost worker."""
+    def push(worker: int, url: str, version: int) -> None:
+        raise WeightPushError(f"weights: /pause on {url} answered 404 (start the server with VLLM_SERVER_DEV_MODE=1)")
+
+    with FakeVLLM() as a, FakeVLLM() as b:
+        with pytest.raises(WeightPushError, match="answered 404"):
+            run_pool([a.url, b.url], kv_tokens=1024, weight_update=push)

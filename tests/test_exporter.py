@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import socket
 from collections.abc import Iterator
 
 import httpx
@@ -10,7 +11,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from cadencerl.api import RolloutPool
-from cadencerl.config import builtin_scenario
+from cadencerl.config import ConfigError, builtin_scenario
 from cadencerl.engine.exporter import MetricsExporter
 from tests.fake_vllm import FakeVLLM
 
@@ -101,3 +102,30 @@ def _text(console_type, status) -> str:
     console = console_type(record=True, width=200, file=io.StringIO())
     console.print(status.render())
     return console.export_text()
+
+
+def test_a_metrics_port_in_use_is_bad_input_naming_it(urls: list[str]) -> None:
+    """The trainer API raised a bare OSError (Address already in use) from batches(); the CLI caught
+    every OSError of a run as this one, blaming metrics_port even when none was given."""
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        pool = RolloutPool(urls, batch_size=1, metrics_port=busy.getsockname()[1])
+        pool.submit([1, 2, 3], max_tokens=4)
+        with pytest.raises(ConfigError, match=r"^metrics_port: cannot serve on \d+: .*in use"):
+            list(pool.batches())
+        pool.close()
+
+
+def test_an_os_error_of_a_run_without_metrics_is_not_blamed_on_metrics_port(monkeypatch) -> None:
+    from typer.testing import CliRunner
+
+    import cadencerl.api
+    from cadencerl.cli.main import app
+
+    def full_disk(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(cadencerl.api, "run_real", full_disk)
+    result = CliRunner().invoke(app, ["run", "-s", "cpu-pair", "--workers", "http://127.0.0.1:9", "--no-push"])
+    assert "metrics_port" not in result.output and "No space left" in result.output and result.exit_code == 1

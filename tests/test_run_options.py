@@ -2,12 +2,23 @@
 
 from __future__ import annotations
 
+import socket
+import subprocess
+
 import pytest
 from typer.testing import CliRunner
 
 from cadencerl.cli.main import app
+from cadencerl.engine.local_pool import PoolState, SpawnedServer
+from cadencerl.engine.processes import start_ticks
 
 pytestmark = pytest.mark.timeout(60)
+
+
+def _closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 @pytest.mark.parametrize("args, field", [
@@ -15,9 +26,47 @@ pytestmark = pytest.mark.timeout(60)
     (["run", "-s", "cpu-pair", "--workers", "http://127.0.0.1:1", "--weights", "/nonexistent"], "weights"),
     (["run", "-s", "cpu-pair", "--ray", "auto", "--local", "2"], "workers"),
     (["pool", "up", "--ray", "auto"], "scenario"),
+    # an empty list was taken for 'not given': 'no server actors in the cluster; start them with pool up'
+    (["run", "-s", "cpu-hetero", "--ray", "auto", "--ray-actors", " , "], "ray_actors: give actor names"),
+    # an address nothing listens at: Ray's own connect retried for ~13 minutes, printing warnings
+    (["run", "-s", "cpu-hetero", "--ray", f"127.0.0.1:{_closed_port()}"], "ray: no Ray cluster answers"),
+    (["pool", "down", "--ray", f"localhost:{_closed_port()}"], "ray: no Ray cluster answers"),
 ])
 def test_bad_input_is_one_line_naming_the_field(args: list[str], field: str) -> None:
     r = CliRunner().invoke(app, args)
     assert r.exit_code == 2, r.output
     lines = [ln for ln in r.output.splitlines() if ln.strip()]
     assert len(lines) == 1 and field in lines[0], r.output
+
+
+def test_pool_up_refuses_a_state_dir_whose_servers_still_run(tmp_path, monkeypatch) -> None:
+    """A second `pool up` in the same state dir stopped the running servers without a word (and
+    with them every run using them); it now says so and leaves them alone."""
+    monkeypatch.setenv("CADENCERL_VLLM_PYTHON", "/bin/false")     # nothing may start here
+    server = subprocess.Popen(["sleep", "60"], start_new_session=True)
+    try:
+        PoolState(model_dir=str(tmp_path), servers=[SpawnedServer(0, "http://127.0.0.1:1", 1, server.pid,
+                                                                   start_ticks(server.pid) or 0, 0, 8192, "log")]
+                  ).write(tmp_path)
+        r = CliRunner().invoke(app, ["pool", "up", "--workers", "1", "--state-dir", str(tmp_path)])
+        assert r.exit_code == 2 and r.output.startswith("error: state_dir:") and "pool down" in r.output, r.output
+        assert server.poll() is None                                   # still running
+    finally:
+        server.kill()
+        server.wait()
+    r = CliRunner().invoke(app, ["pool", "up", "--workers", "1", "--state-dir", str(tmp_path)])
+    assert "state_dir" not in r.output                                 # a dead pool's state is leftovers
+
+
+def test_a_ray_pool_error_is_said_once_under_ray(monkeypatch) -> None:
+    """The pool's errors start with 'ray: ' already: the CLI printed 'ray: ray: Failed to look up ...'."""
+    pytest.importorskip("ray")
+    from cadencerl.engine import ray_pool
+    from cadencerl.engine.local_pool import PoolError
+
+    def attach(names, address=None):
+        raise PoolError(f"ray: Failed to look up actor with name '{names[0]}'.")
+
+    monkeypatch.setattr(ray_pool, "attach", attach)
+    r = CliRunner().invoke(app, ["run", "-s", "cpu-hetero", "--ray", "auto", "--ray-actors", "my-engine-0"])
+    assert r.exit_code == 2 and r.output.strip() == "error: ray: Failed to look up actor with name 'my-engine-0'."

@@ -75,6 +75,9 @@ def guarded(command: Callable) -> Callable:
             raise
         except ConfigError as exc:
             fail(str(exc))
+        except KeyboardInterrupt:   # typer would exit 130 without a word, once the command has cleaned up
+            Console(stderr=True).print("interrupted")
+            raise typer.Exit(130) from None
         except Exception as exc:  # noqa: BLE001 (the one place every other failure is reported)
             bug(exc)
     return run

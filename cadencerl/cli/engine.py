@@ -160,6 +160,9 @@ def pool_up(workers: int = typer.Option(2, "--workers", help="servers to start (
         console(True).print(f"{len(urls)} servers up as Ray actors; stop them with `cadencerl pool down --ray {ray}`")
         typer.echo(",".join(urls))
         return
+    if running := running_servers(state_dir):          # LocalPool.start would stop them without a word
+        fail(f"state_dir: {state_dir} already has {len(running)} servers running ({','.join(running)}); stop them "
+             f"with `cadencerl pool down --state-dir {state_dir}`, or give another --state-dir")
     if scenario is not None or config is not None:     # the scenario's pool, sized per worker type
         s = load_scenario(scenario, config, {})
         cfg = scenario_pool_config(s, sum(g.workers for g in s.pool), None)
@@ -176,6 +179,15 @@ def pool_up(workers: int = typer.Option(2, "--workers", help="servers to start (
     (pool.state_dir / "urls.txt").write_text(urls + "\n")
     console(True).print(f"{workers} servers up; stop them with `cadencerl pool down --state-dir {state_dir}`")
     typer.echo(urls)
+
+
+def running_servers(state_dir: Path) -> list[str]:
+    """URLs of the servers an earlier `pool up` left running in `state_dir` (none after `pool down`)."""
+    from cadencerl.engine.local_pool import PoolState
+    from cadencerl.engine.processes import pid_alive, same_process
+
+    state = PoolState.read(state_dir)
+    return [s.url for s in state.servers if pid_alive(s.pid) and same_process(s.pid, s.start_ticks)] if state else []
 
 
 def pool_down(state_dir: Path = StateDirOpt,
@@ -235,7 +247,9 @@ def run(scenario: str | None = ScenarioOpt, config: Path | None = ConfigOpt,
         local: int | None = typer.Option(None, "--local", help="start N local servers for this run"),
         ray: str | None = typer.Option(None, "--ray", help="Ray cluster address: run on the servers of its actors"),
         ray_actors: str | None = typer.Option(None, "--ray-actors", help="with --ray: these actors (names, "
-                                              "comma-separated) instead of those of `pool up --ray`"),
+                                              "comma-separated) instead of those of `pool up --ray`",
+                                              callback=given("ray_actors", "give actor names, comma-separated, "
+                                                                           "not an empty string")),
         kv_tokens: int | None = typer.Option(None, "--kv-tokens", help="KV tokens the controller may use per server"),
         trajectories: int | None = TrajectoriesOpt, seed: int | None = SeedOpt,
         eta: int | None = EtaOpt, delta: int | None = DeltaOpt,
@@ -282,8 +296,6 @@ def run(scenario: str | None = ScenarioOpt, config: Path | None = ConfigOpt,
                 fail(f"policy {policy}: {exc}", code=1)
             except WeightPushError as exc:   # a server refused a weight version: not bad input either
                 fail(str(exc), code=1)
-            except OSError as exc:
-                fail(f"metrics_port: cannot serve on {metrics_port}: {exc}")
             except ActionError as exc:       # a policy broke the rules (a failed conservation check too: a bug)
                 bug(exc)
         if pusher is not None:

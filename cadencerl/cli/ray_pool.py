@@ -17,6 +17,11 @@ def _require_ray() -> None:
         fail("ray: Ray is not installed; `pip install 'cadencerl[ray]'` (or `pip install ray`)")
 
 
+def _fail(exc: BaseException) -> None:
+    """One line under `ray:`, which the pool's own errors already start with (not 'ray: ray: ...')."""
+    fail("ray: " + (str(exc).splitlines() or [""])[0].removeprefix("ray: "))
+
+
 def ray_up(scenario: Scenario, address: str, model_dir: Path, max_model_len: int | None) -> list[str]:
     """One server per worker of the scenario's pool, placed by accelerator type; their URLs."""
     _require_ray()
@@ -29,7 +34,7 @@ def ray_up(scenario: Scenario, address: str, model_dir: Path, max_model_len: int
                        max_model_len=max_model_len or 2048, cpu_quotas=True)
         return [s.url for s in pool.up()]
     except (PoolError, ConnectionError) as exc:
-        fail(f"ray: {str(exc).splitlines()[0]}")
+        _fail(exc)
 
 
 def ray_down(address: str) -> list[str]:
@@ -40,7 +45,7 @@ def ray_down(address: str) -> list[str]:
     try:
         return down(address or None)
     except ConnectionError as exc:
-        fail(f"ray: {exc}")
+        _fail(exc)
 
 
 def ray_urls(address: str, actors: str | None) -> list[str]:
@@ -55,4 +60,4 @@ def ray_urls(address: str, actors: str | None) -> list[str]:
             fail(f"ray: no server actors in the cluster at {address or 'auto'}; start them with `pool up --ray`")
         return attach(names, address or None)
     except (PoolError, ConnectionError) as exc:
-        fail(f"ray: {exc}")
+        _fail(exc)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 
 from rich.console import Console
+from rich.markup import escape
 from rich.measure import Measurement
 from rich.table import Table
 
@@ -187,7 +188,7 @@ def engine_table(result: dict) -> Table:
                      f"resumes {result['resumes']} (accepted {result['resumes_accepted']}), aborts {result['aborts']}, "
                      f"lost workers {result['lost_workers'] or 'none'}")
     for w, why in result.get("lost_why", {}).items():
-        table.caption += f"\nworker {w} lost: {why}"
+        table.caption += f"\nworker {w} lost: {escape(why)}"    # as said: it ends with a [URL], not markup
     return table
 
 

@@ -99,8 +99,9 @@ class EngineBackend:
             max_len = await client.check_model()
             return ServerLimits(client.base_url, max_len, await client.kv_capacity())
 
-        async def all_() -> list[ServerLimits]:
-            return list(await asyncio.wait_for(asyncio.gather(*(one(c) for c in self._clients)), timeout_s + 15))
+        async def all_() -> list[ServerLimits]:   # spawned: a failure leaves the others to close() to cancel
+            checks = [self._clock.spawn(one(c)) for c in self._clients]
+            return list(await asyncio.wait_for(asyncio.gather(*checks), timeout_s + 15))
 
         try:
             self.servers = self._clock.run(all_())
@@ -179,7 +180,15 @@ class EngineBackend:
             self.records[worker].versions.append((self.now(), version))
         if self.weight_update is not None:
             extra = {"keep_kv": True} if keep_kv else {}
-            self.weight_update(worker, self.urls[worker], version, **extra)
+            try:
+                self.weight_update(worker, self.urls[worker], version, **extra)
+            except Exception as exc:
+                # A worker advances once empty, so a server that died idle is first seen here: lose it
+                # like any dead server. One that still answers refused the push: that ends the run.
+                probe = self._clients[worker].liveness(self.streams.PROBE_TIMEOUT_S)
+                if self._clock.run(probe) not in ("refused", "unhealthy"):
+                    raise
+                self.streams.suspect(worker, f"its weight push failed ({' '.join(str(exc).split())[:300]})")
 
     def commit(self, now: float) -> None:
         """Placements started their streams already; the loop runs them on the next advance."""

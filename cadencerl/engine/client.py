@@ -208,10 +208,8 @@ class VLLMClient:
         data = _json(await self._request("GET", path), self._url(path))
         served = {m.get("id"): m for m in data.get("data", []) if isinstance(m, dict)}
         if name not in served:
-            raise ModelMismatchError(
-                f"model {name!r} not served; server has {sorted(map(str, served))}",
-                url=self._url(path),
-            )
+            raise ModelMismatchError(f"model {name!r} not served; server has {sorted(map(str, served))}",
+                                     url=self._url(path))
         max_len = served[name].get("max_model_len")
         if isinstance(max_len, int):
             self.max_model_len = max_len
@@ -334,7 +332,10 @@ async def _read_stream(
         if payload == "[DONE]":
             break
         chunk = _loads(payload, url)
-        if "error" in chunk:
+        if "error" in chunk:   # vLLM rejects a bad streamed request with 200, then an event carrying its 4xx
+            code = chunk["error"].get("code") if isinstance(chunk["error"], dict) else None
+            if isinstance(code, int) and 400 <= code < 600:
+                raise EngineHTTPError(f"HTTP {code} in stream: {_error_text(chunk)}", url=url, status_code=code)
             raise EngineProtocolError(f"server error in stream: {_error_text(chunk)}", url=url)
         for choice in chunk.get("choices") or ():
             new = choice.get("token_ids") or []

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import socket
 import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -164,6 +165,12 @@ def connect(address: str | None, namespace: str = NAMESPACE) -> None:
 
     if ray.is_initialized():
         return
+    host, _, port = (address or "").rpartition(":")
+    if host and port.isdigit() and "://" not in address:   # Ray itself retries a dead GCS for ~13 minutes
+        try:
+            socket.create_connection((host.strip("[]"), int(port)), timeout=10).close()
+        except (OSError, OverflowError) as exc:
+            raise ConnectionError(f"no Ray cluster answers at {address} ({exc})") from None
     path = os.pathsep.join(p for p in (str(_REPO_ROOT), os.environ.get("PYTHONPATH")) if p)
     ray.init(address=address or "auto", namespace=namespace, log_to_driver=False,
              runtime_env={"env_vars": {"PYTHONPATH": path}})

@@ -30,7 +30,7 @@ from cadencerl.runs.assemble import build_pool, check_fits_somewhere, check_mode
 from cadencerl.core.spec import TrajectorySpec
 
 DEFAULT_LABEL = "cpu-tiny"
-_URL = re.compile(r"^https?://[^\s/:]+(:\d+)?/?$")
+_URL = re.compile(r"^https?://[^\s/:]+(?::(\d+))?/?$")
 
 
 @dataclass
@@ -53,8 +53,11 @@ def parse_urls(text: str | Sequence[str]) -> list[str]:
     if not urls:
         raise ConfigError("workers: give at least one server URL")
     for u in urls:
-        if not _URL.match(u):
+        match = _URL.match(u)
+        if not match:
             raise ConfigError(f"workers: {u!r} is not an http://HOST:PORT URL")
+        if match.group(1) is not None and not 1 <= int(match.group(1)) <= 65535:   # else a socket-layer crash
+            raise ConfigError(f"workers: {u!r} has port {int(match.group(1))}; a port is 1-65535")
     if len(set(urls)) != len(urls):
         raise ConfigError("workers: a URL is listed twice")
     return [u.rstrip("/") for u in urls]
