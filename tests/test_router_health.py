@@ -42,13 +42,13 @@ def test_a_server_whose_health_is_ok_stays_up_whatever_its_metrics_say(metrics: 
 def test_a_server_that_stays_down_is_logged_once_with_its_reason(caplog) -> None:
     caplog.set_level(logging.WARNING, logger="cadencerl.router")
     with Fleet(stubs=1, admin_token="secret") as f, httpx.Client(base_url=f.url, timeout=10) as c:
-        wrong = f.settings.workers[0] + "/v1"
+        wrong = f.settings.workers[0] + "/no-such-prefix"
         r = c.post("/admin/workers", json={"url": wrong}, headers={"Authorization": "Bearer secret"})
         assert r.status_code == 201
         _polls(f, 8)
         down = [rec for rec in caplog.records if wrong in rec.getMessage() and "down" in rec.getMessage()]
         assert len(down) == 1 and down[0].levelno == logging.WARNING
-        assert "ends in /v1" in down[0].getMessage() and "404" in down[0].getMessage()
+        assert "404" in down[0].getMessage()
         assert c.post("/v1/completions", json=TOKENS).headers["x-cadencerl-worker"] == "0"
 
 

@@ -110,6 +110,8 @@ def test_admin_needs_the_bearer_token() -> None:
         assert c.post("/admin/workers/drain", json={"url": "nope"}, headers=auth).status_code == 400
         bad_port = c.post("/admin/workers", json={"url": "http://127.0.0.1:99999"}, headers=auth)
         assert bad_port.status_code == 400 and bad_port.json()["error"]["param"] == "url"
+        openai_base = c.post("/admin/workers", json={"url": url0 + "/v1"}, headers=auth)
+        assert openai_base.status_code == 400 and "without /v1" in openai_base.json()["error"]["message"]
         assert c.post("/admin/workers/drain", json={"url": url0}, headers=auth).json()["draining"] is True
         for _ in range(6):
             assert c.post("/v1/completions", json=TOKENS).headers["x-cadencerl-worker"] == "1"

@@ -271,6 +271,8 @@ def run(scenario: str | None = ScenarioOpt, config: Path | None = ConfigOpt,
 
     if not (math.isfinite(deadline) and 0 < deadline <= MAX_DEADLINE_S):
         fail(f"deadline: must be more than 0 and at most {MAX_DEADLINE_S:.0f} seconds, got {deadline}")
+    if ray_actors is not None and ray is None:      # else the actors are silently not the servers run on
+        fail("ray_actors: --ray-actors names actors of a Ray cluster; give it with --ray ADDRESS")
     s, urls, label_list = _check_run_input(scenario, config, policy, workers, labels, local, dict(
         trajectories=trajectories, batch_size=batch_size, kv_tokens=kv_tokens, seed=seed, eta=eta, delta=delta,
         json_out=json_out, metrics_port=metrics_port), ray)

@@ -19,13 +19,14 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from cadencerl.engine.urls import check_server_url
 from cadencerl.router.disconnect import CLIENT_CLOSED, while_connected
 from cadencerl.router.passthrough import PASS_THROUGH, pass_through
 from cadencerl.router.proxy import forward
 from cadencerl.router.request_id import RequestIdMiddleware
 from cadencerl.router.requests import ApiError, Routed, error_response, read_request
 from cadencerl.router.service import Rejected, RouterService
-from cadencerl.router.settings import ADMIN_TOKEN_ENV, RouterSettings, check_worker_url
+from cadencerl.router.settings import ADMIN_TOKEN_ENV, RouterSettings
 
 
 def create_app(settings: RouterSettings, admin_token: str | None = None) -> Starlette:
@@ -203,7 +204,7 @@ async def _worker_url(request: Request) -> str:
     if not isinstance(url, str):
         raise ApiError(400, "url: required, an http(s) URL", "url")
     try:
-        return check_worker_url(url, "url:")
+        return check_server_url(url, "url:")
     except ValueError as exc:
         raise ApiError(400, str(exc), "url") from None
 

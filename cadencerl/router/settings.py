@@ -10,12 +10,12 @@ from __future__ import annotations
 import json
 import tomllib
 from pathlib import Path
-from urllib.parse import urlparse
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from cadencerl.config import ConfigError, format_validation_error, load_scenario_file
+from cadencerl.engine.urls import check_server_url
 
 DEFAULT_MIX = {"agent": 48.6, "rlvr": 33.1, "rlhf": 18.2}
 ROUTER_PLACEMENTS = ("cache-aware", "round-robin", "least-loaded-router", "sticky-least-loaded", "consistent-hash")
@@ -51,7 +51,7 @@ class RouterSettings(BaseModel):
     @field_validator("workers")
     @classmethod
     def _urls(cls, urls: list[str]) -> list[str]:
-        out = [check_worker_url(url, "--workers") for url in urls]
+        out = [check_server_url(url, "--workers") for url in urls]
         if len(set(out)) != len(out):
             raise ValueError("a worker URL is listed twice")
         return out
@@ -84,21 +84,6 @@ class RouterSettings(BaseModel):
     def fallback_class(self) -> str:
         """The class of a request that names none: the given default, else the first class."""
         return self.default_class or next(iter(self.classes))
-
-
-def check_worker_url(url: str, where: str) -> str:
-    """A server's URL, without a trailing slash; ValueError (naming `where`) unless it is an http(s)
-    URL with a host and, if given, a port in 1-65535 (urlparse alone accepts port 99999)."""
-    parsed = urlparse(url)
-    try:
-        port = parsed.port
-    except ValueError:
-        port = -1
-    if parsed.scheme not in ("http", "https") or not parsed.hostname:
-        raise ValueError(f"{where} {url!r} is not an http(s) URL with a host")
-    if port is not None and not 1 <= port <= 65535:
-        raise ValueError(f"{where} {url!r}: the port must be a number in 1-65535")
-    return url.rstrip("/")
 
 
 def make_settings(**fields) -> RouterSettings:

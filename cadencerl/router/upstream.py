@@ -70,8 +70,6 @@ async def probe(client: httpx.AsyncClient, url: str, timeout_s: float) -> str | 
         if resp.status_code == 200:
             return None
         reason = f"GET /health answered {resp.status_code}"
-    if url.endswith("/v1"):
-        reason += " (the URL ends in /v1: give the server's root URL, without /v1)"
     return reason
 
 

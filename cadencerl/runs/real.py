@@ -7,7 +7,6 @@ wall-clock and engine figures. The trainer-facing API (`cadencerl.api`) drives i
 
 from __future__ import annotations
 
-import re
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
@@ -22,6 +21,7 @@ from cadencerl.core.worker import Worker
 from cadencerl.engine.backend import EngineBackend, WeightUpdate, takes_keep_kv
 from cadencerl.engine.clock import EngineRunError
 from cadencerl.engine.client import EngineError, ModelMismatchError, Timeouts
+from cadencerl.engine.urls import check_server_url
 from cadencerl.hardware import catalog
 from cadencerl.hardware.perf import WorkerPerf
 from cadencerl.runs.summary import summarize
@@ -30,7 +30,6 @@ from cadencerl.runs.assemble import build_pool, check_fits_somewhere, check_mode
 from cadencerl.core.spec import TrajectorySpec
 
 DEFAULT_LABEL = "cpu-tiny"
-_URL = re.compile(r"^https?://[^\s/:]+(?::(\d+))?/?$")
 
 
 @dataclass
@@ -52,15 +51,13 @@ def parse_urls(text: str | Sequence[str]) -> list[str]:
     urls = [u.strip() for u in (text.split(",") if isinstance(text, str) else text) if u.strip()]
     if not urls:
         raise ConfigError("workers: give at least one server URL")
-    for u in urls:
-        match = _URL.match(u)
-        if not match:
-            raise ConfigError(f"workers: {u!r} is not an http://HOST:PORT URL")
-        if match.group(1) is not None and not 1 <= int(match.group(1)) <= 65535:   # else a socket-layer crash
-            raise ConfigError(f"workers: {u!r} has port {int(match.group(1))}; a port is 1-65535")
+    try:
+        urls = [check_server_url(u, "workers:") for u in urls]
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
     if len(set(urls)) != len(urls):
         raise ConfigError("workers: a URL is listed twice")
-    return [u.rstrip("/") for u in urls]
+    return urls
 
 
 def resolve_labels(scenario: Scenario, count: int, labels: Sequence[str] | None) -> list[str]:
