@@ -50,12 +50,19 @@ class BrokenStream(Exception):
 
 
 def stub_app(state: StubState) -> Starlette:
-    async def complete(request: Request) -> Response:
+    async def received(request: Request) -> tuple[dict, Response | None]:
+        """The body, counted as served; with the failure answer when the stub is set to fail."""
         body = await request.json()
         state.served[request.headers.get("x-request-id", "")] += 1
         state.last_headers = request.headers
-        if state.fail_status is not None:
-            return JSONResponse({"error": {"message": "stub failure"}}, status_code=state.fail_status)
+        failure = None if state.fail_status is None else \
+            JSONResponse({"error": {"message": "stub failure"}}, status_code=state.fail_status)
+        return body, failure
+
+    async def complete(request: Request) -> Response:
+        body, failure = await received(request)
+        if failure is not None:
+            return failure
         n = int(body.get("max_tokens") or 16)
         chat = request.url.path.endswith("chat/completions")
         if not body.get("stream"):
@@ -92,11 +99,9 @@ def stub_app(state: StubState) -> Starlette:
 
     async def pooled(request: Request) -> Response:
         """/v1/embeddings and (/v1)/rerank, as a pooling model answers them."""
-        body = await request.json()
-        state.served[request.headers.get("x-request-id", "")] += 1
-        state.last_headers = request.headers
-        if state.fail_status is not None:
-            return JSONResponse({"error": {"message": "stub failure"}}, status_code=state.fail_status)
+        body, failure = await received(request)
+        if failure is not None:
+            return failure
         if request.url.path.endswith("embeddings"):
             out = {"object": "list", "data": [{"object": "embedding", "index": 0, "embedding": [0.5, 0.5]}]}
         else:
