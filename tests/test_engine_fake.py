@@ -295,6 +295,21 @@ def test_a_refused_server_at_connect_leaves_no_check_of_the_others_running(caplo
     assert [r.getMessage() for r in caplog.records if r.name == "asyncio"] == []
 
 
+def test_a_url_where_no_vllm_server_answers_fails_at_connect_at_once() -> None:
+    """Something that is no vLLM server (another service, a wrong path) answers 404 at /health; the
+    connect check waited out its whole timeout for a 200 that could never come."""
+    server = ServerThread(Starlette(routes=[])).start()
+    backend = EngineBackend([server.url], "tiny", object())
+    try:
+        started = time.monotonic()
+        with pytest.raises(EngineError, match="404: no vLLM server serves this URL"):
+            backend.connect(20)
+        assert time.monotonic() - started < 10
+    finally:
+        backend.close()
+        server.stop()
+
+
 def test_every_worker_lost_says_so_and_why() -> None:
     with FakeVLLM(die_after_tokens=150) as a, FakeVLLM(die_after_tokens=150) as b:
         with pytest.raises(StallError, match=r"every worker is lost.*worker \d: its /health answered an error"):

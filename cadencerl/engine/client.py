@@ -26,6 +26,9 @@ from typing import Any, Literal, Self, TypeVar
 
 import httpx
 
+from cadencerl.engine.errors import (  # noqa: F401 (re-exported: callers name them from the client)
+    EngineConnectionError, EngineError, EngineHTTPError, EngineProtocolError, EngineTimeoutError,
+    EngineUnreachableError, ModelMismatchError)
 from cadencerl.engine.server_metrics import EngineMetrics, MetricsFormatError, parse_metrics
 
 Liveness = Literal["healthy", "unhealthy", "refused", "slow"]
@@ -43,43 +46,6 @@ on a connection just as the server closes it breaks before any answer (ReadError
 RemoteProtocolError) on a healthy server. Dropping idle connections well before closes that race."""
 
 _T = TypeVar("_T")
-
-
-class EngineError(Exception):
-    """Any failure talking to a vLLM server; the message is one line and names the URL."""
-
-    def __init__(self, message: str, *, url: str) -> None:
-        super().__init__(f"{message} [{url}]")
-        self.url = url
-
-
-class EngineConnectionError(EngineError):
-    """The server could not be reached, or the connection broke mid-request."""
-
-
-class EngineUnreachableError(EngineConnectionError):
-    """No connection could be opened (httpx's transport writes nothing before it has one): the
-    request never reached the server, so sending it again cannot duplicate work."""
-
-
-class EngineTimeoutError(EngineError):
-    """The server did not answer (or become healthy) in time."""
-
-
-class EngineHTTPError(EngineError):
-    """The server answered with an HTTP error status."""
-
-    def __init__(self, message: str, *, url: str, status_code: int) -> None:
-        super().__init__(message, url=url)
-        self.status_code = status_code
-
-
-class EngineProtocolError(EngineError):
-    """The server answered something this client does not understand, or reported an error."""
-
-
-class ModelMismatchError(EngineError):
-    """The server does not serve the model the caller expects."""
 
 
 @dataclass(frozen=True)
@@ -166,23 +132,31 @@ class VLLMClient:
 
     async def health(self, *, refused_is_final: bool = False) -> bool:
         """True when GET /health answers 200 within the request timeout; never raises, unless
-        `refused_is_final` and the connection is refused (nothing listens at the URL)."""
-        verdict = await self.liveness(self.timeouts.request)
-        if verdict == "refused" and refused_is_final:
+        `refused_is_final` and nothing listens at the URL, or what answers is no vLLM server (a 404:
+        vLLM serves /health as soon as it listens, so no wait would change it)."""
+        verdict, status = await self._probe_health(self.timeouts.request)
+        if refused_is_final and verdict == "refused":
             raise EngineConnectionError("connection refused (no server listens there)", url=self._url("/health"))
+        if refused_is_final and status == 404:
+            raise EngineConnectionError("GET /health answered 404: no vLLM server serves this URL "
+                                        "(another service, or a wrong path)", url=self._url("/health"))
         return verdict == "healthy"
 
     async def liveness(self, timeout_s: float) -> Liveness:
         """One /health probe that tells a dead server from a slow one: `refused` (nothing listens),
         `unhealthy` (it answered, not 200: vLLM's engine died), `slow` (no answer in `timeout_s`
         or a transport error: a starved machine looks like this), or `healthy`."""
+        return (await self._probe_health(timeout_s))[0]
+
+    async def _probe_health(self, timeout_s: float) -> tuple[Liveness, int | None]:
+        """`liveness`'s verdict and the status /health answered with (None: no answer)."""
         try:
             response = await asyncio.wait_for(self._http.get("/health", timeout=timeout_s), timeout_s)
         except httpx.ConnectError as exc:
-            return "refused" if _refused(exc) else "slow"
+            return ("refused" if _refused(exc) else "slow"), None
         except (httpx.HTTPError, TimeoutError):
-            return "slow"
-        return "healthy" if response.status_code == 200 else "unhealthy"
+            return "slow", None
+        return ("healthy" if response.status_code == 200 else "unhealthy"), response.status_code
 
     async def wait_healthy(self, timeout_s: float, *, poll_s: float = 0.5, refused_is_final: bool = False) -> None:
         """Poll /health until it answers 200; raise `EngineTimeoutError` after `timeout_s`, or
