@@ -129,3 +129,18 @@ def test_an_os_error_of_a_run_without_metrics_is_not_blamed_on_metrics_port(monk
     monkeypatch.setattr(cadencerl.api, "run_real", full_disk)
     result = CliRunner().invoke(app, ["run", "-s", "cpu-pair", "--workers", "http://127.0.0.1:9", "--no-push"])
     assert "metrics_port" not in result.output and "No space left" in result.output and result.exit_code == 1
+
+
+def test_without_the_live_table_the_metrics_url_is_printed_and_served(capsys) -> None:
+    """`run --json - --metrics-port 0` turns off the live table, the one place that showed which
+    port was picked: Prometheus had nowhere to be pointed."""
+    from cadencerl.cli.live import announce_metrics
+
+    assert announce_metrics(None, table_shown=False) is None and announce_metrics(0, table_shown=True) == 0
+    assert capsys.readouterr().err == ""
+    port = announce_metrics(0, table_shown=False)
+    printed = capsys.readouterr().err.strip()
+    assert port and printed == f"metrics: http://127.0.0.1:{port}/metrics"
+    with MetricsExporter(lambda: None, port) as exporter:
+        assert exporter.url == printed.removeprefix("metrics: ")
+        assert httpx.get(exporter.url, timeout=5, trust_env=False).status_code == 200

@@ -22,7 +22,7 @@ import typer
 from cadencerl.cli.common import BatchOpt, ConfigOpt, JsonOpt, ScenarioOpt, WorkersOpt, bug, check_json_target, fail
 from cadencerl.cli.common import POLICY_HELP, DeltaOpt, EtaOpt, SeedOpt, TrajectoriesOpt, given, int_list
 from cadencerl.cli.common import load_scenario, write_json
-from cadencerl.cli.live import live_status
+from cadencerl.cli.live import announce_metrics, live_status
 from cadencerl.cli.pinning import pin_servers
 from cadencerl.cli.ray_pool import ray_down, ray_up, ray_urls
 from cadencerl.cli.tables import (
@@ -284,6 +284,7 @@ def run(scenario: str | None = ScenarioOpt, config: Path | None = ConfigOpt,
             urls = stack.enter_context(local_pool(scenario_pool_config(s, local, kv_tokens)))
             weights = weights or default_model_dir()
         pusher = stack.enter_context(weight_pusher(weights if push else None))
+        metrics_port = announce_metrics(metrics_port, table_shown=json_out != "-")
         with live_status(f"{s.name} / {policy} (real)", json_out != "-") as status:
             def watch(pool) -> None:
                 status.source, status.metrics_url = (lambda: pool.controller), (lambda: pool.metrics_url)

@@ -7,6 +7,7 @@ builds; a read that races the controller's thread shows the last good frame inst
 from __future__ import annotations
 
 import contextlib
+import socket
 from collections.abc import Callable, Iterator
 
 from rich.console import Console, Group, RenderableType
@@ -15,6 +16,7 @@ from rich.table import Table
 from rich.text import Text
 
 from cadencerl.core.controller import Controller
+from cadencerl.engine.exporter import HOST
 
 
 class LiveStatus:
@@ -64,3 +66,16 @@ def live_status(title: str, enabled: bool = True) -> Iterator[LiveStatus]:
         return
     with Live(console=Console(stderr=True), get_renderable=status.render, refresh_per_second=2, transient=True):
         yield status
+
+
+def announce_metrics(port: int | None, table_shown: bool) -> int | None:
+    """The metrics port to serve on. Without the live table (which shows the URL) the URL is printed
+    on stderr now, so `--metrics-port 0` (any free port) still says where Prometheus should scrape."""
+    if port is None or table_shown:
+        return port
+    if port == 0:
+        with socket.socket() as probe:
+            probe.bind((HOST, 0))
+            port = probe.getsockname()[1]
+    Console(stderr=True).print(f"metrics: http://{HOST}:{port}/metrics", markup=False, highlight=False)
+    return port

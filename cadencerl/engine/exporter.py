@@ -96,10 +96,13 @@ def _counter(name: str, text: str, value: float) -> CounterMetricFamily:
     return CounterMetricFamily(name, text, value=value)
 
 
+HOST = "127.0.0.1"      # the controller's state is served on this machine only
+
+
 class MetricsExporter:
     """`with MetricsExporter(source, port) as ex:` serves `http://host:ex.port/metrics` until exit."""
 
-    def __init__(self, source: Callable[[], Controller | None], port: int, host: str = "127.0.0.1") -> None:
+    def __init__(self, source: Callable[[], Controller | None], port: int, host: str = HOST) -> None:
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(ControllerCollector(source))
         self.host, self.port = host, port
