@@ -373,6 +373,12 @@ def test_vllm_routers_other_session_headers_are_affinity_keys_that_open_no_sessi
     assert affinity({"x-tenant-id": "t", "x-user-id": "u"}, user="b") == "x-user-id:u", "vllm-router's order"
     assert affinity({"x-correlation-id": "c"}, user="b") == "x-correlation-id:c"
     assert affinity({"x-request-id": "r", "x-trace-id": "t"}).startswith("prompt:"), "per-request ids are no key"
+    assert affinity({}, session_params={"session_id": "n"}, user="b", session_id="s") == "session_params.session_id:n"
+    assert affinity({}, user="b", session_id="s", user_id="u") == "user:b"
+    assert affinity({}, session_id="s", user_id="u") == "session_id:s"
+    assert affinity({}, user_id=7) == "user_id:7"
+    assert affinity({"x-user-id": "u"}, session_id="s") == "x-user-id:u", "headers before the body"
+    assert affinity({}, session_params="n", session_id=["x"]).startswith("prompt:"), "only a string or number"
     with Fleet(stubs=3, policy="consistent-hash") as f, httpx.Client(base_url=f.url, timeout=10) as c:
         for header in ("X-User-Id", "X-Tenant-Id", "X-Correlation-Id"):
             homes = {}

@@ -12,6 +12,8 @@ Headers (documented in the README):
                     does), not sessions: a client or gateway that sets one per user or per call would
                     otherwise hold a MISA-T slot per request until the session TTL. X-Request-Id and
                     X-Trace-Id, which vllm-router reads last, name one request: no placement key here.
+Body fields vllm-router reads after those headers, affinity keys too: `session_params.session_id`,
+`user`, `session_id`, `user_id`.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ SESSION_HEADER = "x-session-id"
 CLASS_HEADER = "x-workload-class"
 END_HEADER = "x-session-end"
 AFFINITY_HEADERS = ("x-user-id", "x-tenant-id", "x-correlation-id")     # vllm-router's order
+BODY_AFFINITY_FIELDS = ("user", "session_id", "user_id")                 # after session_params.session_id
 CHARS_PER_TOKEN = 4          # a text prompt's length in tokens, without a tokenizer (an estimate)
 
 
@@ -123,14 +126,21 @@ def _route(raw: bytes, headers, chat: bool, classes: dict[str, float], default_c
 
 def affinity_key(headers, body: dict, session_key: str | None, group: int) -> str:
     """What consistent-hash hashes, in vllm-router's order: the session id, the other session headers,
-    `user`; keyless, the whole prompt (as vllm-router hashes a keyless body): the samples of one
-    prompt share a server, while prompts that only share a long system prompt still spread."""
+    then the body's `session_params.session_id`, `user`, `session_id`, `user_id`; keyless, the whole
+    prompt (as vllm-router hashes a keyless body): the samples of one prompt share a server, while
+    prompts that only share a long system prompt still spread. None but X-Session-Id opens a session."""
     if session_key:
         return f"session:{session_key}"
     for name in AFFINITY_HEADERS:
         if value := headers.get(name):
             return f"{name}:{value}"
-    return f"user:{body['user']}" if body.get("user") else f"prompt:{group}"
+    params = body.get("session_params")
+    fields = (("session_params.session_id", params.get("session_id") if isinstance(params, dict) else None),
+              *((name, body.get(name)) for name in BODY_AFFINITY_FIELDS))
+    for name, value in fields:
+        if isinstance(value, (str, int)) and not isinstance(value, bool) and str(value):
+            return f"{name}:{value}"
+    return f"prompt:{group}"
 
 
 async def _read_body(request: Request, max_bytes: int) -> bytes:
