@@ -76,7 +76,7 @@ class FakeVLLM:
                  token_interval_s: float = 0.002, die_after_tokens: int | None = None,
                  break_after_tokens: int | None = None, hold_after_tokens: int | None = None,
                  slow_health_probes: int = 0, reject_status: int | None = None,
-                 reject_in_stream: bool = False) -> None:
+                 reject_in_stream: bool = False, failing_health_probes: int = 0) -> None:
         self.model, self.max_model_len, self.kv_tokens = model, max_model_len, kv_tokens
         self.token_interval_s = token_interval_s
         # Faults at a token count, not a time, so a test on a busy machine sees the same run.
@@ -84,6 +84,7 @@ class FakeVLLM:
         self.break_after_tokens = break_after_tokens  # break one stream once, at this many in all
         self.hold_after_tokens = hold_after_tokens    # a request stalls after this many of its tokens
         self.slow_health_probes = slow_health_probes  # this many /health calls answer only after 2 s
+        self.failing_health_probes = failing_health_probes  # ... then this many answer 503 (a restart)
         self.reject_status = reject_status            # answer every generate with this 4xx status
         self.reject_in_stream = reject_in_stream      # ... as vLLM does a streamed one: 200, then an error event
         self.state = FakeState()
@@ -124,6 +125,9 @@ class FakeVLLM:
         if self.slow_health_probes > 0:
             self.slow_health_probes -= 1
             await asyncio.sleep(2.0)
+        elif self.failing_health_probes > 0:
+            self.failing_health_probes -= 1
+            return Response(status_code=503)
         return Response(status_code=503 if self.dead else 200)
 
     async def _models(self, _request: Request) -> Response:

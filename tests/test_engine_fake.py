@@ -390,15 +390,26 @@ def test_rollout_pool_survives_a_server_dying_mid_run() -> None:
     assert result["resumes"] >= 1   # the dead worker's residents continued on the survivor
 
 
-def test_a_server_found_dead_by_its_weight_push_is_a_lost_worker_not_a_failed_run() -> None:
+@pytest.mark.parametrize("fault", ["dead", "restarting", "silent"])
+def test_a_server_found_dead_by_its_weight_push_is_a_lost_worker_not_a_failed_run(
+        fault: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """A worker advances once it is empty, so a server that died while idle is first noticed by the
-    push of its new version: that is one lost worker (as a broken stream is), not the end of the run."""
+    push of its new version: that is one lost worker (as a broken stream is), not the end of the run.
+    So is one that answers an error and then comes back (a restart: it lost the pushed weights; it
+    used to be kept, generating on the old ones under the new version's label), and one that does
+    not answer at all (a node gone: it used to end the run)."""
+    monkeypatch.setattr(Streams, "PROBE_TIMEOUT_S", 0.5)
     pushes: list[tuple[int, int]] = []
     with FakeVLLM() as a, FakeVLLM() as b:
         def push(worker: int, url: str, version: int) -> None:
             pushes.append((worker, version))
-            if worker == 1:
-                b.dead = True     # what WeightPusher meets on a killed server: its /pause fails
+            if worker == 1:       # what WeightPusher meets: its /pause fails
+                if fault == "dead":
+                    b.dead = True
+                elif fault == "restarting":
+                    b.failing_health_probes = 1
+                else:
+                    b.slow_health_probes = 1_000
                 raise WeightPushError(f"weights: /pause failed on {url}: ConnectError")
         result, pool, batches = run_pool([a.url, b.url], kv_tokens=1024, weight_update=push)
     check_every_trajectory_once_and_exact(result, pool, batches)

@@ -183,12 +183,15 @@ class EngineBackend:
             try:
                 self.weight_update(worker, self.urls[worker], version, **extra)
             except Exception as exc:
-                # A worker advances once empty, so a server that died idle is first seen here: lose it
-                # like any dead server. One that still answers refused the push: that ends the run.
-                probe = self._clients[worker].liveness(self.streams.PROBE_TIMEOUT_S)
-                if self._clock.run(probe) not in ("refused", "unhealthy"):
+                # A worker advances once empty, so a server that died idle is first seen here. One that
+                # answers as healthy refused the push (no dev-mode routes, a bad folder): that ends the
+                # run. Any other answer (refused, an error, none: a node gone) loses the worker, even if
+                # it comes back later: it would come back without these weights.
+                verdict = self._clock.run(self._clients[worker].liveness(self.streams.PROBE_TIMEOUT_S))
+                if verdict == "healthy":
                     raise
-                self.streams.suspect(worker, f"its weight push failed ({' '.join(str(exc).split())[:300]})")
+                self.streams.condemn(worker, f"its weight push failed ({' '.join(str(exc).split())[:300]}) "
+                                             f"and its /health then was {verdict}")
 
     def commit(self, now: float) -> None:
         """Placements started their streams already; the loop runs them on the next advance."""

@@ -206,14 +206,18 @@ class Streams:
             self.probing.add(p.worker)
             self._clock.spawn(self._probe(p.worker))
 
-    def suspect(self, worker: int, why: str) -> None:
-        """A call beside the streams (a weight push) failed on a server that no longer answers: probe it
-        as a broken stream would, so it is lost through the usual event, between decisions."""
-        if worker not in self.probing and worker not in self.dead:
-            self.probing.add(worker)
-            self._clock.spawn(self._probe(worker, why))
+    def condemn(self, worker: int, why: str) -> None:
+        """A call beside the streams (a weight push) failed on a server that then did not answer as
+        healthy: it is lost whatever a later probe says (a server that comes back has restarted
+        without the pushed weights), through the usual event, between decisions."""
+        if worker not in self.dead:
+            self._clock.spawn(self._lose_now(worker, why))
 
-    async def _probe(self, worker: int, why: str = "a stream broke") -> None:
+    async def _lose_now(self, worker: int, why: str) -> None:
+        self.lose(worker, why)
+        self._clock.poke()
+
+    async def _probe(self, worker: int) -> None:
         """A stream broke: is the server alive? Re-issue its broken streams, or report it lost."""
         try:
             verdict = await self._liveness(worker)
@@ -234,7 +238,7 @@ class Streams:
                 self.lose(worker, {"refused": "its /health refused the connection",
                                    "unhealthy": "its /health answered an error (the engine is down)",
                                    "slow": f"no /health answer for {self.PROBE_WINDOW_S:.0f} s"}[verdict]
-                          + (f" after a stream broke ({broken[0].error})" if broken else f" after {why}"))
+                          + f" after a stream broke ({broken[0].error if broken else 'no stream left'})")
         finally:
             self.probing.discard(worker)
             self._clock.poke()
