@@ -437,9 +437,28 @@ def test_pass_through_is_placed_by_the_policy_and_retried_once_on_another_server
             if i != home:
                 stub.stop()
         first = c.post("/v1/embeddings", json=embed)
-        assert first.status_code in (502, 503) and first.json()["error"]["message"]
+        # Both left are down. How the router learns it depends on when its health poll runs: by the
+        # first try and its retry failing (502, one retry), by the first try failing after the poll
+        # found the other down (502, no retry), or by the poll alone (503, a rejection).
+        outcomes = {"upstream server failed (connect), and the retry too": (1, 0),
+                    "upstream server failed (connect); no other server is up": (0, 0),
+                    "no server is up; retry later": (0, 1)}
+        retries, rejected = outcomes[first.json()["error"]["message"]]
+        assert first.status_code == (503 if rejected else 502)
         time.sleep(0.5)
         r = c.post("/v1/embeddings", json=embed)
         assert r.status_code == 503 and r.json()["error"]["type"] == "no_worker"
-        refused = 1 + (first.status_code == 503)         # a 502 (the retry failed too) is no rejection
-        assert f'cadencerl_router_rejections_total{{reason="no_worker"}} {refused}.0' in c.get("/metrics").text
+        metrics = c.get("/metrics").text
+        assert f'cadencerl_router_rejections_total{{reason="no_worker"}} {1 + rejected}.0' in metrics
+        assert f"cadencerl_router_retries_total {1 + retries}.0" in metrics
+
+
+def test_a_pass_through_with_no_other_server_to_retry_on_says_so_and_counts_no_retry() -> None:
+    with Fleet(stubs=1) as f, httpx.Client(base_url=f.url, timeout=10) as c:
+        f.stubs[0].stop()
+        r = c.post("/v1/embeddings", json={"model": "tiny", "input": "hello"})
+        assert r.status_code == 502
+        assert r.json()["error"]["message"] == "upstream server failed (connect); no other server is up"
+        metrics = c.get("/metrics").text
+        assert "cadencerl_router_retries_total 0.0" in metrics
+        assert 'cadencerl_router_rejections_total{reason="no_worker"}' not in metrics

@@ -52,14 +52,18 @@ def pass_through(path: str):
 async def _relay(svc: RouterService, path: str, req: PassThrough, headers) -> Response:
     fwd = forwarded_headers(headers)
     failed: frozenset[int] = frozenset()
+    why = ""
     while True:
         try:
             up = svc.place_outside(req.group, req.prompt_len, req.affinity, failed)
         except Rejected as exc:
-            if failed:
-                break
+            if failed:      # no other server to retry on: the failure is the answer, not a rejection
+                return error_response(502, f"upstream server failed ({why}); no other server is up",
+                                      kind="upstream_error")
             svc.metrics.rejections.labels(exc.reason).inc()
             return error_response(exc.status, str(exc), None, exc.reason, {"Retry-After": str(exc.retry_after)})
+        if failed:
+            svc.metrics.retries.inc()
         request = httpx.Request("POST", up.url + path, content=req.raw, headers=fwd,
                                 extensions={"timeout": svc.forward_timeout})
         try:
@@ -70,12 +74,13 @@ async def _relay(svc: RouterService, path: str, req: PassThrough, headers) -> Re
                 await resp.aclose()
         except httpx.HTTPError as exc:
             refused = isinstance(exc, httpx.ConnectError)
-            svc.metrics.errors.labels("connect" if refused else f"send_{type(exc).__name__}").inc()
+            why = "connect" if refused else f"send_{type(exc).__name__}"
+            svc.metrics.errors.labels(why).inc()
             if refused:
                 svc.upstream_failed(up)
             if failed:
-                break
-            svc.metrics.retries.inc()
+                return error_response(502, f"upstream server failed ({why}), and the retry too",
+                                      kind="upstream_error")
             failed = frozenset({up.id})
             continue
         if resp.status_code >= 500:
@@ -83,4 +88,3 @@ async def _relay(svc: RouterService, path: str, req: PassThrough, headers) -> Re
         reply = Response(content, status_code=resp.status_code)     # content-length only
         reply.raw_headers.extend(returned_headers(resp, up.id))
         return reply
-    return error_response(502, "upstream server failed, and the retry too", kind="upstream_error")
