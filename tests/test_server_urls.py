@@ -11,7 +11,8 @@ GOOD = [("http://127.0.0.1:8000/", "http://127.0.0.1:8000"), ("http://[::1]:8000
         ("https://gpu0.example", "https://gpu0.example"), ("http://gw:80/vllm0/", "http://gw:80/vllm0")]
 BAD = [("http://h:99999", "1-65535"), ("http://h:0", "1-65535"), ("http://h:x", "1-65535"),
        ("ftp://h:21", "http(s)"), ("h:8000", "http(s)"), ("http://:8000", "http(s)"), ("http://a b:80", "http(s)"),
-       ("http://h:8000?x=1", "without a query"), ("http://u:p@h:8000", "without a query"),
+       ("http://h:8000?x=1", "without a query"), ("http://h:8000/?", "without a query"),
+       ("http://h:8000#", "without a query"), ("http://u:p@h:8000", "without a query"),
        ("http://h:8000/v1", "without /v1"), ("http://h:8000/v1/", "without /v1")]
 
 

@@ -16,7 +16,6 @@ from rich.table import Table
 from rich.text import Text
 
 from cadencerl.core.controller import Controller
-from cadencerl.engine.exporter import HOST
 
 
 class LiveStatus:
@@ -73,6 +72,8 @@ def announce_metrics(port: int | None, table_shown: bool) -> int | None:
     on stderr now, so `--metrics-port 0` (any free port) still says where Prometheus should scrape."""
     if port is None or table_shown:
         return port
+    from cadencerl.engine.exporter import HOST      # prometheus_client: not for every command's start-up
+
     if port == 0:
         with socket.socket() as probe:
             probe.bind((HOST, 0))

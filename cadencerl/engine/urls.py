@@ -21,7 +21,7 @@ def check_server_url(url: str, where: str) -> str:
         raise ValueError(f"{where} {url!r} is not an http(s) URL with a host")
     if port is not None and not 1 <= port <= 65535:
         raise ValueError(f"{where} {url!r}: the port must be a number in 1-65535")
-    if parsed.query or parsed.fragment or parsed.username is not None:
+    if "?" in url or "#" in url or parsed.username is not None:     # an empty query or fragment too
         raise ValueError(f"{where} {url!r}: give the server's URL alone, without a query, fragment or user")
     if parsed.path.rstrip("/").endswith("/v1"):      # requests add /v1/...: every one would 404
         raise ValueError(f"{where} {url!r}: give the server's root URL, without /v1")
