@@ -36,7 +36,8 @@ from cadencerl.engine.clock import EngineRunError
 from cadencerl.engine.streams import Streams
 from cadencerl.engine.weights import WeightPushError
 from cadencerl.engine import client as client_module
-from cadencerl.engine.client import EngineError, EngineHTTPError, VLLMClient
+from cadencerl.engine.client import VLLMClient
+from cadencerl.engine.errors import EngineError, EngineHTTPError
 from cadencerl.engine.prompts import synthetic_observation, synthetic_prompt
 from tests.fake_vllm import PREFIX, FakeVLLM, reference
 from tests.server_thread import ServerThread

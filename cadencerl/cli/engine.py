@@ -325,7 +325,7 @@ def calibrate(workers: str | None = WorkersOpt,
               json_out: str | None = JsonOpt) -> None:
     """Measure decode step time vs batch and context on real servers; print fitted profile numbers."""
     from cadencerl.engine.calibrate import catalog_snippet, fit, measure
-    from cadencerl.engine.client import EngineError
+    from cadencerl.engine.errors import EngineError
     from cadencerl.hardware import catalog
     from cadencerl.runs.real import parse_urls
 

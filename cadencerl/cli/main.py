@@ -7,11 +7,8 @@ from `engine.py`, the router service from `router.py`, and what they share from 
 
 from __future__ import annotations
 
-import sys
-
 import typer
 from typer.core import TyperCommand, TyperGroup
-from rich.console import Console
 
 from cadencerl import __version__
 from cadencerl.cli import engine, router, sim
@@ -76,11 +73,8 @@ app = build_app()
 
 
 def main() -> None:
-    try:
-        app()
-    except KeyboardInterrupt:
-        Console(stderr=True).print("interrupted")
-        sys.exit(130)
+    """The console script. Ctrl-C is `guarded`'s to report: typer turns it into exit 130 before here."""
+    app()
 
 
 if __name__ == "__main__":

@@ -25,7 +25,8 @@ from cadencerl.core.backend import EngineStats, Event, Finished, Restore, Timer,
 from cadencerl.core.controller import PUBLISH
 from cadencerl.core.trajectory import Trajectory, turn_target
 from cadencerl.core.worker import Worker
-from cadencerl.engine.client import EngineError, Timeouts, VLLMClient
+from cadencerl.engine.client import Timeouts, VLLMClient
+from cadencerl.engine.errors import EngineError
 from cadencerl.engine.clock import EngineRunError, WallClock
 from cadencerl.engine.prompts import synthetic_observation, synthetic_prompt
 from cadencerl.engine.records import WorkerRecord

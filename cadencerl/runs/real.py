@@ -20,7 +20,8 @@ from cadencerl.core.trajectory import Trajectory
 from cadencerl.core.worker import Worker
 from cadencerl.engine.backend import EngineBackend, WeightUpdate, takes_keep_kv
 from cadencerl.engine.clock import EngineRunError
-from cadencerl.engine.client import EngineError, ModelMismatchError, Timeouts
+from cadencerl.engine.client import Timeouts
+from cadencerl.engine.errors import EngineError, ModelMismatchError
 from cadencerl.engine.urls import check_server_url
 from cadencerl.hardware import catalog
 from cadencerl.hardware.perf import WorkerPerf

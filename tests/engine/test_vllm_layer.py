@@ -29,14 +29,8 @@ from cadencerl.engine.local_pool import (
 )
 from cadencerl.engine.processes import group_members, pid_alive
 from cadencerl.engine.tiny_model import FORMAT_VERSION, MARKER, TINY_ARCH, build_tiny_model
-from cadencerl.engine.client import (
-    EngineConnectionError,
-    EngineHTTPError,
-    EngineTimeoutError,
-    ModelMismatchError,
-    Timeouts,
-    VLLMClient,
-)
+from cadencerl.engine.client import Timeouts, VLLMClient
+from cadencerl.engine.errors import EngineConnectionError, EngineHTTPError, EngineTimeoutError, ModelMismatchError
 from cadencerl.engine.server_metrics import parse_metrics
 from tests.engine.waits import poll_metrics, wait_for_tokens
 
