@@ -82,16 +82,8 @@ class PassThrough:
 async def read_pass_through(request: Request, max_bytes: int) -> PassThrough:
     """The body must be a JSON object with the common fields well typed; the rest is the server's to check."""
     raw = await _read_body(request, max_bytes)
-    try:
-        body = json.loads(raw)
-    except (ValueError, UnicodeDecodeError):
-        raise ApiError(400, "the body is not valid JSON") from None
-    except RecursionError:
-        raise ApiError(400, "the body is nested too deeply") from None
-    if not isinstance(body, dict):
-        raise ApiError(400, "the body must be a JSON object")
-    _check_fields(body)
-    group = int.from_bytes(hashlib.blake2b(raw, digest_size=8).digest(), "big") >> 1
+    body = _json_object(raw)
+    group = _group(raw)
     affinity = affinity_key(request.headers, body, request.headers.get(SESSION_HEADER), group)
     return PassThrough(raw, affinity, group, max(1, len(raw) // CHARS_PER_TOKEN))
 
@@ -101,27 +93,40 @@ async def read_request(request: Request, chat: bool, classes: dict[str, float], 
     raw = await _read_body(request, max_bytes)
     try:
         return _route(raw, request.headers, chat, classes, default_class)
-    except RecursionError:     # parsing or hashing a body nested about a thousand levels deep
+    except RecursionError:     # hashing a prompt nested about a thousand levels deep
         raise ApiError(400, "the body is nested too deeply") from None
 
 
 def _route(raw: bytes, headers, chat: bool, classes: dict[str, float], default_class: str) -> Routed:
-    try:
-        body = json.loads(raw)
-    except (ValueError, UnicodeDecodeError):
-        raise ApiError(400, "the body is not valid JSON") from None
-    if not isinstance(body, dict):
-        raise ApiError(400, "the body must be a JSON object")
-    _check_fields(body)
+    body = _json_object(raw)
     prompt = _messages(body) if chat else _prompt(body)
     cls = headers.get(CLASS_HEADER) or default_class
     if cls not in classes:
         raise ApiError(400, f"{CLASS_HEADER}: unknown class {cls!r} (known: {', '.join(classes)})", CLASS_HEADER)
     key = headers.get(SESSION_HEADER) or None
     last = headers.get(END_HEADER, "").lower() in ("1", "true", "yes")
-    group = int.from_bytes(hashlib.blake2b(repr(prompt).encode(), digest_size=8).digest(), "big") >> 1
+    group = _group(repr(prompt).encode())
     affinity = affinity_key(headers, body, key, group)
     return Routed(raw, bool(body.get("stream", False)), key, affinity, cls, last, _length(prompt), group)
+
+
+def _json_object(raw: bytes) -> dict:
+    """The body as a JSON object whose common fields are well typed, else a 400 saying what is wrong."""
+    try:
+        body = json.loads(raw)
+    except (ValueError, UnicodeDecodeError):
+        raise ApiError(400, "the body is not valid JSON") from None
+    except RecursionError:
+        raise ApiError(400, "the body is nested too deeply") from None
+    if not isinstance(body, dict):
+        raise ApiError(400, "the body must be a JSON object")
+    _check_fields(body)
+    return body
+
+
+def _group(data: bytes) -> int:
+    """A 63-bit hash of a prompt (or a pass-through body): one prompt, one prefix-tree group."""
+    return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "big") >> 1
 
 
 def affinity_key(headers, body: dict, session_key: str | None, group: int) -> str:
