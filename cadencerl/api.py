@@ -133,6 +133,7 @@ class RolloutPool:
         self._queue: queue.Queue = queue.Queue()
         self._error: BaseException | None = None
         self._training: int | None = None   # index of the batch handed out and not yet published
+        self._last_handed_out = False       # it is the run's last batch: no next one waits on its publish
         self._result: dict | None = None
         self._started_at = self._ended_at = 0.0
 
@@ -178,7 +179,8 @@ class RolloutPool:
         return tid
 
     def batches(self) -> Iterator[Batch]:
-        """Completed batches in training order; rollout continues while the caller trains."""
+        """Completed batches in training order; rollout continues while the caller trains. Publish
+        each batch before asking for the next: the next batch is formed once its version is out."""
         self._start()
         while True:
             try:
@@ -190,6 +192,9 @@ class RolloutPool:
             if item is _END:
                 break
             yield item
+            if self._training == item.index and not self._last_handed_out:
+                raise RuntimeError(f"batches: batch {item.index} is not published; call pool.publish() once it "
+                                   "is trained, before asking for the next (the next version's rollout waits for it)")
         if self._error is not None:
             raise self._error
 
@@ -282,7 +287,7 @@ class RolloutPool:
         instead, and `publish()` tells the controller when. The batch is the trainer's own record."""
         ctl = self._run.controller
         formed = ctl.trainer.batches[-1]
-        self._training = formed.index
+        self._training, self._last_handed_out = formed.index, ctl.trainer.all_consumed
         self._queue.put(Batch(formed.index, [self._sample(ctl.trajectories[tid]) for tid in formed.trajectory_ids]))
 
     def _sample(self, t: Trajectory) -> Sample:

@@ -344,11 +344,16 @@ def test_a_tool_turn_appends_its_observation_and_the_next_reply_follows_it(
 TRAJECTORIES = 32
 
 
+def shrunk_cpu_pair(**overrides):
+    """The `cpu-pair` scenario with TRAJECTORIES short trajectories in batches of 8."""
+    return builtin_scenario("cpu-pair").with_overrides(
+        workload={"trajectories": TRAJECTORIES, "response": {"median": 60, "sigma": 1.0, "cap": 400}},
+        trainer={"batch_size": 8}, **overrides)
+
+
 def run_pool(urls: list[str], kv_tokens: int, weight_update=None) -> tuple[dict, RolloutPool, list]:
     """The `cpu-pair` scenario, shrunk, through the trainer API with a zero-time trainer."""
-    s = builtin_scenario("cpu-pair").with_overrides(
-        workload={"trajectories": TRAJECTORIES, "response": {"median": 60, "sigma": 1.0, "cap": 400}},
-        trainer={"batch_size": 8}, policy={"delta": 32, "headroom_floor": 0.15})
+    s = shrunk_cpu_pair(policy={"delta": 32, "headroom_floor": 0.15})
     with RolloutPool.from_scenario(s, urls, policy="cadence", kv_tokens=kv_tokens, deadline_s=45,
                                    weight_update=weight_update) as pool:
         batches = []
@@ -426,3 +431,29 @@ def test_a_weight_push_refused_by_a_live_server_still_ends_the_run() -> None:
     with FakeVLLM() as a, FakeVLLM() as b:
         with pytest.raises(WeightPushError, match="answered 404"):
             run_pool([a.url, b.url], kv_tokens=1024, weight_update=push)
+
+
+def test_asking_for_the_next_batch_without_publishing_says_so_instead_of_waiting(
+        pair: tuple[FakeVLLM, FakeVLLM]) -> None:
+    """The next batch is formed only once the last one's version is published, so a trainer that
+    forgets `publish()` used to wait forever on the next batch."""
+    s = shrunk_cpu_pair()
+    with RolloutPool.from_scenario(s, [f.url for f in pair], policy="cadence", kv_tokens=1024,
+                                   deadline_s=45) as pool:
+        batches = pool.batches()
+        first = next(batches)
+        with pytest.raises(RuntimeError, match=f"batch {first.index} is not published; call pool.publish"):
+            next(batches)
+
+
+def test_the_last_batch_needs_no_publish_for_the_run_to_end(pair: tuple[FakeVLLM, FakeVLLM]) -> None:
+    s = shrunk_cpu_pair()
+    with RolloutPool.from_scenario(s, [f.url for f in pair], policy="cadence", kv_tokens=1024,
+                                   deadline_s=45) as pool:
+        indices = []
+        for batch in pool.batches():
+            indices.append(batch.index)
+            if batch.index < TRAJECTORIES // 8 - 1:
+                pool.publish()
+        assert indices == list(range(TRAJECTORIES // 8))
+        assert pool.result()["trajectories_completed"] == TRAJECTORIES and pool.backend.verify() == []
