@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from cadencerl.hardware.catalog import GB, LINKS, Accelerator, Link, Model
+from cadencerl.hardware.catalog import GB, LINKS, Accelerator, Model
 
 
 class DoesNotFitError(ValueError):
@@ -177,11 +177,6 @@ class WorkerPerf:
     def token_budget(self) -> int:
         """vLLM's max_num_batched_tokens: decodes first, prefill chunks fill what is left."""
         return self.accel.max_num_batched_tokens
-
-    def kv_transfer_time(self, tokens: int, link: Link) -> float:
-        """Move a KV prefix of `tokens` over `link`; each TP shard travels on its own NIC."""
-        nbytes = tokens * self.model.kv_bytes_per_token
-        return link.latency_s + nbytes / (link.bandwidth_gbs * GB * self.tp)
 
 
 def make_perf(accel: Accelerator, model: Model, tp: int) -> WorkerPerf:
