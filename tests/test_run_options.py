@@ -77,3 +77,21 @@ def test_a_ray_pool_error_is_said_once_under_ray(monkeypatch) -> None:
     monkeypatch.setattr(ray_pool, "attach", attach)
     r = CliRunner().invoke(app, ["run", "-s", "cpu-hetero", "--ray", "auto", "--ray-actors", "my-engine-0"])
     assert r.exit_code == 2 and r.output.strip() == "error: ray: Failed to look up actor with name 'my-engine-0'."
+
+
+def test_pool_down_counts_only_the_servers_it_stopped(tmp_path) -> None:
+    """A server that had already died was counted: 'stopped 2 servers' with one running."""
+    live, dead = (subprocess.Popen(["sleep", "60"], start_new_session=True) for _ in range(2))
+    try:
+        servers = [SpawnedServer(i, f"http://127.0.0.1:{i + 1}", i + 1, p.pid, start_ticks(p.pid) or 0, 0, 8192, "log")
+                   for i, p in enumerate((live, dead))]
+        dead.kill()
+        dead.wait()
+        PoolState(model_dir=str(tmp_path), servers=servers).write(tmp_path)
+        r = CliRunner().invoke(app, ["pool", "down", "--state-dir", str(tmp_path)])
+        assert r.exit_code == 0 and r.output.strip() == "stopped 1 server", r.output
+        assert live.wait(timeout=10) is not None and PoolState.read(tmp_path) is None
+    finally:
+        for p in (live, dead):
+            p.kill()
+            p.wait()

@@ -204,7 +204,7 @@ def pool_down(state_dir: Path = StateDirOpt,
     except PoolError as exc:
         fail(f"pool: {exc}")
     (state_dir / "urls.txt").unlink(missing_ok=True)
-    console(True).print(f"stopped {len(stopped)} servers")
+    console(True).print(f"stopped {len(stopped)} server{'' if len(stopped) == 1 else 's'}")
 
 
 def workers_or_local(workers: str | None, local: int | None, ray: str | None = None) -> None:

@@ -341,7 +341,7 @@ def down(
     timeout_s: float = 15.0,
     procs: Sequence[subprocess.Popen[bytes]] = (),
 ) -> list[int]:
-    """Stop the servers recorded in `state_dir`'s state file; return the leader pids signalled.
+    """Stop the servers recorded in `state_dir`'s state file; return the leader pids that were running.
 
     SIGTERM each server's process group, wait up to `timeout_s`, then SIGKILL what is left and
     wait again. A group whose leader pid now belongs to another process is left alone. The state
@@ -352,23 +352,23 @@ def down(
     if state is None:
         return []
     ours = [s.pid for s in state.servers if same_process(s.pid, s.start_ticks)]
+    running = [pgid for pgid in ours if group_members(pgid)]
     for sig, wait_s in ((signal.SIGTERM, timeout_s), (signal.SIGKILL, 5.0)):
-        alive = [pgid for pgid in ours if group_members(pgid)]
+        alive = [pgid for pgid in running if group_members(pgid)]
         if not alive:
             break
         for pgid in alive:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(pgid, sig)
         wait_groups_gone(alive, wait_s, procs)
-    left = {pgid: group_members(pgid) for pgid in ours}
-    left = {k: v for k, v in left.items() if v}
+    left = {pgid: members for pgid in ours if (members := group_members(pgid))}
     if left:
         raise PoolError(f"processes still alive after SIGKILL: {left}")
     for group in state.cgroups:
         with contextlib.suppress(OSError):
             os.rmdir(group)           # empty now: its processes are gone
     (state_dir / STATE_FILE).unlink(missing_ok=True)
-    return ours
+    return running
 
 
 def _pythonpath() -> str:
