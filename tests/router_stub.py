@@ -142,6 +142,8 @@ def stub_app(state: StubState) -> Starlette:
 
     async def stored(request: Request) -> Response:
         rid = request.path_params["response_id"]
+        state.served[request.headers.get("x-request-id", "")] += 1
+        state.last_headers = request.headers
         if rid not in state.stored:
             return _not_found(rid)
         if request.url.path.endswith("/cancel"):
