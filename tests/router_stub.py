@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import time
 from collections import Counter
 from dataclasses import dataclass, field
 
@@ -231,6 +232,14 @@ class Fleet:
         self.router.stop()
         for s in self.stubs:
             s.stop()
+
+
+def settle(check, timeout_s: float = 3.0) -> bool:
+    """Wait until `check()` holds (the router's state changes on its own thread), at most `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    while not check() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return check()
 
 
 def main() -> None:

@@ -12,7 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 
-from router_stub import Fleet
+from router_stub import Fleet, settle as _settle
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -244,13 +244,6 @@ def test_malformed_chat_bodies_get_a_400_naming_the_field_and_are_counted(conten
             return                           # shallow enough to parse here: nothing to refuse
         assert r.status_code == 400 and r.json()["error"]["param"] == param
         assert 'cadencerl_router_errors_total{kind="bad_request"} 1.0' in c.get("/metrics").text
-
-
-def _settle(check, timeout_s: float = 3.0) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while not check() and time.monotonic() < deadline:
-        time.sleep(0.05)
-    return check()
 
 
 def test_a_client_that_leaves_a_non_streaming_request_cancels_it_upstream() -> None:

@@ -6,12 +6,11 @@ from __future__ import annotations
 
 import json
 import threading
-import time
 
 import httpx
 import pytest
 
-from router_stub import Fleet
+from router_stub import Fleet, settle as _settle
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -22,13 +21,6 @@ AUTH = {"Authorization": "Bearer secret"}
 def _events(text: str) -> list[dict]:
     return [json.loads(line.removeprefix("data: ")) for line in text.splitlines()
             if line.startswith("data: ") and line != "data: [DONE]"]
-
-
-def _settle(check, timeout_s: float = 3.0) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while not check() and time.monotonic() < deadline:
-        time.sleep(0.02)
-    return check()
 
 
 def test_responses_are_admitted_and_relayed_streaming_and_not() -> None:

@@ -8,13 +8,13 @@ session. It is placed by the placement policy's own rule over the servers up
 (`LiveState.route_outside`: consistent-hash keeps a key on one server, cache-aware sends an input
 back where it went) and relayed with completions' fault rules: a server that fails before answering
 leaves rotation if it refused the connection and the request is tried once on another; the server's
-own answers, errors too, pass unchanged. What the rule does not see: these requests' own in-flight
-count (the live state's load counts sessions' requests), so a load-based rule spreads a burst of
-them by the sessions' load alone.
+own answers, errors too, pass unchanged. While it runs it counts in its server's load
+(`Worker.outside`, released however it ends: answer, error, failed connection, client gone), so a
+load-based rule (least-loaded, cache-aware's balance) spreads a burst of them and the sessions
+placed beside them; MISA-T's caps still count sessions only.
 
-`/v1/responses` is not served: it generates, so it belongs behind admission like completions (a
-relay would let generation bypass MISA-T), and vLLM keeps stored responses on the server that made
-them (`previous_response_id`, `GET /v1/responses/{id}`), which needs a response-to-server map.
+`/v1/responses` generates, so it is not relayed here: it is admitted like chat completions
+(`app.py`), and its stored responses' GET and cancel go to their owner (`responses.py`).
 """
 
 from __future__ import annotations

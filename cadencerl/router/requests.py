@@ -1,5 +1,7 @@
 """What the router reads from a request: who sent it (session, class), how long its prompt is, and
 whether it is well formed. Bad input is an `ApiError` with an OpenAI-style body, never a crash.
+The prompt is a completion's `prompt`, a chat's `messages`, or a response's `instructions` and
+`input` (with its `previous_response_id`, whose earlier turns the server holds, not the request).
 
 Headers (documented in the README):
   X-Session-Id      ties the turns of one session (without it a request is a single reply, as vllm-router
