@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import itertools
 from collections import Counter, OrderedDict, deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from cadencerl.core.actions import Action, ActionError, Admit, Place
@@ -146,7 +147,7 @@ class LiveState:
         head of the hold queue would otherwise hold every session behind it until the wait bound."""
         return self.refuse_waiting(lambda t: t.pin is not None and not self.workers[t.pin].alive, now)
 
-    def refuse_waiting(self, test, now: float) -> list[Session]:
+    def refuse_waiting(self, test: Callable[[Trajectory], bool], now: float) -> list[Session]:
         """Withdraw the held and pending sessions whose trajectory passes `test`; those withdrawn."""
         held = [self.live[t.id] for t in self.hold.in_order() if test(t)]
         pending = [self.live[t.id] for t in self.pending if test(t)]
