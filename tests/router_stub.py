@@ -7,7 +7,13 @@ and a /metrics page with vLLM's gauge names. Fault modes, set on `StubState` whi
 many events, without the end of the chunked body), `token_delay_s` (sleep between events),
 `metrics` ("current" gauge names, "old": the KV gauge by its older name, or "none": /metrics
 answers 404), `kv_blocks` (a KV of that many 16-token blocks in `vllm:cache_config_info`; None: no
-KV size). It counts the X-Request-Id of every request it serves and keeps the latest one's headers.
+KV size), `pooled_delay_s` (embeddings and rerank answer after that long). It counts the
+X-Request-Id of every request it serves and keeps the latest one's headers.
+
+The Responses API as vLLM serves it with its store on: `POST /v1/responses` (a response object, or
+a stream whose first event, `response.created`, carries its id), kept unless `store` is false;
+`previous_response_id`, `GET /v1/responses/{id}` and `POST .../cancel` answer vLLM's 404 for an id
+this stub did not make, so a request routed to the wrong server fails as it would on vLLM.
 
     python tests/router_stub.py --port 8001        # a stub server in its own process
 """
@@ -17,6 +23,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import time
 from collections import Counter
 from dataclasses import dataclass, field
 
@@ -40,7 +47,9 @@ class StubState:
     token_delay_s: float = 0.0
     metrics: str = "current"
     kv_blocks: int | None = None
+    pooled_delay_s: float = 0.0
     running: int = 0
+    stored: dict = field(default_factory=dict)      # response id -> response object
     served: Counter = field(default_factory=Counter)
     last_headers: object = None      # the headers of the latest completion request
 
@@ -100,6 +109,11 @@ def stub_app(state: StubState) -> Starlette:
     async def pooled(request: Request) -> Response:
         """/v1/embeddings and (/v1)/rerank, as a pooling model answers them."""
         body, failure = await received(request)
+        state.running += 1
+        try:
+            await asyncio.sleep(state.pooled_delay_s)
+        finally:
+            state.running -= 1
         if failure is not None:
             return failure
         if request.url.path.endswith("embeddings"):
@@ -107,6 +121,35 @@ def stub_app(state: StubState) -> Starlette:
         else:
             out = {"results": [{"index": i, "relevance_score": 1 / (i + 1)} for i in range(len(body["documents"]))]}
         return JSONResponse({**out, "model": "tiny"}, headers={"x-stub": state.name})
+
+    async def responses(request: Request) -> Response:
+        body, failure = await received(request)
+        if failure is not None:
+            return failure
+        previous = body.get("previous_response_id")
+        if previous is not None and previous not in state.stored:
+            return _not_found(previous)
+        n = int(body.get("max_output_tokens") or 16)
+        rid = body.get("request_id") or f"resp_{state.name}_{sum(state.served.values())}"
+        done = {"id": rid, "object": "response", "status": "completed", "previous_response_id": previous,
+                "output": [{"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": " t" * n}]}],
+                "usage": {"input_tokens": 1, "output_tokens": n, "total_tokens": n + 1}}
+        if body.get("store") is not False:
+            state.stored[rid] = done
+        if not body.get("stream"):
+            return JSONResponse(done, headers={"x-stub": state.name})
+        return StreamingResponse(_response_events(state, done, n), media_type="text/event-stream",
+                                 headers={"x-stub": state.name})
+
+    async def stored(request: Request) -> Response:
+        rid = request.path_params["response_id"]
+        state.served[request.headers.get("x-request-id", "")] += 1
+        state.last_headers = request.headers
+        if rid not in state.stored:
+            return _not_found(rid)
+        if request.url.path.endswith("/cancel"):
+            state.stored[rid] = {**state.stored[rid], "status": "cancelled"}
+        return JSONResponse(state.stored[rid], headers={"x-stub": state.name})
 
     async def models(request: Request) -> Response:
         return JSONResponse({"object": "list", "data": [{"id": "tiny", "object": "model"}]})
@@ -117,6 +160,9 @@ def stub_app(state: StubState) -> Starlette:
     return Starlette(routes=[Route("/v1/completions", complete, methods=["POST"]),
                              Route("/v1/chat/completions", complete, methods=["POST"]),
                              *(Route(p, pooled, methods=["POST"]) for p in ("/v1/embeddings", "/v1/rerank", "/rerank")),
+                             Route("/v1/responses", responses, methods=["POST"]),
+                             Route("/v1/responses/{response_id}", stored, methods=["GET"]),
+                             Route("/v1/responses/{response_id}/cancel", stored, methods=["POST"]),
                              Route("/metrics", metrics), Route("/v1/models", models), Route("/health", health)])
 
 
@@ -133,6 +179,29 @@ async def _events(state: StubState, n: int, chat: bool):
                      "choices": [{"index": 0, **delta, "finish_reason": "length" if i == n - 1 else None}]}
             yield f"data: {json.dumps(chunk)}\n\n"
         yield "data: [DONE]\n\n"
+    finally:
+        state.running -= 1
+
+
+def _not_found(response_id: str) -> Response:
+    """vLLM's answer for a response id it does not hold."""
+    return JSONResponse({"error": {"message": f"Response with id '{response_id}' not found.", "type": "invalid_request_error",
+                                   "param": "response_id", "code": 404}}, status_code=404)
+
+
+async def _response_events(state: StubState, done: dict, n: int):
+    """A Responses stream as vLLM sends it: `event:` and `data:` lines, the id in the first event."""
+    state.running += 1
+    try:
+        events = [("response.created", {"response": {**done, "status": "in_progress", "output": [], "usage": None}}),
+                  *(("response.output_text.delta", {"delta": " t"}) for _ in range(n)),
+                  ("response.completed", {"response": done})]
+        for i, (kind, data) in enumerate(events):
+            if state.break_after is not None and i >= state.break_after:
+                raise BrokenStream("stub breaks the stream")
+            if state.token_delay_s and i:
+                await asyncio.sleep(state.token_delay_s)
+            yield f"event: {kind}\ndata: {json.dumps({'type': kind, 'sequence_number': i, **data})}\n\n"
     finally:
         state.running -= 1
 
@@ -163,6 +232,14 @@ class Fleet:
         self.router.stop()
         for s in self.stubs:
             s.stop()
+
+
+def settle(check, timeout_s: float = 3.0) -> bool:
+    """Wait until `check()` holds (the router's state changes on its own thread), at most `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    while not check() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return check()
 
 
 def main() -> None:

@@ -12,7 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 
-from router_stub import Fleet
+from router_stub import Fleet, settle as _settle
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -246,13 +246,6 @@ def test_malformed_chat_bodies_get_a_400_naming_the_field_and_are_counted(conten
         assert 'cadencerl_router_errors_total{kind="bad_request"} 1.0' in c.get("/metrics").text
 
 
-def _settle(check, timeout_s: float = 3.0) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while not check() and time.monotonic() < deadline:
-        time.sleep(0.05)
-    return check()
-
-
 def test_a_client_that_leaves_a_non_streaming_request_cancels_it_upstream() -> None:
     with Fleet(stubs=1) as f:
         f.states[0].token_delay_s = 0.05
@@ -305,7 +298,7 @@ def test_a_keyless_request_is_placed_by_its_whole_prompt_not_a_shared_system_pro
 
     def key(question: str) -> str:
         body = {"model": "tiny", "messages": [system, {"role": "user", "content": question}]}
-        return _route(json.dumps(body).encode(), {}, True, {"rlvr": 1.0}, "rlvr").affinity
+        return _route(json.dumps(body).encode(), {}, "messages", {"rlvr": 1.0}, "rlvr").affinity
 
     assert key("What is 2+2?") == key("What is 2+2?")
     assert len({key(f"What is {i}+{i}?") for i in range(20)}) == 20
@@ -367,7 +360,7 @@ def test_vllm_routers_other_session_headers_are_affinity_keys_that_open_no_sessi
 
     def affinity(headers: dict, **body) -> str:
         raw = json.dumps({"model": "tiny", "prompt": "hi", **body}).encode()
-        return _route(raw, headers, False, {"rlvr": 1.0}, "rlvr").affinity
+        return _route(raw, headers, "prompt", {"rlvr": 1.0}, "rlvr").affinity
 
     assert affinity({"x-session-id": "s", "x-user-id": "u"}, user="b") == "session:s"
     assert affinity({"x-tenant-id": "t", "x-user-id": "u"}, user="b") == "x-user-id:u", "vllm-router's order"

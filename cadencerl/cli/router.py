@@ -36,8 +36,9 @@ def router(
     batch_size: Optional[int] = typer.Option(None, "--batch-size", help="the trainer's batch: MISA-T keeps "
                                              "each batch-sized cohort of sessions on the target mix (1024)"),
 ) -> None:
-    """Serve /v1/completions and /v1/chat/completions, routing with the simulator's decision code;
-    /v1/embeddings and /v1/rerank are placed and relayed outside admission.
+    """Serve /v1/completions, /v1/chat/completions and /v1/responses, routing with the simulator's
+    decision code (a previous_response_id, GET /v1/responses/{id} and its cancel go to the server
+    that made the response); /v1/embeddings and /v1/rerank are placed and relayed outside admission.
 
     Headers: X-Session-Id (a multi-turn session), X-Workload-Class, X-Session-End; X-User-Id,
     X-Tenant-Id, X-Correlation-Id and `user` are affinity keys only.

@@ -50,6 +50,8 @@ class Trajectory:
     meter: Meter | None = None
     kv_home: int | None = None             # worker whose KV snapshot it can be restored from
     home: int | None = None                # worker it last ran on, until it finishes (session affinity)
+    pin: int | None = None                 # the one worker its request may run on (it holds the request's
+                                           # state, e.g. a live router's stored response); None: any
     admitted_at: float = -1.0
     completed_at: float = -1.0
     placed_at: float = -1.0

@@ -21,6 +21,7 @@ class Worker:
     residents: dict[int, Trajectory] = field(default_factory=dict)
     kv_used: int = 0             # tokens committed to residents (running, queued or loading)
     sessions: int = 0            # unfinished trajectories whose home (KV or prefix cache) is here
+    outside: int = 0             # requests in flight that are no trajectory (a live router's embeddings)
     # what the engine itself reports (vLLM's /metrics), refreshed at every decision
     engine_kv: int = 0           # KV tokens the engine holds (running requests, and prefilling ones so far)
     num_waiting: int = 0
@@ -32,7 +33,8 @@ class Worker:
 
     @property
     def load(self) -> int:
-        return len(self.residents)
+        """Requests in flight here, as a router counts load: residents and those outside sessions."""
+        return len(self.residents) + self.outside
 
     def compatible(self, other: "Worker") -> bool:
         """KV can move between workers of one type in one cluster; otherwise re-prefill."""

@@ -24,6 +24,7 @@ from cadencerl.router.disconnect import CLIENT_CLOSED, while_connected
 from cadencerl.router.passthrough import PASS_THROUGH, pass_through
 from cadencerl.router.proxy import forward
 from cadencerl.router.request_id import RequestIdMiddleware
+from cadencerl.router.responses import UNKNOWN_RESPONSE, stored_response
 from cadencerl.router.requests import ApiError, Routed, error_response, read_request
 from cadencerl.router.service import Rejected, RouterService
 from cadencerl.router.settings import ADMIN_TOKEN_ENV, RouterSettings
@@ -43,8 +44,11 @@ def create_app(settings: RouterSettings, admin_token: str | None = None) -> Star
             await svc.stop()
 
     routes = [
-        Route("/v1/completions", _completion("/v1/completions", chat=False), methods=["POST"]),
-        Route("/v1/chat/completions", _completion("/v1/chat/completions", chat=True), methods=["POST"]),
+        Route("/v1/completions", _completion("/v1/completions", "prompt"), methods=["POST"]),
+        Route("/v1/chat/completions", _completion("/v1/chat/completions", "messages"), methods=["POST"]),
+        Route("/v1/responses", _completion("/v1/responses", "input"), methods=["POST"]),
+        Route("/v1/responses/{response_id}", stored_response(""), methods=["GET"]),
+        Route("/v1/responses/{response_id}/cancel", stored_response("/cancel"), methods=["POST"]),
         *(Route(path, pass_through(path), methods=["POST"]) for path in PASS_THROUGH),
         Route("/v1/models", _models, methods=["GET"]),
         Route("/v1/sessions/{key}", _end_session, methods=["DELETE"]),
@@ -65,13 +69,13 @@ def create_app(settings: RouterSettings, admin_token: str | None = None) -> Star
     return app
 
 
-def _completion(path: str, chat: bool):
+def _completion(path: str, field: str):
+    """The handler of a generating route; `field` names its prompt (`prompt`, `messages`, `input`)."""
     async def handler(request: Request) -> Response:
         svc: RouterService = request.app.state.service
         s = svc.settings
-        field = "messages" if chat else "prompt"
         try:
-            routed = await read_request(request, chat, s.classes, s.fallback_class, s.max_body_bytes)
+            routed = await read_request(request, field, s.classes, s.fallback_class, s.max_body_bytes)
             svc.check_fits(routed.prompt_len, field)
         except ApiError as exc:
             svc.metrics.errors.labels("bad_request").inc()
@@ -85,13 +89,15 @@ def _completion(path: str, chat: bool):
 
 
 async def _serve(svc: RouterService, path: str, routed: Routed, headers, field: str) -> Response:
+    previous = routed.previous_response_id
     try:
+        pin = None if previous is None else svc.owner(previous, "previous_response_id", generate=True).id
         session = await svc.acquire(routed.session_key, routed.workload_class, routed.prompt_len, routed.group,
-                                    routed.affinity, field)
+                                    routed.affinity, field, pin)
     except Rejected as exc:
         return error_response(exc.status, str(exc), None, exc.reason, {"Retry-After": str(exc.retry_after)})
-    except ApiError as exc:           # it stopped fitting any server's KV while it waited
-        svc.metrics.errors.labels("bad_request").inc()
+    except ApiError as exc:           # an unknown previous response, or it stopped fitting any server's KV
+        svc.metrics.errors.labels(UNKNOWN_RESPONSE if exc.status == 404 else "bad_request").inc()
         return exc.response()
     try:
         return await forward(svc, session, path, routed, headers)

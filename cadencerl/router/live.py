@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import itertools
 from collections import Counter, OrderedDict, deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from cadencerl.core.actions import Action, ActionError, Admit, Place
@@ -75,11 +76,12 @@ class LiveState:
     # -- events -----------------------------------------------------------------------------------
 
     def new_session(self, key: str | None, cls: str, prompt_len: int, group: int, now: float = 0.0,
-                    affinity: str | None = None) -> Session:
-        """A session's first request: FRESH, held until an Admit names its worker."""
+                    affinity: str | None = None, pin: int | None = None) -> Session:
+        """A session's first request: FRESH, held until an Admit names its worker (`pin`, if given:
+        the worker that holds what the request continues, e.g. a stored response)."""
         spec = TrajectorySpec(id=next(self._ids), group=group, prompt_len=max(1, prompt_len),
                               response=HiddenLength(0, _SEALED), workload_class=cls, affinity=affinity)
-        session = Session(key, Trajectory(spec), arrived_at=now)
+        session = Session(key, Trajectory(spec, pin=pin), arrived_at=now)
         self.hold.push(session.traj)
         self.live[spec.id] = session
         if key is not None:
@@ -89,12 +91,14 @@ class LiveState:
     def session(self, key: str | None) -> Session | None:
         return self.by_key.get(key) if key is not None else None
 
-    def continuation(self, session: Session, prompt_len: int, now: float) -> None:
-        """The next turn of a parked session: its new tokens are the tool's observation."""
+    def continuation(self, session: Session, prompt_len: int, now: float, pin: int | None = None) -> None:
+        """The next turn of a parked session: its new tokens are the tool's observation (`pin`: as
+        for `new_session`, for this turn)."""
         traj = session.traj
         if traj.state is not State.TOOL:
             raise ActionError(f"session {session.key!r} has a request in flight")
         del self.parked[traj.id]
+        traj.pin = pin
         back_from_tool(traj, max(0, prompt_len - traj.context), self.tool_waiting, self.pending, now)
 
     def turn_ended(self, session: Session, generated: int, now: float) -> None:
@@ -102,6 +106,7 @@ class LiveState:
         traj = session.traj
         to_tool(traj, self.workers, self.tool_waiting, now)
         traj.tokens += generated
+        traj.pin = None
         session.parked_at = now
         self.parked[traj.id] = session
         self._bound_parked(now)
@@ -135,8 +140,17 @@ class LiveState:
         """The waiting sessions (held for admission, or a next turn waiting for a server) whose
         context is `limit` tokens or more, withdrawn as the bound would withdraw them: no server
         can take them any more (one reported a smaller KV), so no decision would ever place them."""
-        held = [self.live[t.id] for t in self.hold.in_order() if t.context >= limit]
-        pending = [self.live[t.id] for t in self.pending if t.context >= limit]
+        return self.refuse_waiting(lambda t: t.context >= limit, now)
+
+    def refuse_pinned_to_dead(self, now: float) -> list[Session]:
+        """The waiting sessions pinned to a worker that left rotation, withdrawn likewise: a pinned
+        head of the hold queue would otherwise hold every session behind it until the wait bound."""
+        return self.refuse_waiting(lambda t: t.pin is not None and not self.workers[t.pin].alive, now)
+
+    def refuse_waiting(self, test: Callable[[Trajectory], bool], now: float) -> list[Session]:
+        """Withdraw the held and pending sessions whose trajectory passes `test`; those withdrawn."""
+        held = [self.live[t.id] for t in self.hold.in_order() if test(t)]
+        pending = [self.live[t.id] for t in self.pending if test(t)]
         for session in held:
             self.withdraw(session)
         for session in pending:

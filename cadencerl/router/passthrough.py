@@ -8,25 +8,28 @@ session. It is placed by the placement policy's own rule over the servers up
 (`LiveState.route_outside`: consistent-hash keeps a key on one server, cache-aware sends an input
 back where it went) and relayed with completions' fault rules: a server that fails before answering
 leaves rotation if it refused the connection and the request is tried once on another; the server's
-own answers, errors too, pass unchanged. What the rule does not see: these requests' own in-flight
-count (the live state's load counts sessions' requests), so a load-based rule spreads a burst of
-them by the sessions' load alone.
+own answers, errors too, pass unchanged. While it runs it counts in its server's load
+(`Worker.outside`, released however it ends: answer, error, failed connection, client gone), so a
+load-based rule (least-loaded, cache-aware's balance) spreads a burst of them and the sessions
+placed beside them; MISA-T's caps still count sessions only.
 
-`/v1/responses` is not served: it generates, so it belongs behind admission like completions (a
-relay would let generation bypass MISA-T), and vLLM keeps stored responses on the server that made
-them (`previous_response_id`, `GET /v1/responses/{id}`), which needs a response-to-server map.
+`/v1/responses` generates, so it is not relayed here: it is admitted like chat completions
+(`app.py`), and its stored responses' GET and cancel go to their owner (`responses.py`).
 """
 
 from __future__ import annotations
+
+from collections.abc import AsyncIterator
 
 import httpx
 from starlette.requests import Request
 from starlette.responses import Response
 
 from cadencerl.router.disconnect import CLIENT_CLOSED, while_connected
-from cadencerl.router.proxy import forwarded_headers, returned_headers
+from cadencerl.router.proxy import RelayResponse, error_event, forwarded_headers, returned_headers
 from cadencerl.router.requests import ApiError, PassThrough, error_response, read_pass_through
 from cadencerl.router.service import Rejected, RouterService
+from cadencerl.router.upstream import Upstream
 
 PASS_THROUGH = ("/v1/embeddings", "/v1/rerank", "/rerank")
 
@@ -64,27 +67,55 @@ async def _relay(svc: RouterService, path: str, req: PassThrough, headers) -> Re
             return error_response(exc.status, str(exc), None, exc.reason, {"Retry-After": str(exc.retry_after)})
         if failed:
             svc.metrics.retries.inc()
-        request = httpx.Request("POST", up.url + path, content=req.raw, headers=fwd,
-                                extensions={"timeout": svc.forward_timeout})
         try:
-            resp = await svc.transport.handle_async_request(request)
-            try:
-                content = await resp.aread()
-            finally:
-                await resp.aclose()
+            with svc.outside(up):
+                return await relay_once(svc, up, "POST", path, req.raw, fwd, stream=False)
         except httpx.HTTPError as exc:
-            refused = isinstance(exc, httpx.ConnectError)
-            why = "connect" if refused else f"send_{type(exc).__name__}"
-            svc.metrics.errors.labels(why).inc()
-            if refused:
-                svc.upstream_failed(up)
+            why = failure(svc, up, exc)
             if failed:
                 return error_response(502, f"upstream server failed ({why}), and the retry too",
                                       kind="upstream_error")
             failed = frozenset({up.id})
-            continue
-        if resp.status_code >= 500:
-            svc.metrics.errors.labels("upstream_5xx").inc()
-        reply = Response(content, status_code=resp.status_code)     # content-length only
-        reply.raw_headers.extend(returned_headers(resp, up.id))
-        return reply
+
+
+async def relay_once(svc: RouterService, up: Upstream, method: str, path: str, content: bytes, fwd: list,
+                     stream: bool) -> Response:
+    """One request to one server and its answer, passed unchanged (an SSE answer streamed when
+    `stream`); raises httpx.HTTPError when the server fails before answering."""
+    request = httpx.Request(method, up.url + path, content=content, headers=fwd,
+                            extensions={"timeout": svc.forward_timeout})
+    resp = await svc.transport.handle_async_request(request)
+    if resp.status_code >= 500:
+        svc.metrics.errors.labels("upstream_5xx").inc()
+    out_headers = returned_headers(resp, up.id)
+    if stream and resp.status_code == 200 and resp.headers.get("content-type", "").startswith("text/event-stream"):
+        return RelayResponse(_chunks(svc, resp), out_headers)
+    try:
+        content = await resp.aread()
+    finally:
+        await resp.aclose()
+    reply = Response(content, status_code=resp.status_code)     # content-length only
+    reply.raw_headers.extend(out_headers)
+    return reply
+
+
+def failure(svc: RouterService, up: Upstream, exc: httpx.HTTPError) -> str:
+    """Count a request that failed before its answer; a server that refused the connection leaves rotation."""
+    refused = isinstance(exc, httpx.ConnectError)
+    why = "connect" if refused else f"send_{type(exc).__name__}"
+    svc.metrics.errors.labels(why).inc()
+    if refused:
+        svc.upstream_failed(up)
+    return why
+
+
+async def _chunks(svc: RouterService, resp: httpx.Response) -> AsyncIterator[bytes]:
+    """A stream as it comes; one that breaks ends with an error event, as a completion's does."""
+    try:
+        async for chunk in resp.aiter_raw():
+            yield chunk
+    except httpx.HTTPError as exc:
+        svc.metrics.errors.labels("midstream").inc()
+        yield error_event(f"the upstream stream broke: {type(exc).__name__}")
+    finally:
+        await resp.aclose()

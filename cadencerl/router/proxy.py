@@ -26,6 +26,7 @@ from starlette.types import Receive, Scope, Send
 from cadencerl.router.live import Session
 from cadencerl.router.requests import ApiError, Routed
 from cadencerl.router.service import RouterService
+from cadencerl.router.stored import StreamWatch
 
 WORKER_HEADER = "x-cadencerl-worker"
 HOP_BY_HOP = frozenset({"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailer",
@@ -102,6 +103,8 @@ async def _attempt(svc: RouterService, session: Session, url: str, req: Routed, 
             raise _BeforeFirstToken("read") from None
         finally:
             await resp.aclose()
+        if req.remember and resp.status_code == 200:
+            svc.owners.learn(content, worker)
         svc.release(session, _completion_tokens(content) if resp.status_code == 200 else 0, last=req.last)
         reply = Response(content, status_code=resp.status_code)     # content-length only
         reply.raw_headers.extend(out_headers)
@@ -112,7 +115,8 @@ async def _attempt(svc: RouterService, session: Session, url: str, req: Routed, 
     except httpx.HTTPError:
         await resp.aclose()
         raise _BeforeFirstToken("stream_start") from None
-    return RelayResponse(_relay(svc, session, resp, chunks, first, req.last), out_headers)
+    watch = svc.owners.watch(worker) if req.remember else None
+    return RelayResponse(_relay(svc, session, resp, chunks, first, req.last, watch), out_headers)
 
 
 class RelayResponse(Response):
@@ -156,18 +160,23 @@ class RelayResponse(Response):
 
 
 async def _relay(svc: RouterService, session: Session, resp: httpx.Response, chunks: AsyncIterator[bytes],
-                 first: bytes, last: bool) -> AsyncIterator[bytes]:
+                 first: bytes, last: bool, watch: StreamWatch | None = None) -> AsyncIterator[bytes]:
     """The stream, one chunk behind: the session is released before its final chunk goes out, so a
-    client that sends the next turn as soon as it reads `[DONE]` finds the session parked."""
+    client that sends the next turn as soon as it reads `[DONE]` finds the session parked. `watch`
+    reads the chunks as they pass until it learns the stored response's id (`stored.py`)."""
     generated = 0
     held = first
     released = False
     try:
         async for chunk in chunks:
             generated += _events(held)
+            if watch is not None and watch.feed(held):
+                watch = None
             yield held
             held = chunk
         generated += _events(held)
+        if watch is not None:
+            watch.feed(held)
         svc.release(session, generated, last=last)
         released = True
         yield held
@@ -199,8 +208,9 @@ def _events(chunk: bytes) -> int:
 
 
 def _completion_tokens(content: bytes) -> int:
+    """Tokens generated, from a completion's `usage.completion_tokens` (a response's `output_tokens`)."""
     try:
         usage = json.loads(content).get("usage") or {}
-        return int(usage.get("completion_tokens") or 0)
+        return int(usage.get("completion_tokens") or usage.get("output_tokens") or 0)
     except (ValueError, AttributeError, TypeError):
         return 0

@@ -1,5 +1,7 @@
 """What the router reads from a request: who sent it (session, class), how long its prompt is, and
 whether it is well formed. Bad input is an `ApiError` with an OpenAI-style body, never a crash.
+The prompt is a completion's `prompt`, a chat's `messages`, or a response's `instructions` and
+`input` (with its `previous_response_id`, whose earlier turns the server holds, not the request).
 
 Headers (documented in the README):
   X-Session-Id      ties the turns of one session (without it a request is a single reply, as vllm-router
@@ -67,6 +69,8 @@ class Routed:
     last: bool
     prompt_len: int
     group: int
+    previous_response_id: str | None = None   # /v1/responses: the stored response it continues
+    remember: bool = False                    # /v1/responses and `store` not false: learn its answer's id
 
 
 @dataclass(frozen=True)
@@ -88,18 +92,19 @@ async def read_pass_through(request: Request, max_bytes: int) -> PassThrough:
     return PassThrough(raw, affinity, group, max(1, len(raw) // CHARS_PER_TOKEN))
 
 
-async def read_request(request: Request, chat: bool, classes: dict[str, float], default_class: str,
+async def read_request(request: Request, field: str, classes: dict[str, float], default_class: str,
                        max_bytes: int) -> Routed:
+    """A generating request; `field` names its prompt: `prompt`, `messages` (chat) or `input` (responses)."""
     raw = await _read_body(request, max_bytes)
     try:
-        return _route(raw, request.headers, chat, classes, default_class)
+        return _route(raw, request.headers, field, classes, default_class)
     except RecursionError:     # hashing a prompt nested about a thousand levels deep
         raise ApiError(400, "the body is nested too deeply") from None
 
 
-def _route(raw: bytes, headers, chat: bool, classes: dict[str, float], default_class: str) -> Routed:
+def _route(raw: bytes, headers, field: str, classes: dict[str, float], default_class: str) -> Routed:
     body = _json_object(raw)
-    prompt = _messages(body) if chat else _prompt(body)
+    prompt = _PROMPTS[field](body)
     cls = headers.get(CLASS_HEADER) or default_class
     if cls not in classes:
         raise ApiError(400, f"{CLASS_HEADER}: unknown class {cls!r} (known: {', '.join(classes)})", CLASS_HEADER)
@@ -107,7 +112,9 @@ def _route(raw: bytes, headers, chat: bool, classes: dict[str, float], default_c
     last = headers.get(END_HEADER, "").lower() in ("1", "true", "yes")
     group = _group(repr(prompt).encode())
     affinity = affinity_key(headers, body, key, group)
-    return Routed(raw, bool(body.get("stream", False)), key, affinity, cls, last, _length(prompt), group)
+    previous = body.get("previous_response_id") if field == "input" else None
+    return Routed(raw, bool(body.get("stream", False)), key, affinity, cls, last, _length(prompt), group,
+                  previous, field == "input" and body.get("store") is not False)
 
 
 def _json_object(raw: bytes) -> dict:
@@ -162,18 +169,22 @@ async def _read_body(request: Request, max_bytes: int) -> bytes:
 
 
 def _check_fields(body: dict) -> None:
-    for name in ("max_tokens", "max_completion_tokens"):
+    for name in ("max_tokens", "max_completion_tokens", "max_output_tokens"):
         value = body.get(name)
         if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
             raise ApiError(400, f"{name}: must be a non-negative integer", name)
     n = body.get("n")
     if n is not None and (not isinstance(n, int) or isinstance(n, bool) or n < 1):
         raise ApiError(400, "n: must be a positive integer", "n")
-    if "stream" in body and not isinstance(body["stream"], bool):
-        raise ApiError(400, "stream: must be true or false", "stream")
+    for name in ("stream", "store", "background"):
+        if name in body and not isinstance(body[name], bool):
+            raise ApiError(400, f"{name}: must be true or false", name)
     for name in ("model", "user"):
         if name in body and not isinstance(body[name], str):
             raise ApiError(400, f"{name}: must be a string", name)
+    for name in ("instructions", "previous_response_id"):
+        if body.get(name) is not None and not isinstance(body[name], str):
+            raise ApiError(400, f"{name}: must be a string or null", name)
 
 
 def _prompt(body: dict) -> object:
@@ -203,6 +214,26 @@ def _messages(body: dict) -> object:
     return messages
 
 
+def _input(body: dict) -> list[str]:
+    """A Responses request's prompt text, for its length and prefix group: `instructions`, then
+    `input`, a string or a list of items whose text counts (a message's content, a tool call's
+    arguments, a tool's output). A continuation's earlier turns are on the server, not here."""
+    given = body.get("input")
+    texts = [body["instructions"]] if body.get("instructions") else []
+    if isinstance(given, str) and given:
+        return [*texts, given]
+    if not isinstance(given, list) or not given:
+        raise ApiError(400, "input: required, a non-empty string or list of input items", "input")
+    for i, item in enumerate(given):
+        if not isinstance(item, dict):
+            raise ApiError(400, f"input[{i}]: must be an object", f"input[{i}]")
+        if "content" in item:
+            _content(item["content"], f"input[{i}].content")
+            texts.append(_text(item["content"]))
+        texts.extend(item[k] for k in ("arguments", "output") if isinstance(item.get(k), str))
+    return texts
+
+
 def _content(content: object, where: str) -> None:
     """A message's content as the OpenAI API takes it: text, null, or a list of parts whose text is text."""
     if content is None or isinstance(content, str):
@@ -214,6 +245,9 @@ def _content(content: object, where: str) -> None:
             raise ApiError(400, f"{where}[{j}]: must be an object", f"{where}[{j}]")
         if (part.get("type") == "text" or "text" in part) and not isinstance(part.get("text"), str):
             raise ApiError(400, f"{where}[{j}].text: must be a string", f"{where}[{j}].text")
+
+
+_PROMPTS = {"prompt": _prompt, "messages": _messages, "input": _input}
 
 
 def _length(prompt: object) -> int:

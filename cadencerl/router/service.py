@@ -10,7 +10,8 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 import httpx
 
@@ -23,6 +24,7 @@ from cadencerl.router.live import LiveState, Session
 from cadencerl.router.metrics import RouterMetrics
 from cadencerl.router.requests import ApiError
 from cadencerl.router.settings import RouterSettings
+from cadencerl.router.stored import ResponseOwners
 from cadencerl.router.upstream import Upstream, probe, scrape
 from cadencerl.routing.misa import Admitted, MisaT
 from cadencerl.routing.routers import CacheAware, ConsistentHash, LeastLoadedRouter, RoundRobin, StickyLeastLoaded
@@ -97,6 +99,7 @@ class RouterService:
         self.metrics = RouterMetrics()
         self.waiters: dict[int, asyncio.Future] = {}
         self.groups_seen: list[OrderedDict] = []
+        self.owners = ResponseOwners(settings.max_response_ids)     # stored response id -> worker
         self.client: httpx.AsyncClient | None = None     # health, metrics and /v1/models
         self.transport: ShardedTransport | None = None   # forwarded requests go to it directly
         self.forward_timeout: dict = {}
@@ -159,14 +162,19 @@ class RouterService:
     def _refuse_unfittable(self, now: float) -> None:
         """Capacities change here, once a poll (a server's reported KV, a worker removed), so the
         waiting requests are checked again here: one that no server can hold any more gets the 400 a
-        new one gets from `check_fits` at once, instead of a 429 when --hold-timeout passes."""
+        new one gets from `check_fits` at once, instead of a 429 when --hold-timeout passes; one
+        pinned to a server that left rotation (its stored response is there) gets a 503."""
         largest = self.largest_kv()
-        if not largest or not (self.state.hold or self.state.pending):
+        if not (self.state.hold or self.state.pending):
             return
-        for session in self.state.refuse_longer_than(largest, now):
+        refused = [(s, TooLong(s.traj.context, largest)) for s in
+                   (self.state.refuse_longer_than(largest, now) if largest else [])]
+        refused += [(s, Rejected(503, "no_worker", "the server that holds previous_response_id left rotation"))
+                    for s in self.state.refuse_pinned_to_dead(now)]
+        for session, exc in refused:
             fut = self.waiters.pop(session.traj.id, None)
             if fut is not None and not fut.done():
-                fut.set_exception(TooLong(session.traj.context, largest))
+                fut.set_exception(exc)
 
     async def _poll_forever(self) -> None:
         while True:
@@ -213,21 +221,23 @@ class RouterService:
             raise too_long(prompt_len, field, largest)
 
     async def acquire(self, key: str | None, cls: str, prompt_len: int, group: int,
-                      affinity: str | None = None, field: str = "prompt") -> Session:
+                      affinity: str | None = None, field: str = "prompt", pin: int | None = None) -> Session:
         """Admit (a new session) or place (a continuation) one request; waits in HOLD if it must.
-        `field` names the prompt in the 400 of a request that stops fitting while it waits."""
+        `field` names the prompt in the 400 of a request that stops fitting while it waits. `pin`:
+        the server holding the stored response the request continues; it goes there alone, and its
+        prompt is the new part only (a session's continuation adds it to the context it has)."""
         now = self.now()
         if not any(w.alive for w in self.state.workers):
             self.metrics.rejections.labels("no_worker").inc()
             raise Rejected(503, "no_worker", "no server is up; retry later", self._retry_after())
         session = self.state.session(key)
         if session is not None and session.traj.state is State.TOOL:
-            self.state.continuation(session, prompt_len, now)
+            self.state.continuation(session, prompt_len + (session.traj.context if pin is not None else 0), now, pin)
             kind = "continuation"
         else:
             if session is not None:   # its last request is still in flight: this one is a reply of its own
                 key = None
-            session = self.state.new_session(key, cls, prompt_len, group, now, affinity)
+            session = self.state.new_session(key, cls, prompt_len, group, now, affinity, pin)
             kind = "new"
         self.metrics.requests.labels(session.traj.workload_class, kind).inc()
         self.decide(now)
@@ -278,6 +288,32 @@ class RouterService:
         if worker is None:
             raise Rejected(503, "no_worker", "no server is up; retry later", self._retry_after())
         return self.upstreams[worker]
+
+    @contextmanager
+    def outside(self, up: Upstream) -> Iterator[None]:
+        """A request outside sessions counts in its server's load while it runs (so load-based rules
+        see it), whichever way it ends: answer, error, or the client leaving (a cancellation)."""
+        worker = self.state.workers[up.id]
+        worker.outside += 1
+        try:
+            yield
+        finally:
+            worker.outside -= 1
+
+    def owner(self, response_id: str, field: str, generate: bool = False) -> Upstream:
+        """The server that made (and stores) a response; a 404 naming `field` when the router knows
+        none: not made through it (or not stored), forgotten (the map is bounded), or its server
+        removed. `generate` (a new turn on it): a 503 when that server takes no new requests now."""
+        worker = self.owners.get(response_id)
+        if worker is None or self.upstreams[worker].removed:
+            raise ApiError(404, f"{field}: no stored response {response_id!r} on this router's servers "
+                                "(not made through it, not stored, forgotten, or its server was removed)", field)
+        up = self.upstreams[worker]
+        if generate and not up.routable:
+            self.metrics.rejections.labels("no_worker").inc()
+            raise Rejected(503, "no_worker", f"{field}: the server that holds {response_id!r} takes no new "
+                                             "requests now (down or draining)", self._retry_after())
+        return up
 
     def _retry_after(self) -> int:
         """Seconds a rejected client should wait: a quarter of the hold bound, at least one."""

@@ -47,6 +47,7 @@ class RouterSettings(BaseModel):
     kv_capacity: int = Field(default=1 << 20, gt=0)      # tokens, until a server reports its own
     max_num_seqs: int = Field(default=256, gt=0)
     batch_size: int = Field(default=1024, gt=0)          # the trainer's batch: MISA-T sizes its cohorts by it
+    max_response_ids: int = Field(default=65536, gt=0)  # stored responses whose server the router remembers
 
     @field_validator("workers")
     @classmethod

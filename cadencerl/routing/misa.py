@@ -156,7 +156,7 @@ class MisaT:
         rest waiting on a tool or to be placed: EWMA over looks."""
         sessions = sum(w.sessions for w in view.alive())
         if sessions > 0:
-            share = min(1.0, sum(w.load for w in view.alive()) / sessions)
+            share = min(1.0, sum(len(w.residents) for w in view.alive()) / sessions)
             self.engine_share += SHARE_EWMA * (share - self.engine_share)
 
     def _slot_cap(self, w: Worker) -> float:
@@ -361,7 +361,8 @@ def keep_home(view: PoolView) -> Iterator[Action]:
         total = sum(w.load for w in peers)
         for traj in sorted(view.pending.at(v), key=lambda t: (t.departed_at, t.id)):
             home = view.workers[traj.home] if traj.home is not None else None
-            if home is None or not home.alive or home.version != v or overloaded(home, traj.context):
+            if home is None or not home.alive or home.version != v or overloaded(home, traj.context) \
+                    or traj.pin not in (None, home.id):     # pinned elsewhere: the router places it there
                 continue
             if home.load * len(peers) <= total:    # at or under the mean load
                 yield Place(traj.id, home.id)

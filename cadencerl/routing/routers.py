@@ -44,7 +44,8 @@ def updates_in_place(policy: object) -> bool:
 
 
 class Router:
-    """The routing loop shared by every router: continuations first, then new sessions."""
+    """The routing loop shared by every router: continuations first, then new sessions. A pinned
+    trajectory (`Trajectory.pin`) goes to its worker or waits: no other worker can serve it."""
 
     name = "router"
     kv_transfer = False
@@ -64,13 +65,13 @@ class Router:
             if not workers:
                 continue
             for traj in sorted(view.pending.at(v), key=lambda t: (t.departed_at, t.id)):
-                ok = [w for w in workers if traj.context < w.kv_capacity]
+                ok = [w for w in workers if traj.context < w.kv_capacity and traj.pin in (None, w.id)]
                 if ok:
                     yield Place(traj.id, self.route(view, traj, ok).id)
         while (nxt := view.next_fresh()) is not None:
             open_versions = {v for v in {w.version for w in view.alive()} if view.admissible(v) > 0}
             ok = [w for w in view.alive() if w.version in open_versions and view.accepts_new(w)
-                  and nxt.context < w.kv_capacity]
+                  and nxt.context < w.kv_capacity and nxt.pin in (None, w.id)]
             if not ok:
                 return
             yield Admit(self.route(view, nxt, ok).id, nxt.id)

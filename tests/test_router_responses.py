@@ -1,0 +1,192 @@
+"""The router's Responses API, against stub servers that store responses as vLLM does: admission
+as for completions, `previous_response_id`, GET and cancel pinned to the server that made the
+response, unknown or orphaned ids, bad bodies; and pass-throughs counted in their server's load."""
+
+from __future__ import annotations
+
+import json
+import threading
+
+import httpx
+import pytest
+
+from router_stub import Fleet, settle as _settle
+
+pytestmark = pytest.mark.timeout(60)
+
+ASK = {"model": "tiny", "input": "hello", "max_output_tokens": 3}
+AUTH = {"Authorization": "Bearer secret"}
+
+
+def _events(text: str) -> list[dict]:
+    return [json.loads(line.removeprefix("data: ")) for line in text.splitlines()
+            if line.startswith("data: ") and line != "data: [DONE]"]
+
+
+def test_responses_are_admitted_and_relayed_streaming_and_not() -> None:
+    with Fleet() as f, httpx.Client(base_url=f.url, timeout=10) as c:
+        r = c.post("/v1/responses", json=ASK, headers={"X-Workload-Class": "rlvr", "X-Request-Id": "q1"})
+        assert r.status_code == 200 and r.json()["id"].startswith("resp_") and r.headers["x-request-id"] == "q1"
+        r = c.post("/v1/responses", json={**ASK, "stream": True})
+        events = _events(r.text)
+        assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+        assert [e["type"] for e in events] == ["response.created"] + ["response.output_text.delta"] * 3 + \
+            ["response.completed"]
+        assert len(f.service.owners) == 2 and not f.service.state.live, "both single replies finished"
+        metrics = c.get("/metrics").text
+        assert 'cadencerl_router_admissions_total{workload_class="rlvr"} 1.0' in metrics
+        assert 'cadencerl_router_admissions_total{workload_class="agent"} 1.0' in metrics
+    # the hold queue's bound applies as it does to completions: parked sessions keep MISA-T's slots
+    with Fleet(stubs=1, hold_max=0, session_ttl_s=30, max_num_seqs=1) as f, \
+            httpx.Client(base_url=f.url, timeout=10) as c:
+        codes = [c.post("/v1/responses", json=ASK, headers={"X-Session-Id": f"s{i}"}).status_code for i in range(6)]
+        admitted = codes.index(429)
+        assert admitted >= 1 and set(codes[admitted:]) == {429}
+        assert 'cadencerl_router_rejections_total{reason="hold_full"}' in c.get("/metrics").text
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_previous_response_id_goes_to_the_server_that_made_the_response(stream: bool) -> None:
+    # Round-robin would send each request to the next server, and the stubs 404 an id they do not hold.
+    with Fleet(stubs=3, policy="round-robin") as f, httpx.Client(base_url=f.url, timeout=10) as c:
+        def ask(body: dict, headers: dict | None = None) -> tuple[str, str]:
+            r = c.post("/v1/responses", json={**body, "stream": stream}, headers=headers or {})
+            assert r.status_code == 200, r.text
+            rid = _events(r.text)[0]["response"]["id"] if stream else r.json()["id"]
+            return rid, r.headers["x-cadencerl-worker"]
+
+        for headers in ({}, {"X-Session-Id": "s"}):
+            rid, home = ask(ASK, headers)
+            for turn in range(4):
+                ask(ASK, headers)      # an unrelated request in between moves round-robin on
+                rid, where = ask({**ASK, "input": f"turn {turn}", "previous_response_id": rid}, headers)
+                assert where == home
+        metrics = c.get("/metrics").text
+        assert 'cadencerl_router_requests_total{kind="continuation",workload_class="agent"} 8.0' in metrics, \
+            "with a session key, each turn is the session's next; the others are one-reply sessions"
+        assert f.service.state.session("s").traj.home == int(home)
+
+
+def test_get_and_cancel_go_to_the_server_that_holds_the_response() -> None:
+    with Fleet(stubs=3, policy="round-robin") as f, httpx.Client(base_url=f.url, timeout=10) as c:
+        made = {}
+        for _ in range(3):
+            r = c.post("/v1/responses", json=ASK)
+            made[r.json()["id"]] = r.headers["x-cadencerl-worker"]
+        assert len(set(made.values())) == 3
+        for rid, home in made.items():
+            r = c.get(f"/v1/responses/{rid}", params={"stream": "false"}, headers={"X-Custom": "v"})
+            assert r.status_code == 200 and r.json()["id"] == rid and r.headers["x-cadencerl-worker"] == home
+            assert f.states[int(home)].last_headers["x-custom"] == "v"
+            r = c.post(f"/v1/responses/{rid}/cancel")
+            assert r.status_code == 200 and r.json()["status"] == "cancelled" and r.headers["x-cadencerl-worker"] == home
+        assert not f.service.state.live, "no admission, no session"
+
+
+def test_an_id_the_router_does_not_know_is_a_404_naming_the_field() -> None:
+    with Fleet(stubs=2) as f, httpx.Client(base_url=f.url, timeout=10) as c:
+        unstored = c.post("/v1/responses", json={**ASK, "store": False}).json()["id"]
+        served = sum(sum(s.served.values()) for s in f.states)
+        for rid in ("resp_nope", unstored):
+            for r, param in ((c.get(f"/v1/responses/{rid}"), "response_id"),
+                             (c.post(f"/v1/responses/{rid}/cancel"), "response_id"),
+                             (c.post("/v1/responses", json={**ASK, "previous_response_id": rid}), "previous_response_id")):
+                err = r.json()["error"]
+                assert r.status_code == 404 and err["param"] == param and rid in err["message"]
+        assert sum(sum(s.served.values()) for s in f.states) == served, "no server was asked"
+        assert 'cadencerl_router_errors_total{kind="unknown_response"} 6.0' in c.get("/metrics").text
+        assert not f.service.state.live and not f.service.state.hold
+
+
+def test_a_response_whose_server_left_the_pool_is_a_404_and_a_drained_one_a_503() -> None:
+    with Fleet(stubs=2, policy="round-robin") as f, httpx.Client(base_url=f.url, timeout=10) as c:
+        first, second = (c.post("/v1/responses", json=ASK) for _ in range(2))
+        urls = f.settings.workers
+        drained = urls[int(first.headers["x-cadencerl-worker"])]
+        assert c.post("/admin/workers/drain", json={"url": drained}, headers=AUTH).status_code == 200
+        r = c.post("/v1/responses", json={**ASK, "previous_response_id": first.json()["id"]})
+        assert r.status_code == 503 and r.json()["error"]["type"] == "no_worker" and "retry-after" in r.headers
+        assert c.get(f"/v1/responses/{first.json()['id']}").status_code == 200, "reading it generates nothing"
+        removed = urls[int(second.headers["x-cadencerl-worker"])]
+        assert c.post("/admin/workers/remove", json={"url": removed}, headers=AUTH).status_code == 200
+        for r in (c.get(f"/v1/responses/{second.json()['id']}"),
+                  c.post("/v1/responses", json={**ASK, "previous_response_id": second.json()["id"]})):
+            assert r.status_code == 404 and "removed" in r.json()["error"]["message"]
+
+
+@pytest.mark.parametrize("body, param", [
+    ({"model": "tiny"}, "input"),
+    ({"input": 5}, "input"),
+    ({"input": []}, "input"),
+    ({"input": [1]}, "input[0]"),
+    ({"input": [{"role": "user", "content": 5}]}, "input[0].content"),
+    ({"input": [{"role": "user", "content": [{"type": "input_text", "text": 5}]}]}, "input[0].content[0].text"),
+    ({"input": "x", "instructions": ["x"]}, "instructions"),
+    ({"input": "x", "max_output_tokens": -1}, "max_output_tokens"),
+    ({"input": "x", "previous_response_id": 5}, "previous_response_id"),
+    ({"input": "x", "store": "no"}, "store"),
+    ({"input": "x" * 4 * 64}, "input"),
+    ({"input": "x", "instructions": "x" * 4 * 64}, "input"),
+    ({"input": [{"role": "user", "content": [{"type": "input_text", "text": "x" * 4 * 64}]}]}, "input"),
+])
+def test_a_bad_responses_body_is_a_400_naming_the_field(body: dict, param: str) -> None:
+    with Fleet(stubs=1, kv_capacity=64) as f, httpx.Client(base_url=f.url, timeout=10) as c:
+        r = c.post("/v1/responses", json=body)
+        assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
+        assert sum(f.states[0].served.values()) == 0
+        assert 'cadencerl_router_errors_total{kind="bad_request"} 1.0' in c.get("/metrics").text
+        assert c.post("/v1/responses", json=ASK).status_code == 200
+
+
+def test_the_map_of_stored_responses_is_bounded() -> None:
+    with Fleet(stubs=2, max_response_ids=3) as f, httpx.Client(base_url=f.url, timeout=10) as c:
+        ids = []
+        for i in range(5):      # learned from JSON answers and from streams alike
+            r = c.post("/v1/responses", json={**ASK, "stream": i % 2 == 1})
+            ids.append(_events(r.text)[0]["response"]["id"] if i % 2 else r.json()["id"])
+        assert len(f.service.owners) == 3
+        assert [c.get(f"/v1/responses/{rid}").status_code for rid in ids] == [404, 404, 200, 200, 200]
+
+
+def test_a_stream_watch_learns_an_id_split_across_chunks_and_gives_up_on_none() -> None:
+    from cadencerl.router.stored import MAX_EVENT_BYTES, ResponseOwners
+
+    owners = ResponseOwners(limit=8)
+    event = b'event: response.created\ndata: {"type": "response.created", "response": {"id": "resp_x"}}\n\n'
+    watch = owners.watch(2)
+    assert [watch.feed(event[i:i + 7]) for i in range(0, len(event), 7)][-1] is True
+    assert owners.get("resp_x") == 2
+    watch = owners.watch(1)
+    assert not watch.feed(b'data: {"type": "response.output_text.delta", "delta": "x"}\n\n')
+    assert watch.feed(b"x" * (MAX_EVENT_BYTES + 1)) and len(owners) == 1
+
+
+def test_a_pass_through_counts_in_its_servers_load_until_it_ends() -> None:
+    embed = {"model": "tiny", "input": "hello"}
+    with Fleet(stubs=2, policy="least-loaded-router") as f, httpx.Client(base_url=f.url, timeout=10) as c:
+        workers = f.service.state.workers
+        for s in f.states:
+            s.pooled_delay_s = 0.6
+        for fail in (None, 500):
+            for s in f.states:
+                s.fail_status = fail
+            done = []
+            slow = threading.Thread(target=lambda: done.append(c.post("/v1/embeddings", json=embed)))
+            slow.start()
+            assert _settle(lambda: sum(w.load for w in workers) == 1), "counted while it runs"
+            busy = next(w.id for w in workers if w.load == 1)
+            for s in f.states:
+                s.fail_status = None
+            r = c.post("/v1/completions", json={"prompt": [1, 2], "max_tokens": 2})
+            assert r.headers["x-cadencerl-worker"] == str(1 - busy), "least-loaded sees the embedding"
+            slow.join()
+            assert done[0].status_code == (fail or 200)
+            assert _settle(lambda: sum(w.load for w in workers) == 0), f"released after {fail or 200}"
+        with pytest.raises(httpx.ReadTimeout):
+            c.post("/v1/embeddings", json=embed, timeout=0.2)
+        assert _settle(lambda: sum(w.load for w in workers) == 0), "released when the client leaves"
+        f.stubs[0].stop()
+        for s in f.states:
+            s.pooled_delay_s = 0.0
+        codes = {c.post("/v1/embeddings", json={**embed, "input": f"x{i}"}).status_code for i in range(4)}
+        assert codes == {200} and sum(w.load for w in workers) == 0, "released when the connection fails"
