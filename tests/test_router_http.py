@@ -447,7 +447,9 @@ def test_pass_through_is_placed_by_the_policy_and_retried_once_on_another_server
 
 
 def test_a_pass_through_with_no_other_server_to_retry_on_says_so_and_counts_no_retry() -> None:
-    with Fleet(stubs=1) as f, httpx.Client(base_url=f.url, timeout=10) as c:
+    # no health poll after the first, so the request (not a poll) finds the server gone: a poll
+    # landing first made it a 503 "no server is up" on a loaded machine
+    with Fleet(stubs=1, metrics_interval_s=600) as f, httpx.Client(base_url=f.url, timeout=10) as c:
         f.stubs[0].stop()
         r = c.post("/v1/embeddings", json={"model": "tiny", "input": "hello"})
         assert r.status_code == 502
