@@ -6,6 +6,7 @@ import pytest
 
 from cadencerl.config import ConfigError
 from cadencerl.core.actions import Admit, Advance, Interrupt, Place, UpdateInPlace
+from cadencerl.routing.gated import Gated
 from cadencerl.routing.misa import Admitted, MisaT
 from cadencerl.routing.routers import CacheAware, ConsistentHash, LeastLoadedRouter, RoundRobin, StickyLeastLoaded
 from cadencerl.policies.least_loaded import LeastLoaded
@@ -41,6 +42,44 @@ def test_a_router_places_continuations_first_in_departure_order():
     early.departed_at, late.departed_at = 3.0, 5.0
     acts = pool(RoundRobin(), [worker(0), worker(1)], pending=[late, early], fresh=fresh(1), admitted=2).decide()
     assert acts == [Place(2, 0), Place(1, 1), Admit(0, 100)]
+
+
+class HoldsWorker1:
+    """An admission layer that takes no new session on worker 1 and one in all on worker 0."""
+
+    def open_classes(self, view, version=None):
+        return {"rlvr"}
+
+    def accepts(self, view, w):
+        return w.id == 0
+
+    def remaining(self, view):
+        return max(0, 1 - view.workers[0].sessions)
+
+
+class Held(Gated):
+    def decide(self, view):
+        yield from self.inner.decide(view)
+
+
+def test_a_pinned_request_goes_to_its_worker_or_waits():
+    cont = traj(1, 100)
+    cont.pin = 1
+    acts = pool(LeastLoadedRouter(), [worker(0), loaded(1, 3)], pending=[cont], admitted=1).decide()
+    assert acts == [Place(1, 1)]                  # not the least-loaded worker 0: only 1 holds its state
+    big = traj(2, 20_000)
+    big.pin = 1
+    acts = pool(LeastLoadedRouter(), [worker(0, cap=30_000), worker(1)], pending=[big], admitted=1).decide()
+    assert acts == []                             # its worker cannot hold it, and no other can serve it
+
+
+def test_an_admission_layer_does_not_hold_a_pinned_session_nor_those_queued_behind_it():
+    """A new session pinned to a worker continues state only that worker holds (a stored response):
+    the layer does not hold it, or every new session queued behind it would wait for that worker."""
+    pinned, *rest = fresh(3)
+    pinned.pin = 1
+    acts = pool(Held(HoldsWorker1(), LeastLoadedRouter(), "held"), [worker(0), worker(1)], fresh=[pinned, *rest]).decide()
+    assert acts == [Admit(1, 100), Admit(0, 101)]  # then the layer's one slot is taken: 102 waits
 
 
 # -- how a router's workers take new weights ---------------------------------------------------------

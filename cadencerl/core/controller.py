@@ -197,7 +197,7 @@ class Controller:
         check_fresh(traj)
         check_budget(self.credits, self.trainer.next_batch, w, 1)
         check_fits(w, traj, traj.context, self.queues_at_engine)
-        if self.gate is not None and not self.gate.accepts(self.view(now), w):
+        if self.gate is not None and not self.view(now).accepts_new(w, traj):
             raise ActionError(f"admit on worker {w.id}: the admission layer takes no new session there now")
         self.fresh.take(traj)
         self._start(traj, w, now)

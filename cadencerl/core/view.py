@@ -59,11 +59,14 @@ class PoolView:
         layer says now: 0 is "this version's work is spent" (a worker may move on)."""
         return min(len(self.fresh), self.credits.admissible(version, self.next_batch))
 
-    def admissible(self, version: int) -> int:
+    def admissible(self, version: int, traj: Trajectory | None = None) -> int:
         """Fresh trajectories that may start under `version` now: its budget, within the admission
-        layer's allowance when there is one (a full layer holds work back; it does not spend it)."""
+        layer's allowance when there is one (a full layer holds work back; it does not spend it).
+        A session pinned to a worker (`traj.pin`) passes the layer, as in `accepts_new`."""
         n = self.budget(version)
-        return min(n, self.gate.remaining(self)) if self.gate is not None and n else n
+        if self.gate is None or not n or (traj is not None and traj.pin is not None):
+            return n
+        return min(n, self.gate.remaining(self))
 
     def next_fresh(self, version: int | None = None) -> Trajectory | None:
         """The next new session to admit (under `version`, when the caller knows which it joins):
@@ -79,9 +82,11 @@ class PoolView:
             raise ValueError("an admission layer decides the next session only after each admission")
         return self.fresh.in_order()
 
-    def accepts_new(self, worker: Worker) -> bool:
-        """May `worker` take a new session now? (Continuations are never held.)"""
-        return self.gate is None or self.gate.accepts(self, worker)
+    def accepts_new(self, worker: Worker, traj: Trajectory | None = None) -> bool:
+        """May `worker` take a new session (`traj`, if known) now? Continuations are never held, and
+        neither is a session pinned to `worker`: it continues state only that worker holds (a live
+        router's stored response), so holding it there would hold every session queued behind it."""
+        return self.gate is None or (traj is not None and traj.pin == worker.id) or self.gate.accepts(self, worker)
 
     def alive(self) -> list[Worker]:
         return [w for w in self.workers if w.alive]

@@ -45,7 +45,8 @@ def updates_in_place(policy: object) -> bool:
 
 class Router:
     """The routing loop shared by every router: continuations first, then new sessions. A pinned
-    trajectory (`Trajectory.pin`) goes to its worker or waits: no other worker can serve it."""
+    trajectory (`Trajectory.pin`) goes to its worker or waits: no other worker can serve it; an
+    admission layer does not hold it (`PoolView.accepts_new`)."""
 
     name = "router"
     kv_transfer = False
@@ -69,8 +70,8 @@ class Router:
                 if ok:
                     yield Place(traj.id, self.route(view, traj, ok).id)
         while (nxt := view.next_fresh()) is not None:
-            open_versions = {v for v in {w.version for w in view.alive()} if view.admissible(v) > 0}
-            ok = [w for w in view.alive() if w.version in open_versions and view.accepts_new(w)
+            open_versions = {v for v in {w.version for w in view.alive()} if view.admissible(v, nxt) > 0}
+            ok = [w for w in view.alive() if w.version in open_versions and view.accepts_new(w, nxt)
                   and nxt.context < w.kv_capacity and nxt.pin in (None, w.id)]
             if not ok:
                 return
