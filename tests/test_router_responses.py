@@ -105,13 +105,29 @@ def test_a_response_whose_server_left_the_pool_is_a_404_and_a_drained_one_a_503(
         drained = urls[int(first.headers["x-cadencerl-worker"])]
         assert c.post("/admin/workers/drain", json={"url": drained}, headers=AUTH).status_code == 200
         r = c.post("/v1/responses", json={**ASK, "previous_response_id": first.json()["id"]})
-        assert r.status_code == 503 and r.json()["error"]["type"] == "no_worker" and "retry-after" in r.headers
+        err = r.json()["error"]
+        assert r.status_code == 503 and err["type"] == "no_worker" and "retry-after" in r.headers
+        assert err["param"] == "previous_response_id"
         assert c.get(f"/v1/responses/{first.json()['id']}").status_code == 200, "reading it generates nothing"
         removed = urls[int(second.headers["x-cadencerl-worker"])]
         assert c.post("/admin/workers/remove", json={"url": removed}, headers=AUTH).status_code == 200
         for r in (c.get(f"/v1/responses/{second.json()['id']}"),
                   c.post("/v1/responses", json={**ASK, "previous_response_id": second.json()["id"]})):
             assert r.status_code == 404 and "removed" in r.json()["error"]["message"]
+
+
+def test_a_turn_whose_server_refuses_the_connection_is_a_502_naming_the_field() -> None:
+    # no health poll after the first, so the request (not a poll) finds the server gone
+    with Fleet(stubs=2, policy="round-robin", metrics_interval_s=600) as f, \
+            httpx.Client(base_url=f.url, timeout=10) as c:
+        made = {r.headers["x-cadencerl-worker"]: r.json()["id"] for r in (c.post("/v1/responses", json=ASK)
+                                                                           for _ in range(2))}
+        f.stubs[1].stop()
+        r = c.post("/v1/responses", json={**ASK, "previous_response_id": made["1"]})
+        err = r.json()["error"]
+        assert r.status_code == 502 and err["param"] == "previous_response_id" and made["1"] in err["message"]
+        assert sum(f.states[0].served.values()) == 1, "not retried on a server that does not hold it"
+        assert c.post("/v1/responses", json={**ASK, "previous_response_id": made["0"]}).status_code == 200
 
 
 @pytest.mark.parametrize("body, param", [
@@ -123,6 +139,7 @@ def test_a_response_whose_server_left_the_pool_is_a_404_and_a_drained_one_a_503(
     ({"input": [{"role": "user", "content": [{"type": "input_text", "text": 5}]}]}, "input[0].content[0].text"),
     ({"input": "x", "instructions": ["x"]}, "instructions"),
     ({"input": "x", "max_output_tokens": -1}, "max_output_tokens"),
+    ({"input": "x", "max_output_tokens": 0}, "max_output_tokens"),     # vLLM: "max_tokens must be at least 1"
     ({"input": "x", "previous_response_id": 5}, "previous_response_id"),
     ({"input": "x", "store": "no"}, "store"),
     ({"input": "x" * 4 * 64}, "input"),
@@ -148,17 +165,44 @@ def test_the_map_of_stored_responses_is_bounded() -> None:
         assert [c.get(f"/v1/responses/{rid}").status_code for rid in ids] == [404, 404, 200, 200, 200]
 
 
-def test_a_stream_watch_learns_an_id_split_across_chunks_and_gives_up_on_none() -> None:
-    from cadencerl.router.stored import MAX_EVENT_BYTES, ResponseOwners
+def test_a_stream_reader_learns_the_id_and_counts_usage_not_events() -> None:
+    from cadencerl.router.stored import MAX_EVENT_BYTES, ResponseOwners, ResponseStream
+
+    def event(kind: str, **data) -> bytes:
+        return f"event: {kind}\ndata: {json.dumps({'type': kind, **data})}\n\n".encode()
 
     owners = ResponseOwners(limit=8)
-    event = b'event: response.created\ndata: {"type": "response.created", "response": {"id": "resp_x"}}\n\n'
-    watch = owners.watch(2)
-    assert [watch.feed(event[i:i + 7]) for i in range(0, len(event), 7)][-1] is True
-    assert owners.get("resp_x") == 2
-    watch = owners.watch(1)
-    assert not watch.feed(b'data: {"type": "response.output_text.delta", "delta": "x"}\n\n')
-    assert watch.feed(b"x" * (MAX_EVENT_BYTES + 1)) and len(owners) == 1
+    created = event("response.created", response={"id": "resp_x", "usage": None})
+    framing = [event(k) for k in ("response.in_progress", "response.output_item.added", "response.content_part.added")]
+    deltas = [event("response.output_text.delta", delta=" t") for _ in range(2)]
+    done = event("response.completed", response={"id": "resp_x", "usage": {"output_tokens": 5}})
+    reader = ResponseStream(owners, 2)
+    stream = b"".join([created, *framing, *deltas, done])
+    for i in range(0, len(stream), 7):      # the id and the usage split across chunks
+        reader.feed(stream[i:i + 7])
+    assert owners.get("resp_x") == 2 and reader.generated == 5, "vLLM sends fewer deltas than tokens"
+    broken = ResponseStream(None, 1)        # store false: counts, learns nothing
+    for chunk in (event("response.created", response={"id": "resp_y"}), b"x" * (MAX_EVENT_BYTES + 1), b"x\n",
+                  *framing, *deltas, b"data: [DONE]\n\n"):
+        broken.feed(chunk)
+    assert broken.generated == 2 and owners.get("resp_y") is None and len(owners) == 1
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_session_counts_a_responses_turn_by_its_output_tokens(stream: bool) -> None:
+    # The stub's stream is response.created, 3 deltas, response.completed (usage 3): 5 events.
+    with Fleet(stubs=1, session_ttl_s=30) as f, httpx.Client(base_url=f.url, timeout=10) as c:
+        r = c.post("/v1/responses", json={**ASK, "stream": stream}, headers={"X-Session-Id": "s"})
+        assert r.status_code == 200
+        assert _settle(lambda: f.service.state.session("s").traj.tokens == 3), \
+            f"tokens {f.service.state.session('s').traj.tokens}, not the reply's 3"
+        if stream:
+            f.states[0].break_after = 3         # response.created and two deltas, then the stream breaks
+            rid = _events(r.text)[0]["response"]["id"]
+            r = c.post("/v1/responses", json={**ASK, "stream": True, "previous_response_id": rid},
+                       headers={"X-Session-Id": "s"})
+            assert r.status_code == 200 and "upstream_error" in r.text
+            assert _settle(lambda: f.service.state.session("s").traj.tokens == 5), "a broken stream: its deltas"
 
 
 def test_a_pass_through_counts_in_its_servers_load_until_it_ends() -> None:

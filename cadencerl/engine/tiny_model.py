@@ -25,12 +25,24 @@ from pathlib import Path
 MARKER = "cadencerl-tiny-model.json"
 """Written last, so its presence means the folder is complete."""
 
-FORMAT_VERSION = 1
-"""Bumped whenever the build changes, so that older folders are rebuilt."""
+FORMAT_VERSION = 2
+"""Bumped whenever the build changes, so that older folders are rebuilt (2: the chat template)."""
 _CORPUS_BYTES = 4_000_000
 """How much local text trains the tokenizer: enough for a 4k vocab, small enough to stay fast."""
 
 EOS_TOKEN = "<|endoftext|>"
+
+CHAT_TEMPLATE = (
+    "{%- for message in messages %}"
+    "{{- message['role'] + ': ' + (message['content'] if message['content'] is string else '') + '\\n' }}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- 'assistant: ' }}{%- endif %}"
+)
+"""A plain `role: text` chat template: without one, transformers (and so vLLM) refuses every chat
+request, `/v1/chat/completions` and the Responses API alike ("As of transformers v4.44, default chat
+template is no longer allowed, so you must provide a chat template if the tokenizer does not define
+one."). Plain text, no new special tokens: the vocabulary and the weights stay as they were. Content
+is read as a string, so vLLM joins a message's text parts before rendering it."""
 
 _INIT_STD = 0.1
 """Wider than the usual 0.02: at 0.02 a random tiny model repeats one token greedily, which would
@@ -151,6 +163,7 @@ def _train_tokenizer(out_dir: Path, files: list[Path], vocab_size: int) -> None:
         pad_token=EOS_TOKEN,
         model_max_length=TINY_ARCH.max_position_embeddings,
     )
+    fast.chat_template = CHAT_TEMPLATE
     fast.save_pretrained(out_dir)
 
 

@@ -95,7 +95,7 @@ async def _serve(svc: RouterService, path: str, routed: Routed, headers, field: 
         session = await svc.acquire(routed.session_key, routed.workload_class, routed.prompt_len, routed.group,
                                     routed.affinity, field, pin)
     except Rejected as exc:
-        return error_response(exc.status, str(exc), None, exc.reason, {"Retry-After": str(exc.retry_after)})
+        return error_response(exc.status, str(exc), exc.param, exc.reason, {"Retry-After": str(exc.retry_after)})
     except ApiError as exc:           # an unknown previous response, or it stopped fitting any server's KV
         svc.metrics.errors.labels(UNKNOWN_RESPONSE if exc.status == 404 else "bad_request").inc()
         return exc.response()

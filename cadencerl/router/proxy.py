@@ -26,7 +26,7 @@ from starlette.types import Receive, Scope, Send
 from cadencerl.router.live import Session
 from cadencerl.router.requests import ApiError, Routed
 from cadencerl.router.service import RouterService
-from cadencerl.router.stored import StreamWatch
+from cadencerl.router.stored import ResponseStream
 
 WORKER_HEADER = "x-cadencerl-worker"
 HOP_BY_HOP = frozenset({"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailer",
@@ -76,6 +76,9 @@ async def forward(svc: RouterService, session: Session, path: str, req: Routed, 
                 retried = True
                 continue
             svc.release(session, 0, last=req.last)
+            if req.previous_response_id is not None:    # pinned: no other server holds what it continues
+                raise ApiError(502, f"previous_response_id: the server that holds {req.previous_response_id!r} "
+                                    f"failed ({exc})", "previous_response_id", "upstream_error") from None
             raise ApiError(502, f"upstream server failed ({exc})", kind="upstream_error") from None
         except BaseException:
             svc.release(session, 0, last=req.last)    # never leave a session placed with no request
@@ -115,8 +118,8 @@ async def _attempt(svc: RouterService, session: Session, url: str, req: Routed, 
     except httpx.HTTPError:
         await resp.aclose()
         raise _BeforeFirstToken("stream_start") from None
-    watch = svc.owners.watch(worker) if req.remember else None
-    return RelayResponse(_relay(svc, session, resp, chunks, first, req.last, watch), out_headers)
+    reader = ResponseStream(svc.owners if req.remember else None, worker) if req.responses else None
+    return RelayResponse(_relay(svc, session, resp, chunks, first, req.last, reader), out_headers)
 
 
 class RelayResponse(Response):
@@ -160,37 +163,41 @@ class RelayResponse(Response):
 
 
 async def _relay(svc: RouterService, session: Session, resp: httpx.Response, chunks: AsyncIterator[bytes],
-                 first: bytes, last: bool, watch: StreamWatch | None = None) -> AsyncIterator[bytes]:
+                 first: bytes, last: bool, reader: ResponseStream | None = None) -> AsyncIterator[bytes]:
     """The stream, one chunk behind: the session is released before its final chunk goes out, so a
-    client that sends the next turn as soon as it reads `[DONE]` finds the session parked. `watch`
-    reads the chunks as they pass until it learns the stored response's id (`stored.py`)."""
-    generated = 0
+    client that sends the next turn as soon as it reads `[DONE]` finds the session parked. A
+    Responses stream's `reader` counts its tokens and learns its stored response's id (`stored.py`);
+    a completion's tokens are its events."""
+    events = 0
     held = first
     released = False
+
+    def count(chunk: bytes) -> int:
+        nonlocal events
+        if reader is None:
+            events += _events(chunk)
+        else:
+            reader.feed(chunk)
+        return events if reader is None else reader.generated
+
     try:
         async for chunk in chunks:
-            generated += _events(held)
-            if watch is not None and watch.feed(held):
-                watch = None
+            count(held)
             yield held
             held = chunk
-        generated += _events(held)
-        if watch is not None:
-            watch.feed(held)
-        svc.release(session, generated, last=last)
+        svc.release(session, count(held), last=last)
         released = True
         yield held
     except httpx.HTTPError as exc:
         svc.metrics.errors.labels("midstream").inc()
         if not released:
-            generated += _events(held)
-            svc.release(session, generated, last=last)
+            svc.release(session, count(held), last=last)
             released = True
         yield held                          # what arrived before the break, not yet sent
         yield error_event(f"the upstream stream broke: {type(exc).__name__}")
     finally:
         if not released:
-            svc.release(session, generated, last=last)
+            svc.release(session, count(b""), last=last)
         try:
             await resp.aclose()
         except Exception:  # closing a broken connection may fail again; nothing is left to save

@@ -71,6 +71,7 @@ class Routed:
     group: int
     previous_response_id: str | None = None   # /v1/responses: the stored response it continues
     remember: bool = False                    # /v1/responses and `store` not false: learn its answer's id
+    responses: bool = False                   # /v1/responses: a stream's tokens are its usage, not its events
 
 
 @dataclass(frozen=True)
@@ -114,7 +115,7 @@ def _route(raw: bytes, headers, field: str, classes: dict[str, float], default_c
     affinity = affinity_key(headers, body, key, group)
     previous = body.get("previous_response_id") if field == "input" else None
     return Routed(raw, bool(body.get("stream", False)), key, affinity, cls, last, _length(prompt), group,
-                  previous, field == "input" and body.get("store") is not False)
+                  previous, field == "input" and body.get("store") is not False, field == "input")
 
 
 def _json_object(raw: bytes) -> dict:
@@ -169,10 +170,11 @@ async def _read_body(request: Request, max_bytes: int) -> bytes:
 
 
 def _check_fields(body: dict) -> None:
-    for name in ("max_tokens", "max_completion_tokens", "max_output_tokens"):
+    # 0 new tokens is a completion's `echo` scoring (vLLM takes it); a response with none vLLM refuses
+    for name, least in (("max_tokens", 0), ("max_completion_tokens", 0), ("max_output_tokens", 1)):
         value = body.get(name)
-        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
-            raise ApiError(400, f"{name}: must be a non-negative integer", name)
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < least):
+            raise ApiError(400, f"{name}: must be a {'positive' if least else 'non-negative'} integer", name)
     n = body.get("n")
     if n is not None and (not isinstance(n, int) or isinstance(n, bool) or n < 1):
         raise ApiError(400, "n: must be a positive integer", "n")

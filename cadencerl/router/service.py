@@ -55,9 +55,9 @@ class ShardedTransport(httpx.AsyncBaseTransport):
 class Rejected(Exception):
     """A request the router will not serve now: 429 (hold queue) or 503 (no server)."""
 
-    def __init__(self, status: int, reason: str, message: str, retry_after: int = 1) -> None:
+    def __init__(self, status: int, reason: str, message: str, retry_after: int = 1, param: str | None = None) -> None:
         super().__init__(message)
-        self.status, self.reason, self.retry_after = status, reason, retry_after
+        self.status, self.reason, self.retry_after, self.param = status, reason, retry_after, param
 
 
 class TooLong(Exception):
@@ -169,7 +169,8 @@ class RouterService:
             return
         refused = [(s, TooLong(s.traj.context, largest)) for s in
                    (self.state.refuse_longer_than(largest, now) if largest else [])]
-        refused += [(s, Rejected(503, "no_worker", "the server that holds previous_response_id left rotation"))
+        refused += [(s, Rejected(503, "no_worker", "previous_response_id: the server that holds it left rotation",
+                                  param="previous_response_id"))
                     for s in self.state.refuse_pinned_to_dead(now)]
         for session, exc in refused:
             fut = self.waiters.pop(session.traj.id, None)
@@ -312,7 +313,7 @@ class RouterService:
         if generate and not up.routable:
             self.metrics.rejections.labels("no_worker").inc()
             raise Rejected(503, "no_worker", f"{field}: the server that holds {response_id!r} takes no new "
-                                             "requests now (down or draining)", self._retry_after())
+                                             "requests now (down or draining)", self._retry_after(), field)
         return up
 
     def _retry_after(self) -> int:

@@ -4,7 +4,7 @@ vLLM keeps a Responses API answer on the server that made it (when the request's
 false and the server stores at all), and only that server can continue it (`previous_response_id`),
 return it (`GET /v1/responses/{id}`) or cancel it. The router reads the id from the answer: a JSON
 body's `id`, or in a stream the first event that carries the response object (`response.created`),
-read as the chunks go by, never holding one back. The map is bounded: the oldest ids are forgotten
+read as the chunks go by, never holding one back (the same reader counts the stream's tokens). The map is bounded: the oldest ids are forgotten
 first, and a forgotten id is answered as an unknown one (404), never sent to a server at random.
 """
 
@@ -14,7 +14,7 @@ import json
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
-MAX_EVENT_BYTES = 1 << 20     # a stream whose first events carry no id within this much is not read further
+MAX_EVENT_BYTES = 1 << 20     # a stream line longer than this is not read
 
 
 @dataclass
@@ -45,34 +45,56 @@ class ResponseOwners:
         if isinstance(body, dict) and isinstance(body.get("id"), str) and body["id"]:
             self.add(body["id"], worker)
 
-    def watch(self, worker: int) -> "StreamWatch":
-        return StreamWatch(self, worker)
 
+class ResponseStream:
+    """Reads a relayed Responses SSE stream's chunks as they pass (copies; the relay sends the chunks
+    themselves): the response object's id, learned from the first event that carries it (when
+    `owners`), and the tokens generated: the last `usage.output_tokens` a response object carried
+    (`response.completed`, `.incomplete`, `.failed`), else, for a stream that broke before its end,
+    one per `*.delta` event. Counting every event, as for completions, would count the stream's
+    framing too (`response.created`, `.in_progress`, `.output_item.added`, ...: eight events for a
+    one-token reply from vLLM). A line longer than MAX_EVENT_BYTES is skipped, not buffered."""
 
-class StreamWatch:
-    """Reads a relayed SSE stream's chunks until an event carries the response object's id."""
-
-    def __init__(self, owners: ResponseOwners, worker: int) -> None:
+    def __init__(self, owners: ResponseOwners | None, worker: int) -> None:
         self._owners, self._worker = owners, worker
         self._partial = b""
+        self._skip = False       # the rest of an over-long line is still to come
+        self._deltas = 0
+        self._usage: int | None = None
 
-    def feed(self, chunk: bytes) -> bool:
-        """Read one chunk (a copy; the relay sends the chunk itself); True once done (learned, or given up)."""
+    @property
+    def generated(self) -> int:
+        return self._usage if self._usage is not None else self._deltas
+
+    def feed(self, chunk: bytes) -> None:
         lines = (self._partial + chunk).split(b"\n")
         self._partial = lines.pop()
         for line in lines:
-            if line.startswith(b"data:") and (found := _response_id(line[5:])) is not None:
-                self._owners.add(found, self._worker)
-                return True
-        return len(self._partial) > MAX_EVENT_BYTES
+            if self._skip:
+                self._skip = False
+            elif line.startswith(b"data:"):
+                self._event(line[5:])
+        if len(self._partial) > MAX_EVENT_BYTES:
+            self._partial, self._skip = b"", True
 
-
-def _response_id(data: bytes) -> str | None:
-    """The response object's id in one event's data (`{"type": "response.created", "response": {"id": ...}}`)."""
-    try:
-        event = json.loads(data)
-    except (ValueError, UnicodeDecodeError, RecursionError):
-        return None
-    response = event.get("response") if isinstance(event, dict) else None
-    found = response.get("id") if isinstance(response, dict) else None
-    return found if isinstance(found, str) and found else None
+    def _event(self, data: bytes) -> None:
+        try:
+            event = json.loads(data)
+        except (ValueError, UnicodeDecodeError, RecursionError):
+            return      # `[DONE]`, or not JSON: nothing to read
+        if not isinstance(event, dict):
+            return
+        kind = event.get("type")
+        if isinstance(kind, str) and kind.endswith(".delta"):
+            self._deltas += 1
+        response = event.get("response")
+        if not isinstance(response, dict):
+            return
+        found = response.get("id")
+        if self._owners is not None and isinstance(found, str) and found:
+            self._owners.add(found, self._worker)
+            self._owners = None
+        usage = response.get("usage")
+        tokens = usage.get("output_tokens") if isinstance(usage, dict) else None
+        if isinstance(tokens, int) and not isinstance(tokens, bool) and tokens >= 0:
+            self._usage = tokens

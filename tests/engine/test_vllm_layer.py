@@ -154,8 +154,16 @@ def test_tiny_model_built_and_served(engine_pool: LocalPool, tiny_model_dir: Pat
             async with VLLMClient(url, model=MODEL) as client:
                 assert await client.health()
                 assert await client.check_model() == engine_pool.config.max_model_len
+        # The tokenizer's chat template: without one vLLM answers every chat and Responses request 400
+        # ("default chat template is no longer allowed"), so the router's Responses API had nothing to serve.
+        async with httpx.AsyncClient(base_url=engine_pool.urls[0], timeout=30) as http:
+            chat = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+            for path, body in (("/v1/chat/completions", chat),
+                               ("/v1/responses", {"input": "hi", "instructions": "be brief", "max_output_tokens": 2})):
+                r = await http.post(path, json={"model": MODEL, **body})
+                assert r.status_code == 200, (path, r.text)
 
-    run(scenario(), 30)
+    run(scenario(), 60)
 
 
 @pytest.mark.engine
