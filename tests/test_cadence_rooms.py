@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from cadencerl.config import PolicySpec
 from cadencerl.policies.cadence import Cadence
-from cadencerl.policies.cadence_rooms import RoomIndex, RoomTerms
+from cadencerl.policies.cadence_rooms import RoomIndex
 from tests.pools import traj, worker
 
 pytestmark = pytest.mark.timeout(120)

@@ -11,7 +11,6 @@ from cadencerl.config import load_scenario_dict
 from cadencerl.core.actions import Evict
 from cadencerl.policies import cadence as cadence_mod
 from cadencerl.runs.registry import policy_names
-from cadencerl.runs.simulate import simulate
 from tests.conftest import sim
 
 ACCELS = [("H800", 1), ("A910X", 2), ("BI-V150", 2), ("L40S", 1), ("H100", 1)]

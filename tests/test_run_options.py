@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import importlib.util
+import shutil
 import socket
 import subprocess
+from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
@@ -12,6 +14,7 @@ from typer.testing import CliRunner
 from cadencerl.cli.main import app
 from cadencerl.engine.local_pool import PoolState, SpawnedServer
 from cadencerl.engine.processes import start_ticks
+from cadencerl.engine.server_env import new_rpc_dir, remove_rpc_dir
 
 pytestmark = pytest.mark.timeout(60)
 NEEDS_RAY = pytest.mark.skipif(importlib.util.find_spec("ray") is None, reason="ray is not installed "
@@ -79,19 +82,34 @@ def test_a_ray_pool_error_is_said_once_under_ray(monkeypatch) -> None:
     assert r.exit_code == 2 and r.output.strip() == "error: ray: Failed to look up actor with name 'my-engine-0'."
 
 
-def test_pool_down_counts_only_the_servers_it_stopped(tmp_path) -> None:
-    """A server that had already died was counted: 'stopped 2 servers' with one running."""
+def test_pool_down_counts_only_the_servers_it_stopped_and_removes_their_socket_dirs(tmp_path) -> None:
+    """A server that had already died was counted: 'stopped 2 servers' with one running. Each
+    server's ZMQ socket files (vLLM leaves them behind, about seven a start) go with it."""
     live, dead = (subprocess.Popen(["sleep", "60"], start_new_session=True) for _ in range(2))
+    rpc_dirs = [new_rpc_dir() for _ in range(2)]
     try:
-        servers = [SpawnedServer(i, f"http://127.0.0.1:{i + 1}", i + 1, p.pid, start_ticks(p.pid) or 0, 0, 8192, "log")
-                   for i, p in enumerate((live, dead))]
+        for d in rpc_dirs:
+            (Path(d) / "0f1e2d3c-socket").touch()
+        servers = [SpawnedServer(i, f"http://127.0.0.1:{i + 1}", i + 1, p.pid, start_ticks(p.pid) or 0, 0, 8192, "log",
+                                 rpc_dirs[i]) for i, p in enumerate((live, dead))]
         dead.kill()
         dead.wait()
         PoolState(model_dir=str(tmp_path), servers=servers).write(tmp_path)
         r = CliRunner().invoke(app, ["pool", "down", "--state-dir", str(tmp_path)])
         assert r.exit_code == 0 and r.output.strip() == "stopped 1 server", r.output
         assert live.wait(timeout=10) is not None and PoolState.read(tmp_path) is None
+        assert not any(Path(d).exists() for d in rpc_dirs)
     finally:
         for p in (live, dead):
             p.kill()
             p.wait()
+        for d in rpc_dirs:
+            shutil.rmtree(d, ignore_errors=True)
+
+
+def test_only_a_socket_dir_the_pool_made_is_removed(tmp_path) -> None:
+    """A hand-edited state file cannot make `down` delete an arbitrary folder."""
+    (tmp_path / "keep").mkdir()
+    remove_rpc_dir(str(tmp_path / "keep"))
+    remove_rpc_dir("")
+    assert (tmp_path / "keep").is_dir()

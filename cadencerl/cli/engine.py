@@ -83,8 +83,6 @@ def pool_config(workers: int, kv_tokens: int, max_num_seqs: int, max_model_len: 
 def scenario_pool_config(scenario, local: int, kv_tokens: int | None):
     """Local servers as the scenario's pool describes them (KV per catalog type, CPU quota for the slow
     stand-ins) when `local` is its worker count; else `local` alike servers as before."""
-    from dataclasses import replace
-
     from cadencerl.engine.server_specs import server_specs
 
     specs = server_specs(scenario)
@@ -157,7 +155,7 @@ def pool_up(workers: int = typer.Option(2, "--workers", help="servers to start (
         urls = ray_up(load_scenario(scenario, config, {}), ray, default_model_dir(), max_model_len)
         state_dir.mkdir(parents=True, exist_ok=True)
         (state_dir / "urls.txt").write_text(",".join(urls) + "\n")
-        console(True).print(f"{len(urls)} servers up as Ray actors; stop them with `cadencerl pool down --ray {ray}`")
+        console(True).print(f"{server_count(len(urls))} up as Ray actors; stop them with `cadencerl pool down --ray {ray}`")
         typer.echo(",".join(urls))
         return
     if running := running_servers(state_dir):          # LocalPool.start would stop them without a word
@@ -177,7 +175,7 @@ def pool_up(workers: int = typer.Option(2, "--workers", help="servers to start (
     pin_servers(pool.servers)
     urls = ",".join(pool.urls)
     (pool.state_dir / "urls.txt").write_text(urls + "\n")
-    console(True).print(f"{workers} servers up; stop them with `cadencerl pool down --state-dir {state_dir}`")
+    console(True).print(f"{server_count(workers)} up; stop them with `cadencerl pool down --state-dir {state_dir}`")
     typer.echo(urls)
 
 
@@ -188,6 +186,11 @@ def running_servers(state_dir: Path) -> list[str]:
 
     state = PoolState.read(state_dir)
     return [s.url for s in state.servers if pid_alive(s.pid) and same_process(s.pid, s.start_ticks)] if state else []
+
+
+def server_count(n: int) -> str:
+    """"1 server", "2 servers"."""
+    return f"{n} server{'' if n == 1 else 's'}"
 
 
 def pool_down(state_dir: Path = StateDirOpt,
@@ -204,7 +207,7 @@ def pool_down(state_dir: Path = StateDirOpt,
     except PoolError as exc:
         fail(f"pool: {exc}")
     (state_dir / "urls.txt").unlink(missing_ok=True)
-    console(True).print(f"stopped {len(stopped)} server{'' if len(stopped) == 1 else 's'}")
+    console(True).print(f"stopped {server_count(len(stopped))}")
 
 
 def workers_or_local(workers: str | None, local: int | None, ray: str | None = None) -> None:

@@ -12,7 +12,8 @@ Why this shape:
 - The interpreter that runs vLLM may differ from the caller's (vLLM pins its own torch): it is
   `PoolConfig.python`, else `$CADENCERL_VLLM_PYTHON`, else the current one. The model is built by
   that interpreter too, so the caller needs neither torch nor transformers.
-- Servers bind 127.0.0.1 only.
+- Servers bind 127.0.0.1 only. Their environment, and the directory each one's ZMQ socket files
+  go to (removed at `down`), are `server_env`'s.
 """
 
 from __future__ import annotations
@@ -35,12 +36,12 @@ import httpx
 from cadencerl.engine.cpu_quota import CpuQuota, QuotaError
 from cadencerl.engine.processes import (free_port, group_members, same_process, start_ticks, term_with_parent,
                                          wait_groups_gone)
+from cadencerl.engine.server_env import new_rpc_dir, pythonpath, remove_rpc_dir, server_env
 from cadencerl.engine.tiny_model import TINY_ARCH, ModelArch, is_built
 
 SERVED_MODEL_NAME = "tiny"
 STATE_FILE = "pool.json"
 HOST = "127.0.0.1"
-_REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 class PoolError(RuntimeError):
@@ -145,6 +146,7 @@ class SpawnedServer:
     core: int
     kv_tokens: int
     log_path: str
+    rpc_dir: str = ""        # its ZMQ socket files (`server_env`); removed at `down`
 
 
 @dataclass
@@ -249,7 +251,7 @@ class LocalPool:
             "--seed",
             str(self.config.seed),
         ]
-        env = {**os.environ, "PYTHONPATH": _pythonpath()}
+        env = {**os.environ, "PYTHONPATH": pythonpath()}
         result = subprocess.run(
             cmd, check=False, env=env, capture_output=True, text=True, timeout=300
         )
@@ -284,7 +286,8 @@ class LocalPool:
         cmd = [vllm_python(cfg.python), "-m", "vllm.entrypoints.openai.api_server"]
         cmd += [item for pair in options.items() for item in pair] + switches
         cmd += list(cfg.extra_args)
-        env = _server_env(core, cfg.weight_routes)
+        rpc_dir = new_rpc_dir()
+        env = server_env(core, cfg.weight_routes, rpc_dir)
         with open(log_path, "wb") as log:
             proc = subprocess.Popen(
                 cmd,
@@ -306,6 +309,7 @@ class LocalPool:
             core=core,
             kv_tokens=kv_tokens,
             log_path=str(log_path),
+            rpc_dir=rpc_dir,
         )
 
     def _wait_healthy(self) -> None:
@@ -367,30 +371,10 @@ def down(
     for group in state.cgroups:
         with contextlib.suppress(OSError):
             os.rmdir(group)           # empty now: its processes are gone
+    for server in state.servers:
+        remove_rpc_dir(server.rpc_dir)
     (state_dir / STATE_FILE).unlink(missing_ok=True)
     return running
-
-
-def _pythonpath() -> str:
-    existing = os.environ.get("PYTHONPATH")
-    return f"{_REPO_ROOT}{os.pathsep}{existing}" if existing else str(_REPO_ROOT)
-
-
-def _server_env(core: int, weight_routes: bool) -> dict[str, str]:
-    env = dict(os.environ)
-    env.pop("VLLM_CPU_KVCACHE_SPACE", None)  # would override --kv-cache-memory-bytes
-    env.pop("VLLM_SERVER_DEV_MODE", None)
-    if weight_routes:
-        env["VLLM_SERVER_DEV_MODE"] = "1"
-    env.update(
-        VLLM_CPU_OMP_THREADS_BIND=str(core),
-        HF_HUB_OFFLINE="1",
-        TRANSFORMERS_OFFLINE="1",
-        VLLM_NO_USAGE_STATS="1",
-        DO_NOT_TRACK="1",
-        PYTHONUNBUFFERED="1",
-    )
-    return env
 
 
 def _log_tail(path: str, lines: int = 15) -> str:

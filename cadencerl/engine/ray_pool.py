@@ -19,7 +19,6 @@ Why this shape:
 
 from __future__ import annotations
 
-import os
 import shutil
 import socket
 import tempfile
@@ -28,12 +27,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from cadencerl.engine.local_pool import LocalPool, PoolConfig, PoolError, longest_model_len, vllm_python
+from cadencerl.engine.server_env import pythonpath
 from cadencerl.engine.server_specs import ServerSpec
 
 RESOURCE_PREFIX = "accelerator_type:"
 NAMESPACE = "cadencerl"
 ACTOR_PREFIX = "cadencerl-vllm-"
-_REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 def accelerator_resource(accelerator: str) -> str:
@@ -171,9 +170,8 @@ def connect(address: str | None, namespace: str = NAMESPACE) -> None:
             socket.create_connection((host.strip("[]"), int(port)), timeout=10).close()
         except (OSError, OverflowError) as exc:
             raise ConnectionError(f"no Ray cluster answers at {address} ({exc})") from None
-    path = os.pathsep.join(p for p in (str(_REPO_ROOT), os.environ.get("PYTHONPATH")) if p)
     ray.init(address=address or "auto", namespace=namespace, log_to_driver=False,
-             runtime_env={"env_vars": {"PYTHONPATH": path}})
+             runtime_env={"env_vars": {"PYTHONPATH": pythonpath()}})
 
 
 def attach(names: Sequence[str], address: str | None = None, namespace: str = NAMESPACE,

@@ -15,7 +15,6 @@ from collections.abc import Iterator
 from cadencerl.config import ConfigError, Scenario
 from cadencerl.core.actions import Action, Advance
 from cadencerl.core.view import PoolView
-from cadencerl.core.worker import Worker
 from cadencerl.policies.base import GroupAffinity, admit_fresh, advance_idle, grouped, move, pack, place_pending
 from cadencerl.policies.least_loaded import least_loaded
 

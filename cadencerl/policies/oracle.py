@@ -17,7 +17,6 @@ import numpy as np
 
 from cadencerl.core.actions import Action, Admit
 from cadencerl.core.spec import TrajectorySpec, total_tokens
-from cadencerl.core.trajectory import Trajectory
 from cadencerl.core.view import PoolView
 from cadencerl.core.worker import Worker
 from cadencerl.hardware.perf import WorkerPerf

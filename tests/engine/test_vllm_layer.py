@@ -342,8 +342,10 @@ def test_killed_server_gives_error_and_down_leaves_nothing(
                 assert outcome.token_ids == streamed and len(streamed) >= 8
 
         run(scenario(), 120)
+        assert any(Path(server.rpc_dir).iterdir()), "vLLM's socket files go to the server's own folder"
         # What a separate `cadencerl ... down` would do: only the state dir is needed.
         assert down(pool.state_dir) == [server.pid]
+        assert not Path(server.rpc_dir).exists(), "and go with it"
         assert [pid for pid in members if pid_alive(pid)] == []
         assert group_members(server.pid) == []
         assert not (pool.state_dir / STATE_FILE).exists()
