@@ -4,8 +4,9 @@ vLLM keeps a Responses API answer on the server that made it (when the request's
 false and the server stores at all), and only that server can continue it (`previous_response_id`),
 return it (`GET /v1/responses/{id}`) or cancel it. The router reads the id from the answer: a JSON
 body's `id`, or in a stream the first event that carries the response object (`response.created`),
-read as the chunks go by, never holding one back (the same reader counts the stream's tokens). The map is bounded: the oldest ids are forgotten
-first, and a forgotten id is answered as an unknown one (404), never sent to a server at random.
+read as the chunks go by, never holding one back (the same reader counts the stream's tokens). The
+map is bounded: the oldest ids are forgotten first, and a forgotten id is answered as an unknown one
+(404), never sent to a server at random.
 """
 
 from __future__ import annotations
