@@ -218,6 +218,8 @@ def test_a_pass_through_counts_in_its_servers_load_until_it_ends() -> None:
             slow = threading.Thread(target=lambda: done.append(c.post("/v1/embeddings", json=embed)))
             slow.start()
             assert _settle(lambda: sum(w.load for w in workers) == 1), "counted while it runs"
+            # the router counts it before the stub reads it: the stub decides its answer on reading
+            assert _settle(lambda: sum(s.running for s in f.states) == 1), "the stub has read it"
             busy = next(w.id for w in workers if w.load == 1)
             for s in f.states:
                 s.fail_status = None
