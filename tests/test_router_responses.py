@@ -127,6 +127,7 @@ def test_a_turn_whose_server_refuses_the_connection_is_a_502_naming_the_field() 
         err = r.json()["error"]
         assert r.status_code == 502 and err["param"] == "previous_response_id" and made["1"] in err["message"]
         assert sum(f.states[0].served.values()) == 1, "not retried on a server that does not hold it"
+        assert "cadencerl_router_retries_total 0.0" in c.get("/metrics").text, "nor counted as retried"
         assert c.post("/v1/responses", json={**ASK, "previous_response_id": made["0"]}).status_code == 200
 
 

@@ -342,12 +342,13 @@ class RouterService:
                 fut.set_result(None)
 
     async def reroute(self, session: Session, failed: int) -> bool:
-        """Retry a request that failed before its first token, once, on another server."""
-        self.metrics.retries.inc()
+        """Retry a request that failed before its first token, once, on another server; counted as
+        a retry only when one took it (a pinned request, or a pool with no other server up, has none)."""
         now = self.now()
         self.state.bounce(session, now)
         self.decide(now, exclude=frozenset({failed}))
         if session.traj.state is State.RESIDENT:
+            self.metrics.retries.inc()
             return True
         self.state.drop_pending(session, now)
         return False
