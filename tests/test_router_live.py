@@ -214,3 +214,30 @@ def test_waiting_sessions_longer_than_a_limit_are_withdrawn_held_or_pending() ->
     assert long.traj.state is State.DONE and parked.traj.state is State.DONE and st.workers[0].sessions == 0
     assert [t.id for t in st.hold.in_order()] == [short.traj.id] and len(st.pending) == 0
     assert set(st.live) == {short.traj.id} and st.completed["agent"] == 1
+
+
+def test_waiting_sessions_pinned_to_a_worker_that_left_or_cannot_hold_them_are_withdrawn() -> None:
+    st = _state(policy="round-robin", workers=3)
+    st.workers[1].kv_capacity = 200
+    dead, big, fits, free = (st.new_session(None, "rlvr", n, group=i, pin=pin)
+                             for i, (n, pin) in enumerate(((10, 0), (300, 1), (100, 1), (300, None))))
+    st.workers[0].alive = False
+    assert st.refuse_pinned_to_dead(0.1) == [dead]
+    assert st.refuse_pinned_too_long(0.1) == [big]
+    assert dead.traj.state is State.DONE and big.traj.state is State.DONE
+    assert [t.id for t in st.hold.in_order()] == [fits.traj.id, free.traj.id]
+    assert st.decide(0.2) == [Admit(1, fits.traj.id), Admit(2, free.traj.id)]
+
+
+def test_misa_caps_do_not_hold_a_pinned_session_but_its_class_gate_still_does() -> None:
+    st = _state(workers=2)
+    for w in st.workers:
+        w.max_num_seqs = 2
+    first = [st.new_session(f"s{i}", "rlvr", 50, group=i) for i in range(6)]
+    st.decide(0.0)
+    for s in [s for s in first if s.traj.state is State.FRESH]:
+        st.withdraw(s)                                   # the caps are full: the rest were held
+    pinned = st.new_session(None, "rlvr", 50, group=98, pin=0)
+    assert st.decide(0.1) == [Admit(0, pinned.traj.id)], "its worker's cap does not hold it"
+    second = st.new_session(None, "rlvr", 50, group=99, pin=1)
+    assert st.decide(0.2) == [] and second.traj.state is State.FRESH, "its class is over its quota now"

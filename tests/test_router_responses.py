@@ -127,6 +127,7 @@ def test_a_turn_whose_server_refuses_the_connection_is_a_502_naming_the_field() 
         err = r.json()["error"]
         assert r.status_code == 502 and err["param"] == "previous_response_id" and made["1"] in err["message"]
         assert sum(f.states[0].served.values()) == 1, "not retried on a server that does not hold it"
+        assert "cadencerl_router_retries_total 0.0" in c.get("/metrics").text, "nor counted as retried"
         assert c.post("/v1/responses", json={**ASK, "previous_response_id": made["0"]}).status_code == 200
 
 
@@ -218,6 +219,8 @@ def test_a_pass_through_counts_in_its_servers_load_until_it_ends() -> None:
             slow = threading.Thread(target=lambda: done.append(c.post("/v1/embeddings", json=embed)))
             slow.start()
             assert _settle(lambda: sum(w.load for w in workers) == 1), "counted while it runs"
+            # the router counts it before the stub reads it: the stub decides its answer on reading
+            assert _settle(lambda: sum(s.running for s in f.states) == 1), "the stub has read it"
             busy = next(w.id for w in workers if w.load == 1)
             for s in f.states:
                 s.fail_status = None
@@ -234,3 +237,45 @@ def test_a_pass_through_counts_in_its_servers_load_until_it_ends() -> None:
             s.pooled_delay_s = 0.0
         codes = {c.post("/v1/embeddings", json={**embed, "input": f"x{i}"}).status_code for i in range(4)}
         assert codes == {200} and sum(w.load for w in workers) == 0, "released when the connection fails"
+
+
+@pytest.mark.parametrize("why", ["left", "too_long"])
+def test_a_waiting_turn_no_decision_can_place_on_its_server_is_refused_at_the_poll_and_holds_no_one_up(
+        why: str) -> None:
+    """A turn pinned to a server waits at the head of the hold queue while that server is out of
+    rotation or too small for it, and every new session waits behind it: the next poll refuses it
+    (503 or 400, naming the field) and the sessions behind it are admitted."""
+    import asyncio
+
+    from cadencerl.router.requests import ApiError
+    from cadencerl.router.service import Rejected, RouterService
+    from cadencerl.router.settings import make_settings
+
+    svc = RouterService(make_settings(workers=["http://127.0.0.1:9", "http://127.0.0.1:10"], policy="round-robin"))
+    pinned_to = svc.state.workers[0]
+
+    async def run():
+        if why == "left":
+            pinned_to.alive = False
+        else:
+            pinned_to.kv_capacity = 64
+        pinned = asyncio.ensure_future(svc.acquire(None, "rlvr", 100, 1, field="input", pin=0))
+        behind = asyncio.ensure_future(svc.acquire(None, "rlvr", 100, 2))
+        await asyncio.sleep(0.05)
+        assert not pinned.done() and not behind.done(), "the pinned head holds the session behind it"
+        svc._refuse_unfittable(svc.now())
+        svc.decide()
+        session = await asyncio.wait_for(behind, 1.0)
+        assert session.traj.worker == 1
+        with pytest.raises((Rejected, ApiError)) as info:
+            await asyncio.wait_for(pinned, 1.0)
+        return info.value
+
+    exc = asyncio.run(run())
+    if why == "left":
+        assert isinstance(exc, Rejected) and (exc.status, exc.param) == (503, "previous_response_id")
+        assert exc.retry_after == svc._retry_after()
+        assert svc.metrics.rejections.labels("no_worker")._value.get() == 1
+    else:
+        assert isinstance(exc, ApiError) and (exc.status, exc.param) == (400, "input") and "63 at most" in exc.message
+    assert not svc.waiters and len(svc.state.live) == 1

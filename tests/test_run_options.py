@@ -6,13 +6,14 @@ import importlib.util
 import shutil
 import socket
 import subprocess
+import tempfile
 from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
 
 from cadencerl.cli.main import app
-from cadencerl.engine.local_pool import PoolState, SpawnedServer
+from cadencerl.engine.local_pool import LocalPool, PoolConfig, PoolState, SpawnedServer
 from cadencerl.engine.processes import start_ticks
 from cadencerl.engine.server_env import new_rpc_dir, remove_rpc_dir
 
@@ -113,3 +114,15 @@ def test_only_a_socket_dir_the_pool_made_is_removed(tmp_path) -> None:
     remove_rpc_dir(str(tmp_path / "keep"))
     remove_rpc_dir("")
     assert (tmp_path / "keep").is_dir()
+
+
+def test_a_server_that_fails_to_spawn_leaves_no_socket_dir(tmp_path, monkeypatch) -> None:
+    """The socket dir is made before the server's process: when the process cannot start, no state
+    file records it, so `down` cannot remove it; the spawn does."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
+    (tmp_path / "tmp").mkdir()
+    monkeypatch.setattr(LocalPool, "_build_model", lambda self: None)
+    pool = LocalPool(tmp_path / "state", PoolConfig(num_workers=1, python=str(tmp_path / "no-such-python")))
+    with pytest.raises(FileNotFoundError):
+        pool.start()
+    assert list((tmp_path / "tmp").iterdir()) == []

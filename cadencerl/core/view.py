@@ -62,7 +62,8 @@ class PoolView:
     def admissible(self, version: int, traj: Trajectory | None = None) -> int:
         """Fresh trajectories that may start under `version` now: its budget, within the admission
         layer's allowance when there is one (a full layer holds work back; it does not spend it).
-        A session pinned to a worker (`traj.pin`) passes the layer, as in `accepts_new`."""
+        A session pinned to a worker (`traj.pin`) passes the layer's caps, as in `accepts_new` (the
+        layer's class gate, `next_fresh`, still decides when its class's turn comes)."""
         n = self.budget(version)
         if self.gate is None or not n or (traj is not None and traj.pin is not None):
             return n

@@ -288,17 +288,21 @@ class LocalPool:
         cmd += list(cfg.extra_args)
         rpc_dir = new_rpc_dir()
         env = server_env(core, cfg.weight_routes, rpc_dir)
-        with open(log_path, "wb") as log:
-            proc = subprocess.Popen(
-                cmd,
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                env=env,
-                start_new_session=True,
-                cwd=self.state_dir,
-                preexec_fn=term_with_parent if cfg.die_with_parent else None,
-            )
+        try:
+            with open(log_path, "wb") as log:
+                proc = subprocess.Popen(
+                    cmd,
+                    stdin=subprocess.DEVNULL,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    env=env,
+                    start_new_session=True,
+                    cwd=self.state_dir,
+                    preexec_fn=term_with_parent if cfg.die_with_parent else None,
+                )
+        except BaseException:
+            remove_rpc_dir(rpc_dir)     # no server, no state-file record: `down` would never see it
+            raise
         self._procs.append(proc)
         return SpawnedServer(
             index=index,

@@ -147,6 +147,11 @@ class LiveState:
         head of the hold queue would otherwise hold every session behind it until the wait bound."""
         return self.refuse_waiting(lambda t: t.pin is not None and not self.workers[t.pin].alive, now)
 
+    def refuse_pinned_too_long(self, now: float) -> list[Session]:
+        """The waiting sessions pinned to a worker whose KV cannot hold their context, withdrawn
+        likewise: no decision would place them (the routers place a pinned one on its worker only)."""
+        return self.refuse_waiting(lambda t: t.pin is not None and t.context >= self.workers[t.pin].kv_capacity, now)
+
     def refuse_waiting(self, test: Callable[[Trajectory], bool], now: float) -> list[Session]:
         """Withdraw the held and pending sessions whose trajectory passes `test`; those withdrawn."""
         held = [self.live[t.id] for t in self.hold.in_order() if test(t)]

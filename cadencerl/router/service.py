@@ -162,16 +162,23 @@ class RouterService:
     def _refuse_unfittable(self, now: float) -> None:
         """Capacities change here, once a poll (a server's reported KV, a worker removed), so the
         waiting requests are checked again here: one that no server can hold any more gets the 400 a
-        new one gets from `check_fits` at once, instead of a 429 when --hold-timeout passes; one
-        pinned to a server that left rotation (its stored response is there) gets a 503."""
+        new one gets from `check_fits` at once, instead of a 429 when --hold-timeout passes. One
+        pinned to a server (its stored response is there) gets a 503 when that server left
+        rotation, and a 400 when its KV cannot hold the request: no other server can take it, and
+        held new, it would hold every new session queued behind it."""
         largest = self.largest_kv()
         if not (self.state.hold or self.state.pending):
             return
-        refused = [(s, TooLong(s.traj.context, largest)) for s in
-                   (self.state.refuse_longer_than(largest, now) if largest else [])]
-        refused += [(s, Rejected(503, "no_worker", "previous_response_id: the server that holds it left rotation",
-                                  param="previous_response_id"))
-                    for s in self.state.refuse_pinned_to_dead(now)]
+        refused: list[tuple[Session, BaseException]] = [
+            (s, TooLong(s.traj.context, largest)) for s in (self.state.refuse_longer_than(largest, now) if largest else [])]
+        for s in self.state.refuse_pinned_to_dead(now):
+            self.metrics.rejections.labels("no_worker").inc()
+            refused.append((s, Rejected(503, "no_worker", "previous_response_id: the server that holds it left "
+                                        "rotation", self._retry_after(), "previous_response_id")))
+        for s in self.state.refuse_pinned_too_long(now):        # counted where it is answered (`app._serve`)
+            kv = self.state.workers[s.traj.pin].kv_capacity
+            refused.append((s, ApiError(400, f"input: about {s.traj.context} tokens in all, more than the server "
+                                             f"that holds previous_response_id can hold ({kv - 1} at most)", "input")))
         for session, exc in refused:
             fut = self.waiters.pop(session.traj.id, None)
             if fut is not None and not fut.done():
@@ -342,12 +349,13 @@ class RouterService:
                 fut.set_result(None)
 
     async def reroute(self, session: Session, failed: int) -> bool:
-        """Retry a request that failed before its first token, once, on another server."""
-        self.metrics.retries.inc()
+        """Retry a request that failed before its first token, once, on another server; counted as
+        a retry only when one took it (a pinned request, or a pool with no other server up, has none)."""
         now = self.now()
         self.state.bounce(session, now)
         self.decide(now, exclude=frozenset({failed}))
         if session.traj.state is State.RESIDENT:
+            self.metrics.retries.inc()
             return True
         self.state.drop_pending(session, now)
         return False

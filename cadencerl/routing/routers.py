@@ -46,7 +46,7 @@ def updates_in_place(policy: object) -> bool:
 class Router:
     """The routing loop shared by every router: continuations first, then new sessions. A pinned
     trajectory (`Trajectory.pin`) goes to its worker or waits: no other worker can serve it; an
-    admission layer does not hold it (`PoolView.accepts_new`)."""
+    admission layer's caps do not hold it (`PoolView.accepts_new`), its class gate still may."""
 
     name = "router"
     kv_transfer = False
