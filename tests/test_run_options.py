@@ -110,10 +110,11 @@ def test_pool_down_counts_only_the_servers_it_stopped_and_removes_their_socket_d
 
 def test_only_a_socket_dir_the_pool_made_is_removed(tmp_path) -> None:
     """A hand-edited state file cannot make `down` delete an arbitrary folder."""
-    (tmp_path / "keep").mkdir()
-    remove_rpc_dir(str(tmp_path / "keep"))
+    for name in ("keep", "cadencerl-rpc-lookalike"):
+        (tmp_path / name).mkdir()
+        remove_rpc_dir(str(tmp_path / name))
+        assert (tmp_path / name).is_dir()
     remove_rpc_dir("")
-    assert (tmp_path / "keep").is_dir()
 
 
 def test_a_server_that_fails_to_spawn_leaves_no_socket_dir(tmp_path, monkeypatch) -> None:

@@ -30,8 +30,9 @@ def new_rpc_dir() -> str:
 
 
 def remove_rpc_dir(path: str) -> None:
-    """Delete a server's socket directory (only one this module made; a state file from before has none)."""
-    if path and Path(path).name.startswith(RPC_PREFIX):
+    """Delete a server's socket directory: only one this module made (in the temp folder, with its
+    prefix), so a hand-edited state file cannot name another; a state file from before has none."""
+    if path and Path(path).name.startswith(RPC_PREFIX) and Path(path).parent == Path(tempfile.gettempdir()):
         shutil.rmtree(path, ignore_errors=True)
 
 
