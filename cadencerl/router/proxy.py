@@ -118,7 +118,7 @@ async def _attempt(svc: RouterService, session: Session, url: str, req: Routed, 
     except httpx.HTTPError:
         await resp.aclose()
         raise _BeforeFirstToken("stream_start") from None
-    reader = ResponseStream(svc.owners if req.remember else None, worker) if req.responses else None
+    reader = ResponseStream(svc.owners if req.remember else None, worker) if req.responses else EventCount()
     return RelayResponse(_relay(svc, session, resp, chunks, first, req.last, reader), out_headers)
 
 
@@ -162,42 +162,44 @@ class RelayResponse(Response):
             await self.body_iterator.aclose()
 
 
+class EventCount:
+    """A completion stream's tokens: its SSE events (vLLM streams about one token per event)."""
+
+    def __init__(self) -> None:
+        self.generated = 0
+
+    def feed(self, chunk: bytes) -> None:
+        self.generated += chunk.count(b"data: ") - chunk.count(b"data: [DONE]")
+
+
 async def _relay(svc: RouterService, session: Session, resp: httpx.Response, chunks: AsyncIterator[bytes],
-                 first: bytes, last: bool, reader: ResponseStream | None = None) -> AsyncIterator[bytes]:
+                 first: bytes, last: bool, reader: EventCount | ResponseStream) -> AsyncIterator[bytes]:
     """The stream, one chunk behind: the session is released before its final chunk goes out, so a
-    client that sends the next turn as soon as it reads `[DONE]` finds the session parked. A
-    Responses stream's `reader` counts its tokens and learns its stored response's id (`stored.py`);
-    a completion's tokens are its events."""
-    events = 0
+    client that sends the next turn as soon as it reads `[DONE]` finds the session parked. `reader`
+    counts the tokens as the chunks pass (a Responses stream's also learns its stored response's
+    id, `stored.py`)."""
     held = first
     released = False
-
-    def count(chunk: bytes) -> int:
-        nonlocal events
-        if reader is None:
-            events += _events(chunk)
-        else:
-            reader.feed(chunk)
-        return events if reader is None else reader.generated
-
     try:
         async for chunk in chunks:
-            count(held)
+            reader.feed(held)
             yield held
             held = chunk
-        svc.release(session, count(held), last=last)
+        reader.feed(held)
+        svc.release(session, reader.generated, last=last)
         released = True
         yield held
     except httpx.HTTPError as exc:
         svc.metrics.errors.labels("midstream").inc()
         if not released:
-            svc.release(session, count(held), last=last)
+            reader.feed(held)
+            svc.release(session, reader.generated, last=last)
             released = True
         yield held                          # what arrived before the break, not yet sent
         yield error_event(f"the upstream stream broke: {type(exc).__name__}")
     finally:
         if not released:
-            svc.release(session, count(b""), last=last)
+            svc.release(session, reader.generated, last=last)
         try:
             await resp.aclose()
         except Exception:  # closing a broken connection may fail again; nothing is left to save
@@ -207,11 +209,6 @@ async def _relay(svc: RouterService, session: Session, resp: httpx.Response, chu
 def error_event(message: str) -> bytes:
     body = {"error": {"message": message, "type": "upstream_error", "param": None, "code": 502}}
     return b"data: " + json.dumps(body).encode() + b"\n\ndata: [DONE]\n\n"
-
-
-def _events(chunk: bytes) -> int:
-    """SSE events in a chunk (vLLM streams about one token per event), [DONE] excluded."""
-    return chunk.count(b"data: ") - chunk.count(b"data: [DONE]")
 
 
 def _completion_tokens(content: bytes) -> int:
