@@ -66,16 +66,21 @@ class Router:
             if not workers:
                 continue
             for traj in sorted(view.pending.at(v), key=lambda t: (t.departed_at, t.id)):
-                ok = [w for w in workers if traj.context < w.kv_capacity and traj.pin in (None, w.id)]
+                ok = [w for w in _serving(traj, workers) if traj.context < w.kv_capacity]
                 if ok:
                     yield Place(traj.id, self.route(view, traj, ok).id)
         while (nxt := view.next_fresh()) is not None:
             open_versions = {v for v in {w.version for w in view.alive()} if view.admissible(v, nxt) > 0}
-            ok = [w for w in view.alive() if w.version in open_versions and view.accepts_new(w, nxt)
-                  and nxt.context < w.kv_capacity and nxt.pin in (None, w.id)]
+            ok = [w for w in _serving(nxt, view.alive()) if w.version in open_versions
+                  and view.accepts_new(w, nxt) and nxt.context < w.kv_capacity]
             if not ok:
                 return
             yield Admit(self.route(view, nxt, ok).id, nxt.id)
+
+
+def _serving(traj: Trajectory, workers: list[Worker]) -> list[Worker]:
+    """The workers `traj` may run on: all of them, or the one it is pinned to (which holds its state)."""
+    return workers if traj.pin is None else [w for w in workers if w.id == traj.pin]
 
 
 def _least_loaded(workers: list[Worker]) -> Worker:
