@@ -7,7 +7,8 @@ and a /metrics page with vLLM's gauge names. Fault modes, set on `StubState` whi
 many events, without the end of the chunked body), `token_delay_s` (sleep between events),
 `metrics` ("current" gauge names, "old": the KV gauge by its older name, or "none": /metrics
 answers 404), `kv_blocks` (a KV of that many 16-token blocks in `vllm:cache_config_info`; None: no
-KV size), `pooled_delay_s` (embeddings and rerank answer after that long). It counts the
+KV size), `pooled_delay_s` (embeddings and rerank answer after that long), `usage` (False: a
+response object carries no usage). It counts the
 X-Request-Id of every request it serves and keeps the latest one's headers.
 
 The Responses API as vLLM serves it with its store on: `POST /v1/responses` (a response object, or
@@ -48,8 +49,10 @@ class StubState:
     metrics: str = "current"
     kv_blocks: int | None = None
     pooled_delay_s: float = 0.0
+    usage: bool = True              # a response object carries its usage
     running: int = 0
     stored: dict = field(default_factory=dict)      # response id -> response object
+    held: dict = field(default_factory=dict)        # response id -> its context, in tokens
     served: Counter = field(default_factory=Counter)
     last_headers: object = None      # the headers of the latest completion request
 
@@ -131,12 +134,18 @@ def stub_app(state: StubState) -> Starlette:
             return _not_found(previous)
         n = int(body.get("max_output_tokens") or 16)
         rid = body.get("request_id") or f"resp_{state.name}_{sum(state.served.values())}"
+        # vLLM's input_tokens count the turns a previous_response_id continues (the stub: 4 characters a token)
+        given = body["input"] if isinstance(body["input"], str) else json.dumps(body["input"])
+        held = state.held.get(previous, 0)
+        usage = {"input_tokens": held + max(1, len(given) // 4), "output_tokens": n}
+        usage["total_tokens"] = usage["input_tokens"] + n
         done = {"id": rid, "object": "response", "status": "completed", "previous_response_id": previous,
                 "output": [{"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": " t" * n}]}],
-                "usage": {"input_tokens": 1, "output_tokens": n, "total_tokens": n + 1}}
+                "usage": usage if state.usage else None}
         if body.get("store") is not False:
-            state.stored[rid] = done
+            state.stored[rid], state.held[rid] = done, usage["total_tokens"]
         if not body.get("stream"):
+            await asyncio.sleep(state.token_delay_s * n)
             return JSONResponse(done, headers={"x-stub": state.name})
         return StreamingResponse(_response_events(state, done, n), media_type="text/event-stream",
                                  headers={"x-stub": state.name})

@@ -107,7 +107,7 @@ async def _attempt(svc: RouterService, session: Session, url: str, req: Routed, 
         finally:
             await resp.aclose()
         if req.remember and resp.status_code == 200:
-            svc.owners.learn(content, worker)
+            svc.owners.learn(content, worker, session.traj.context)
         svc.release(session, _completion_tokens(content) if resp.status_code == 200 else 0, last=req.last)
         reply = Response(content, status_code=resp.status_code)     # content-length only
         reply.raw_headers.extend(out_headers)
@@ -118,7 +118,8 @@ async def _attempt(svc: RouterService, session: Session, url: str, req: Routed, 
     except httpx.HTTPError:
         await resp.aclose()
         raise _BeforeFirstToken("stream_start") from None
-    reader = ResponseStream(svc.owners if req.remember else None, worker) if req.responses else EventCount()
+    reader = ResponseStream(svc.owners if req.remember else None, worker, session.traj.context) \
+        if req.responses else EventCount()
     return RelayResponse(_relay(svc, session, resp, chunks, first, req.last, reader), out_headers)
 
 

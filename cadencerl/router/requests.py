@@ -1,7 +1,8 @@
 """What the router reads from a request: who sent it (session, class), how long its prompt is, and
 whether it is well formed. Bad input is an `ApiError` with an OpenAI-style body, never a crash.
 The prompt is a completion's `prompt`, a chat's `messages`, or a response's `instructions` and
-`input` (with its `previous_response_id`, whose earlier turns the server holds, not the request).
+`input` (with its `previous_response_id`, whose earlier turns the server holds, not the request: the
+turn is sized with them where it is placed, `service.py`).
 
 Headers (documented in the README):
   X-Session-Id      ties the turns of one session (without it a request is a single reply, as vllm-router
@@ -219,7 +220,8 @@ def _messages(body: dict) -> object:
 def _input(body: dict) -> list[str]:
     """A Responses request's prompt text, for its length and prefix group: `instructions`, then
     `input`, a string or a list of items whose text counts (a message's content, a tool call's
-    arguments, a tool's output). A continuation's earlier turns are on the server, not here."""
+    arguments, a tool's output). A continuation's earlier turns are on the server, not here: the
+    router adds the context it remembers for them when it places the turn (`RouterService.acquire`)."""
     given = body.get("input")
     texts = [body["instructions"]] if body.get("instructions") else []
     if isinstance(given, str) and given:

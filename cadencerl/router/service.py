@@ -229,11 +229,14 @@ class RouterService:
             raise too_long(prompt_len, field, largest)
 
     async def acquire(self, key: str | None, cls: str, prompt_len: int, group: int,
-                      affinity: str | None = None, field: str = "prompt", pin: int | None = None) -> Session:
+                      affinity: str | None = None, field: str = "prompt", pin: int | None = None,
+                      held: int = 0) -> Session:
         """Admit (a new session) or place (a continuation) one request; waits in HOLD if it must.
         `field` names the prompt in the 400 of a request that stops fitting while it waits. `pin`:
         the server holding the stored response the request continues; it goes there alone, and its
-        prompt is the new part only (a session's continuation adds it to the context it has)."""
+        prompt is the new part only, added to the context the server holds: a session's
+        continuation's own context (the earlier turns, counted as they went), else `held` (what
+        the server holds for the stored response, `ResponseOwners.context`)."""
         now = self.now()
         if not any(w.alive for w in self.state.workers):
             self.metrics.rejections.labels("no_worker").inc()
@@ -245,7 +248,8 @@ class RouterService:
         else:
             if session is not None:   # its last request is still in flight: this one is a reply of its own
                 key = None
-            session = self.state.new_session(key, cls, prompt_len, group, now, affinity, pin)
+            session = self.state.new_session(key, cls, prompt_len + (held if pin is not None else 0), group, now,
+                                             affinity, pin)
             kind = "new"
         self.metrics.requests.labels(session.traj.workload_class, kind).inc()
         self.decide(now)

@@ -1,12 +1,16 @@
-"""Which server holds each stored response, learned from the answers as they pass.
+"""Which server holds each stored response, and how much context it holds for it, learned from the
+answers as they pass.
 
 vLLM keeps a Responses API answer on the server that made it (when the request's `store` is not
 false and the server stores at all), and only that server can continue it (`previous_response_id`),
 return it (`GET /v1/responses/{id}`) or cancel it. The router reads the id from the answer: a JSON
 body's `id`, or in a stream the first event that carries the response object (`response.created`),
-read as the chunks go by, never holding one back (the same reader counts the stream's tokens). The
-map is bounded: the oldest ids are forgotten first, and a forgotten id is answered as an unknown one
-(404), never sent to a server at random.
+read as the chunks go by, never holding one back (the same reader counts the stream's tokens). With
+the id it keeps the context the server holds for the response, which a turn that continues it adds
+to its new input (`RouterService.acquire`): the response's `usage.input_tokens + output_tokens` (the
+body's, or the stream's last response object's), else what the router counted itself (the turn's
+prompt, as sized, and the tokens generated). The map is bounded: the oldest ids are forgotten
+first, and a forgotten id is answered as an unknown one (404), never sent to a server at random.
 """
 
 from __future__ import annotations
@@ -20,31 +24,65 @@ MAX_EVENT_BYTES = 1 << 20     # a stream line longer than this is not read
 
 @dataclass
 class ResponseOwners:
-    """A bounded map response id -> worker id, oldest forgotten first."""
+    """A bounded map response id -> (worker id, context tokens), oldest forgotten first."""
 
     limit: int
-    _owner: OrderedDict[str, int] = field(default_factory=OrderedDict)
+    _owner: OrderedDict[str, tuple[int, int]] = field(default_factory=OrderedDict)
 
     def __len__(self) -> int:
         return len(self._owner)
 
-    def add(self, response_id: str, worker: int) -> None:
-        self._owner[response_id] = worker
+    def add(self, response_id: str, worker: int, context: int = 0) -> None:
+        self._owner[response_id] = (worker, context)
         self._owner.move_to_end(response_id)
         while len(self._owner) > self.limit:
             self._owner.popitem(last=False)
 
     def get(self, response_id: str) -> int | None:
-        return self._owner.get(response_id)
+        found = self._owner.get(response_id)
+        return None if found is None else found[0]
 
-    def learn(self, content: bytes, worker: int) -> None:
-        """Remember the id of a JSON answer (a response object), if it has one."""
+    def context(self, response_id: str) -> int:
+        """Tokens of context the server holds for the response (0 for an id the router does not know)."""
+        found = self._owner.get(response_id)
+        return 0 if found is None else found[1]
+
+    def set_context(self, response_id: str, context: int) -> None:
+        """Update a known id's context (one already forgotten stays forgotten)."""
+        found = self._owner.get(response_id)
+        if found is not None:
+            self._owner[response_id] = (found[0], context)
+
+    def learn(self, content: bytes, worker: int, prompt: int = 0) -> None:
+        """Remember the id of a JSON answer (a response object), if it has one, with its context;
+        `prompt`: the turn's prompt as the router sized it, for an answer without usage."""
         try:
             body = json.loads(content)
         except (ValueError, UnicodeDecodeError, RecursionError):
             return
         if isinstance(body, dict) and isinstance(body.get("id"), str) and body["id"]:
-            self.add(body["id"], worker)
+            input_tokens, output_tokens = usage_tokens(body)
+            self.add(body["id"], worker, held_context(input_tokens, output_tokens, prompt, output_tokens or 0))
+
+
+def _count(value: object) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
+
+
+def usage_tokens(response: dict) -> tuple[int | None, int | None]:
+    """A response object's `usage.input_tokens` and `usage.output_tokens`, each None unless a count."""
+    usage = response.get("usage")
+    if not isinstance(usage, dict):
+        return None, None
+    return _count(usage.get("input_tokens")), _count(usage.get("output_tokens"))
+
+
+def held_context(input_tokens: int | None, output_tokens: int | None, prompt: int, generated: int) -> int:
+    """The context a server holds for a response: its usage's input and output tokens (the input
+    counts the earlier turns it continues), else the router's own count, prompt and generated."""
+    if input_tokens is not None and output_tokens is not None:
+        return input_tokens + output_tokens
+    return prompt + generated
 
 
 class ResponseStream:
@@ -54,10 +92,13 @@ class ResponseStream:
     (`response.completed`, `.incomplete`, `.failed`), else, for a stream that broke before its end,
     one per `*.delta` event. Counting every event, as for completions, would count the stream's
     framing too (`response.created`, `.in_progress`, `.output_item.added`, ...: eight events for a
-    one-token reply from vLLM). A line longer than MAX_EVENT_BYTES is skipped, not buffered."""
+    one-token reply from vLLM). Each response object also updates the context remembered with the
+    id (`prompt`: the turn's prompt as the router sized it, for one without usage). A line longer
+    than MAX_EVENT_BYTES is skipped, not buffered."""
 
-    def __init__(self, owners: ResponseOwners | None, worker: int) -> None:
-        self._owners, self._worker = owners, worker
+    def __init__(self, owners: ResponseOwners | None, worker: int, prompt: int = 0) -> None:
+        self._owners, self._worker, self._prompt = owners, worker, prompt
+        self._id: str | None = None
         self._partial = b""
         self._skip = False       # the rest of an over-long line is still to come
         self._deltas = 0
@@ -89,13 +130,19 @@ class ResponseStream:
         if isinstance(kind, str) and kind.endswith(".delta"):
             self._deltas += 1
         response = event.get("response")
-        if not isinstance(response, dict):
+        if isinstance(response, dict):
+            self._response(response)
+
+    def _response(self, response: dict) -> None:
+        input_tokens, output_tokens = usage_tokens(response)
+        if output_tokens is not None:
+            self._usage = output_tokens
+        if self._owners is None:
             return
+        context = held_context(input_tokens, output_tokens, self._prompt, self.generated)
         found = response.get("id")
-        if self._owners is not None and isinstance(found, str) and found:
-            self._owners.add(found, self._worker)
-            self._owners = None
-        usage = response.get("usage")
-        tokens = usage.get("output_tokens") if isinstance(usage, dict) else None
-        if isinstance(tokens, int) and not isinstance(tokens, bool) and tokens >= 0:
-            self._usage = tokens
+        if self._id is None and isinstance(found, str) and found:
+            self._id = found
+            self._owners.add(found, self._worker, context)
+        elif self._id is not None:
+            self._owners.set_context(self._id, context)

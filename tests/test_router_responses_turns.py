@@ -1,0 +1,92 @@
+"""A Responses turn that continues a stored response, as the router sizes it: the context the server
+holds for that response (its usage, else the router's own count) plus the new input, with a session
+key or without."""
+
+from __future__ import annotations
+
+import json
+import threading
+
+import httpx
+import pytest
+
+from cadencerl.core.trajectory import State
+from router_stub import Fleet, settle
+
+pytestmark = pytest.mark.timeout(60)
+
+FIRST = {"model": "tiny", "input": "x" * 400, "max_output_tokens": 20}     # 100 tokens in, 20 out
+NEXT = {"model": "tiny", "input": "y" * 40, "max_output_tokens": 20}       # 10 new tokens
+
+
+def sse(text: str) -> list[tuple[str | None, str]]:
+    """The events of an SSE body as a client reads them (the `event:` name, the joined `data:`)."""
+    out, kind, data = [], None, []
+    for line in text.split("\n"):
+        if not line:
+            if kind is not None or data:
+                out.append((kind, "\n".join(data)))
+            kind, data = None, []
+        elif line.startswith("event:"):
+            kind = line[6:].strip()
+        elif line.startswith("data:"):
+            data.append(line[5:].removeprefix(" "))
+    return out
+
+
+def _ask(c: httpx.Client, body: dict, stream: bool, headers: dict) -> str:
+    r = c.post("/v1/responses", json={**body, "stream": stream}, headers=headers)
+    assert r.status_code == 200, r.text
+    return json.loads(sse(r.text)[0][1])["response"]["id"] if stream else r.json()["id"]
+
+
+def _in_flight(f: Fleet) -> list[int]:
+    return [s.traj.context for s in list(f.service.state.live.values()) if s.traj.state is State.RESIDENT]
+
+
+@pytest.mark.parametrize("usage", [True, False])
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize("session", [None, "s"])
+def test_a_continuing_turn_is_sized_by_the_context_the_server_holds_plus_its_input(
+        session: str | None, stream: bool, usage: bool) -> None:
+    """The server holds the first turn's 120 tokens (usage: 100 in, 20 out; without usage, what the
+    router counted: its 100-token prompt and, streaming, 20 deltas; a JSON body without usage shows
+    no tokens generated). The next turn's trajectory is that plus its 10 new tokens, for MISA-T's KV
+    accounting as for the fit check; with a session key, the session's own context (counted once)."""
+    headers = {"X-Session-Id": session} if session else {}
+    with Fleet(stubs=1, session_ttl_s=30) as f, httpx.Client(base_url=f.url, timeout=10) as c:
+        f.states[0].usage = usage
+        rid = _ask(c, FIRST, stream, headers)
+        held = 120 if usage or stream else 100
+        assert settle(lambda: f.service.owners.context(rid) == held), f.service.owners.context(rid)
+        f.states[0].token_delay_s = 0.05
+        done: list[str] = []
+        with httpx.Client(base_url=f.url, timeout=10) as c2:
+            turn = threading.Thread(target=lambda: done.append(_ask(c2, {**NEXT, "previous_response_id": rid},
+                                                                    stream, headers)))
+            turn.start()
+            assert settle(lambda: len(_in_flight(f)) == 1)
+            expected = held + 10 if session is None else 100 + (20 if usage or stream else 0) + 10
+            assert _in_flight(f) == [expected], "the held context and the new input, counted once"
+            turn.join()
+        if usage:
+            assert settle(lambda: f.service.owners.context(done[0]) == 150), "the server's count: 130 in, 20 out"
+        else:
+            assert settle(lambda: f.service.owners.context(done[0]) == expected + (20 if stream else 0))
+
+
+@pytest.mark.parametrize("session", [None, "s"])
+def test_a_continuing_turn_its_server_cannot_hold_in_all_is_a_400_naming_input(session: str | None) -> None:
+    """10 new tokens fit a 128-token KV; with the 120 the server holds for the response they do not."""
+    headers = {"X-Session-Id": session} if session else {}
+    with Fleet(stubs=1, kv_capacity=128, session_ttl_s=30) as f, httpx.Client(base_url=f.url, timeout=10) as c:
+        rid = _ask(c, FIRST, False, headers)
+        served = sum(f.states[0].served.values())
+        r = c.post("/v1/responses", json={**NEXT, "previous_response_id": rid}, headers=headers)
+        err = r.json()["error"]
+        assert r.status_code == 400 and err["param"] == "input" and "about 130 tokens" in err["message"], r.text
+        assert sum(f.states[0].served.values()) == served, "never sent"
+        assert not f.service.state.hold and not f.service.state.pending
+        r = c.post("/v1/responses", json={**NEXT, "input": "z", "previous_response_id": rid}, headers=headers)
+        assert r.status_code == 200, "121 tokens fit"
+
