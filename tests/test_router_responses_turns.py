@@ -1,6 +1,7 @@
 """A Responses turn that continues a stored response, as the router sizes it: the context the server
 holds for that response (its usage, else the router's own count) plus the new input, with a session
-key or without."""
+key or without; and a Responses stream that breaks midway, ended with the Responses API's own
+streaming error event (a completions stream keeps `data: {"error": ...}` and `data: [DONE]`)."""
 
 from __future__ import annotations
 
@@ -90,3 +91,23 @@ def test_a_continuing_turn_its_server_cannot_hold_in_all_is_a_400_naming_input(s
         r = c.post("/v1/responses", json={**NEXT, "input": "z", "previous_response_id": rid}, headers=headers)
         assert r.status_code == 200, "121 tokens fit"
 
+
+def test_a_responses_stream_broken_midway_ends_with_the_responses_error_event() -> None:
+    """vLLM numbers a Responses stream's events from 0 and sends no `data: [DONE]`; the OpenAI
+    client's `responses.stream()` reads an `event: error` whose data is a `ResponseErrorEvent`."""
+    with Fleet(stubs=1) as f, httpx.Client(base_url=f.url, timeout=10) as c:
+        f.states[0].break_after = 3         # response.created and two deltas, then the stream breaks
+        r = c.post("/v1/responses", json={**FIRST, "stream": True})
+        events = sse(r.text)
+        assert r.status_code == 200 and [k for k, _ in events] == ["response.created"] + \
+            ["response.output_text.delta"] * 2 + ["error"], r.text
+        error = json.loads(events[-1][1])
+        assert error == {"type": "error", "code": "upstream_error", "param": None, "sequence_number": 3,
+                         "message": "the upstream stream broke: RemoteProtocolError"}
+        assert "[DONE]" not in r.text and "\"error\": {" not in r.text
+        assert 'cadencerl_router_errors_total{kind="midstream"} 1.0' in c.get("/metrics").text
+        # a completions stream that breaks keeps its own ending
+        r = c.post("/v1/completions", json={"prompt": [1, 2], "max_tokens": 10, "stream": True})
+        events = sse(r.text)
+        assert [k for k, _ in events] == [None] * 5 and events[-1][1] == "[DONE]"
+        assert json.loads(events[-2][1])["error"]["type"] == "upstream_error"

@@ -4,7 +4,8 @@
   byte) is retried once on another server; a server that refuses the connection is taken out of
   rotation until a health poll gets through.
 * A stream that breaks after its first token ends with an OpenAI-style error event and
-  `data: [DONE]`, never a hang (the upstream read timeout bounds a silent server).
+  `data: [DONE]` (a Responses stream: the Responses API's `event: error`, `stored.py`), never a
+  hang (the upstream read timeout bounds a silent server).
 * The client's request headers go upstream and the server's response headers come back, less the
   hop-by-hop ones (RFC 9110 7.6.1) and those that describe a body the router re-frames
   (content-length; content-type is set upstream; accept-encoding is not forwarded, as the router
@@ -172,6 +173,10 @@ class EventCount:
     def feed(self, chunk: bytes) -> None:
         self.generated += chunk.count(b"data: ") - chunk.count(b"data: [DONE]")
 
+    @staticmethod
+    def error_event(message: str) -> bytes:
+        return error_event(message)
+
 
 async def _relay(svc: RouterService, session: Session, resp: httpx.Response, chunks: AsyncIterator[bytes],
                  first: bytes, last: bool, reader: EventCount | ResponseStream) -> AsyncIterator[bytes]:
@@ -197,7 +202,7 @@ async def _relay(svc: RouterService, session: Session, resp: httpx.Response, chu
             svc.release(session, reader.generated, last=last)
             released = True
         yield held                          # what arrived before the break, not yet sent
-        yield error_event(f"the upstream stream broke: {type(exc).__name__}")
+        yield reader.error_event(f"the upstream stream broke: {type(exc).__name__}")
     finally:
         if not released:
             svc.release(session, reader.generated, last=last)

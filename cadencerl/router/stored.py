@@ -94,7 +94,7 @@ class ResponseStream:
     framing too (`response.created`, `.in_progress`, `.output_item.added`, ...: eight events for a
     one-token reply from vLLM). Each response object also updates the context remembered with the
     id (`prompt`: the turn's prompt as the router sized it, for one without usage). A line longer
-    than MAX_EVENT_BYTES is skipped, not buffered."""
+    than MAX_EVENT_BYTES is skipped, not buffered. A stream that breaks ends with `error_event`."""
 
     def __init__(self, owners: ResponseOwners | None, worker: int, prompt: int = 0) -> None:
         self._owners, self._worker, self._prompt = owners, worker, prompt
@@ -103,6 +103,7 @@ class ResponseStream:
         self._skip = False       # the rest of an over-long line is still to come
         self._deltas = 0
         self._usage: int | None = None
+        self._sequence = -1      # the last event's `sequence_number`
 
     @property
     def generated(self) -> int:
@@ -119,6 +120,13 @@ class ResponseStream:
         if len(self._partial) > MAX_EVENT_BYTES:
             self._partial, self._skip = b"", True
 
+    def error_event(self, message: str) -> bytes:
+        """The Responses API's streaming error event (`event: error`, a `ResponseErrorEvent`),
+        numbered after the last event relayed; a Responses stream has no `data: [DONE]`."""
+        body = {"type": "error", "code": "upstream_error", "message": message, "param": None,
+                "sequence_number": self._sequence + 1}
+        return b"event: error\ndata: " + json.dumps(body).encode() + b"\n\n"
+
     def _event(self, data: bytes) -> None:
         try:
             event = json.loads(data)
@@ -126,7 +134,9 @@ class ResponseStream:
             return      # `[DONE]`, or not JSON: nothing to read
         if not isinstance(event, dict):
             return
-        kind = event.get("type")
+        kind, sequence = event.get("type"), event.get("sequence_number")
+        if isinstance(sequence, int) and not isinstance(sequence, bool):
+            self._sequence = sequence
         if isinstance(kind, str) and kind.endswith(".delta"):
             self._deltas += 1
         response = event.get("response")
