@@ -28,6 +28,8 @@ runner = CliRunner()
     (["--workers", "http://a:1", "--port", "70000"], "port"),
     (["--workers", "http://a:1", "--cache-threshold", "1.5"], "cache_threshold"),
     (["--workers", "http://a:1", "--hold-timeout", "0"], "hold_timeout_s"),
+    (["--workers", "http://a:1", "--max-response-ids", "0"], "max_response_ids"),
+    (["--workers", "http://a:1", "--max-response-ids", "-5"], "max_response_ids"),
     (["--workers", "http://a:1", "--classes", "no/such.yaml"], "classes"),
 ])
 def test_bad_router_input_names_the_field(args: list[str], field: str) -> None:
@@ -111,3 +113,16 @@ def test_a_host_that_resolves_to_two_addresses_is_listened_on_at_both(monkeypatc
     finally:
         for s in socks:
             s.close()
+
+
+def test_max_response_ids_reaches_the_router(monkeypatch) -> None:
+    """`--max-response-ids` bounds the map of stored responses, as `max_response_ids` does."""
+    from cadencerl.router import serve
+
+    served = []
+    monkeypatch.setattr(serve, "bind", lambda host, port: [socket.socket()])
+    monkeypatch.setattr(serve, "serve", lambda settings, socks: served.append(settings) or socks[0].close())
+    result = runner.invoke(app, ["router", "--workers", "http://a:1", "--max-response-ids", "12"])
+    assert result.exit_code == 0 and served[0].max_response_ids == 12, result.output
+    result = runner.invoke(app, ["router", "--workers", "http://a:1"])
+    assert result.exit_code == 0 and served[1].max_response_ids == 65536, result.output

@@ -35,6 +35,8 @@ def router(
                                                "vLLM --max-num-seqs), as routing assumes (default: --config's pool's, else 256)"),
     batch_size: Optional[int] = typer.Option(None, "--batch-size", help="the trainer's batch: MISA-T keeps "
                                              "each batch-sized cohort of sessions on the target mix (1024)"),
+    max_response_ids: Optional[int] = typer.Option(None, "--max-response-ids", help="stored responses whose "
+                                                   "server the router remembers, the oldest forgotten first (65536)"),
 ) -> None:
     """Serve /v1/completions, /v1/chat/completions and /v1/responses, routing with the simulator's
     decision code (a previous_response_id, GET /v1/responses/{id} and its cancel go to the server
@@ -59,7 +61,8 @@ def router(
             default_class=default, host=host, port=port, cache_threshold=cache_threshold,
             balance_abs_threshold=balance_abs_threshold, balance_rel_threshold=balance_rel_threshold,
             hold_max=hold_max, hold_timeout_s=hold_timeout, session_ttl_s=session_ttl, kv_capacity=kv_capacity,
-            max_num_seqs=max_num_seqs if max_num_seqs is not None else seqs, batch_size=batch_size)
+            max_num_seqs=max_num_seqs if max_num_seqs is not None else seqs, batch_size=batch_size,
+            max_response_ids=max_response_ids)
         socks = bind(settings.host, settings.port)
     except ConfigError as exc:
         fail(str(exc))
