@@ -25,6 +25,7 @@ from starlette.types import Receive, Scope, Send
 
 from cadencerl.router.live import Session
 from cadencerl.router.requests import ApiError, Routed
+from cadencerl.router.runs import ready_runs
 from cadencerl.router.service import RouterService
 from cadencerl.router.stored import ResponseStream
 
@@ -177,14 +178,17 @@ async def _relay(svc: RouterService, session: Session, resp: httpx.Response, chu
     """The stream, one chunk behind: the session is released before its final chunk goes out, so a
     client that sends the next turn as soon as it reads `[DONE]` finds the session parked. `reader`
     counts the tokens as the chunks pass (a Responses stream's also learns its stored response's
-    id, `stored.py`)."""
+    id, `stored.py`). Chunks that arrived together go out together (`runs.py`): one send for a
+    burst of events, not one each."""
     held = first
     released = False
+    runs = ready_runs(chunks)
     try:
-        async for chunk in chunks:
-            reader.feed(held)
-            yield held
-            held = chunk
+        async for run in runs:
+            sent = b"".join([held, *run[:-1]]) if len(run) > 1 else held
+            reader.feed(sent)
+            yield sent
+            held = run[-1]
         reader.feed(held)
         svc.release(session, reader.generated, last=last)
         released = True
@@ -200,6 +204,7 @@ async def _relay(svc: RouterService, session: Session, resp: httpx.Response, chu
     finally:
         if not released:
             svc.release(session, reader.generated, last=last)
+        await runs.aclose()      # first: a chunk it was waiting for (the client left meanwhile) is given up
         try:
             await resp.aclose()
         except Exception:  # closing a broken connection may fail again; nothing is left to save
