@@ -68,7 +68,7 @@ async def forward(svc: RouterService, session: Session, path: str, req: Routed, 
     while True:
         up = svc.upstreams[session.traj.worker]
         try:
-            return await _attempt(svc, session, up.url + path, req, fwd, up.id)
+            return await _attempt(svc, session, up.endpoint(path), req, fwd, up.id)
         except _BeforeFirstToken as exc:
             svc.metrics.errors.labels(str(exc)).inc()
             if exc.down:
@@ -86,7 +86,7 @@ async def forward(svc: RouterService, session: Session, path: str, req: Routed, 
             raise
 
 
-async def _attempt(svc: RouterService, session: Session, url: str, req: Routed, fwd: list,
+async def _attempt(svc: RouterService, session: Session, url: httpx.URL, req: Routed, fwd: list,
                    worker: int) -> Response:
     # Straight to the transport: the client's layers (cookies, auth, redirects, default headers such
     # as Accept-Encoding, which a raw relay must not ask for) do nothing a forwarded request needs.
