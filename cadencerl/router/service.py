@@ -227,7 +227,7 @@ class RouterService:
                 key = None
             session = self.state.new_session(key, cls, prompt_len, group, now, affinity, pin)
             kind = "new"
-        self.metrics.requests.labels(session.traj.workload_class, kind).inc()
+        self.metrics.requests_of(session.traj.workload_class, kind).inc()
         self.decide(now)
         if session.traj.state is State.FRESH and len(self.state.hold) > self.settings.hold_max:
             self.state.withdraw(session)
@@ -314,12 +314,12 @@ class RouterService:
             traj = session.traj
             seen = self.groups_seen[action.worker]
             if isinstance(action, Admit):
-                self.metrics.admissions.labels(traj.workload_class).inc()
+                self.metrics.admissions_of(traj.workload_class).inc()
                 self.metrics.hold_wait.observe(max(0.0, now - session.arrived_at))
                 if traj.group in seen:
-                    self.metrics.prefix_hits.labels("group").inc()
+                    self.metrics.prefix_hits_of("group").inc()
             elif traj.kv_home == action.worker:
-                self.metrics.prefix_hits.labels("sticky").inc()
+                self.metrics.prefix_hits_of("sticky").inc()
             seen[traj.group] = None
             seen.move_to_end(traj.group)
             if len(seen) > GROUPS_PER_WORKER:
