@@ -123,6 +123,11 @@ async def _attempt(svc: RouterService, session: Session, url: httpx.URL, req: Ro
     return RelayResponse(_relay(svc, session, resp, chunks, first, req.last, reader), out_headers)
 
 
+class LastChunk(bytes):
+    """A body's last chunk, when its iterator knows it: it goes out with the end of the body, in one
+    write (the iterator is closed after it, not read to its end)."""
+
+
 class RelayResponse(Response):
     """An SSE relay with one watcher task for the client's disconnect (cheaper per request than
     Starlette's StreamingResponse, which starts a task group); a disconnect stops the relay, which
@@ -152,9 +157,13 @@ class RelayResponse(Response):
         watcher = asyncio.create_task(watch())
         try:
             await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
+            end = b""
             async for chunk in self.body_iterator:
+                if type(chunk) is LastChunk:
+                    end = chunk
+                    break
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
-            await send({"type": "http.response.body", "body": b"", "more_body": False})
+            await send({"type": "http.response.body", "body": end, "more_body": False})
         except asyncio.CancelledError:
             if not gone:
                 raise
@@ -192,7 +201,7 @@ async def _relay(svc: RouterService, session: Session, resp: httpx.Response, chu
         reader.feed(held)
         svc.release(session, reader.generated, last=last)
         released = True
-        yield held
+        yield LastChunk(held)
     except httpx.HTTPError as exc:
         svc.metrics.errors.labels("midstream").inc()
         if not released:
