@@ -126,3 +126,21 @@ def test_a_timeout_inside_the_stream_is_its_own() -> None:
     async def main() -> list:
         return [run async for run in ready_runs(slow())]
     assert asyncio.run(main()) == [[b"a"], [b"timed out"]]
+
+
+def test_a_server_silent_mid_stream_still_times_out_through_the_relay() -> None:
+    """The read timeout fires inside a step `ready_runs` waits on, as it fired in the relay's own read."""
+    import httpx
+
+    from router_stub import Fleet
+
+    with Fleet(stubs=1, request_timeout_s=1.0) as f, httpx.Client(base_url=f.url, timeout=20) as c:
+        f.states[0].token_delay_s = 0.02
+        body = {"model": "tiny", "prompt": [1, 2, 3], "max_tokens": 200, "stream": True}
+        with c.stream("POST", "/v1/completions", json=body) as r:
+            lines = r.iter_lines()
+            assert next(line for line in lines if line.startswith("data: "))
+            f.states[0].token_delay_s = 5.0          # the server goes silent past the read timeout
+            rest = [line for line in lines if line.startswith("data: ")]
+        assert "the upstream stream broke: ReadTimeout" in rest[-2] and rest[-1] == "data: [DONE]"
+        assert 'cadencerl_router_errors_total{kind="midstream"} 1.0' in c.get("/metrics").text
