@@ -7,7 +7,9 @@ back for `--seconds` after a warm-up (MISA-T's caps reach their ceiling in it), 
 one connection. Added latency = the percentile through the router minus the same percentile straight
 to the stub, at the same concurrency. At 200 connections every server is saturated, so latency
 there is queueing (connections / throughput) and the figure to compare is requests/s; the
-one-connection run shows the per-request cost.
+one-connection run shows the per-request cost. Both depend on what else runs on the machine; the
+router process's own CPU time per request served (`router_cpu_ms_per_request`, user + system from
+/proc over the measured wrk run; wrk only, Linux only) does much less, so compare code by it.
 
     /work/main/.venv/bin/python benchmarks/router_overhead.py [--concurrency 200] [--seconds 10]
 
@@ -133,6 +135,15 @@ wrk.headers["Content-Type"] = "application/json"
 _UNITS = {"us": 1e-3, "ms": 1.0, "s": 1e3, "m": 6e4}
 
 
+def _cpu_s(pid: int) -> float | None:
+    """The process's CPU seconds so far (user + system), or None where /proc cannot tell."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def _wrk(url: str, connections: int, seconds: float, script: Path) -> dict:
     cmd = ["wrk", f"-t{min(2, connections)}", f"-c{connections}", f"-d{max(1, round(seconds))}s", "--latency",
            "--timeout", "30s", "-s", str(script), f"{url}/v1/completions"]
@@ -144,6 +155,8 @@ def _wrk(url: str, connections: int, seconds: float, script: Path) -> dict:
             value = float(parts[1].rstrip("usm"))
             unit = parts[1][len(parts[1].rstrip("usm")):]
             row[f"p{parts[0][:-1]}_ms"] = value * _UNITS[unit]
+        elif len(parts) > 2 and parts[1:3] == ["requests", "in"]:
+            row["requests"] = int(parts[0])
         elif line.startswith("Requests/sec:"):
             row["requests_per_s"] = float(parts[1])
         elif "Non-2xx" in line or "Socket errors" in line:
@@ -151,18 +164,25 @@ def _wrk(url: str, connections: int, seconds: float, script: Path) -> dict:
     return row
 
 
-def measure(url: str, args, connections: int | None = None) -> dict:
+def measure(url: str, args, connections: int | None = None, pid: int | None = None) -> dict:
+    """One closed-loop run; with `pid` (the router's), its CPU ms per request served in the run."""
     connections = connections or args.concurrency
     if shutil.which("wrk") is None:
         return asyncio.run(_closed_loop(url, connections, args.seconds, args.warmup))
     script = args.logs / "post.lua"
     script.write_text(WRK_SCRIPT % json.dumps(BODY))
     _wrk(url, connections, args.warmup, script)
-    return _wrk(url, connections, args.seconds, script)
+    before = None if pid is None else _cpu_s(pid)
+    row = _wrk(url, connections, args.seconds, script)
+    after = None if pid is None else _cpu_s(pid)
+    served = row.pop("requests", 0)
+    if before is not None and after is not None and served:
+        row["router_cpu_ms_per_request"] = round((after - before) * 1e3 / served, 3)
+    return row
 
 
-def measure_both(url: str, args, direct: dict | None = None) -> dict:
-    rows = {f"c{args.concurrency}": measure(url, args), "c1": measure(url, args, 1)}
+def measure_both(url: str, args, direct: dict | None = None, pid: int | None = None) -> dict:
+    rows = {f"c{args.concurrency}": measure(url, args, pid=pid), "c1": measure(url, args, 1, pid)}
     if direct is None:
         return {k: {q: (round(v, 3) if isinstance(v, float) else v) for q, v in r.items()} for k, r in rows.items()}
     return {k: _added(r, direct[k]) for k, r in rows.items()}
@@ -183,6 +203,8 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=10.0)
     ap.add_argument("--warmup", type=float, default=4.0)
     ap.add_argument("--logs", type=Path, default=Path("/tmp/router_overhead"))
+    ap.add_argument("--policies", default="misa+cache-aware,cache-aware",
+                    help="the cadencerl router policies to measure, comma-separated")
     args = ap.parse_args()
     args.logs.mkdir(parents=True, exist_ok=True)
     stub_port = free_port()
@@ -191,18 +213,18 @@ def main() -> None:
     with Proc([sys.executable, "tests/router_stub.py", "--port", str(stub_port)], args.logs / "stub.log") as s:
         s.wait_http(f"{stub}/health")
         direct = result["direct"] = measure_both(stub, args)
-        for policy in ("misa+cache-aware", "cache-aware"):
+        for policy in args.policies.split(","):
             port = free_port()
             with cadencerl_router([stub], port, policy, args.logs / f"cadencerl-{policy}.log") as r:
                 r.wait_http(f"http://127.0.0.1:{port}/health")
-                result[f"cadencerl router ({policy})"] = measure_both(f"http://127.0.0.1:{port}", args, direct)
+                result[f"cadencerl router ({policy})"] = measure_both(f"http://127.0.0.1:{port}", args, direct, r.p.pid)
         if vllm_router_binary() is None:
             result["vllm-router"] = "not installed (pip install vllm-router==0.1.17)"
         else:
             port = free_port()
             with vllm_router([stub], port, args.logs / "vllm-router.log", "--policy", "cache_aware") as r:
                 r.wait_http(f"http://127.0.0.1:{port}/health")
-                result["vllm-router (cache_aware)"] = measure_both(f"http://127.0.0.1:{port}", args, direct)
+                result["vllm-router (cache_aware)"] = measure_both(f"http://127.0.0.1:{port}", args, direct, r.p.pid)
     print(json.dumps(result, indent=2))
 
 

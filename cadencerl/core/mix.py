@@ -13,6 +13,7 @@ The rule (the trainer's side of mixture fidelity; documented in trainer.py):
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 from cadencerl.core.trajectory import Trajectory
 
@@ -32,13 +33,19 @@ class MixRule:
 
 def target_counts(mix: dict[str, float], n: int) -> dict[str, int]:
     """m_c x n rounded so the counts sum to n (largest remainder, ties by class name)."""
-    total = sum(mix.values()) or 1.0
-    exact = {c: n * m / total for c, m in mix.items()}
+    return dict(_target_counts(tuple(mix.items()), n))
+
+
+@lru_cache(maxsize=4096)
+def _target_counts(mix: tuple[tuple[str, float], ...], n: int) -> tuple[tuple[str, int], ...]:
+    """`target_counts`, kept: MISA-T asks it for the same mix and size on most of a router's events."""
+    total = sum(m for _, m in mix) or 1.0
+    exact = {c: n * m / total for c, m in mix}
     counts = {c: int(x) for c, x in exact.items()}
     left = n - sum(counts.values())
     for c in sorted(exact, key=lambda c: (counts[c] - exact[c], c))[:left]:
         counts[c] += 1
-    return counts
+    return tuple(counts.items())
 
 
 def compose(completed: dict[int, list[Trajectory]], n: int, mix: dict[str, float], due: int,

@@ -20,19 +20,29 @@ CLIENT_CLOSED = 499      # nginx's status for a request whose client left; nobod
 
 
 async def while_connected(request: Request, work: Awaitable[Response]) -> Response | None:
-    """`work`'s response, or None when the client disconnected first (the work is then cancelled)."""
-    task = asyncio.ensure_future(work)
-    watcher = asyncio.ensure_future(_disconnect(request))
+    """`work`'s response, or None when the client disconnected first (the work is then cancelled).
+
+    `work` runs in the request's own task, which the watcher cancels: one task a request (the
+    watcher), not a second one for the work and a wait on both."""
+    task = asyncio.current_task()
+    gone = False
+
+    async def watch() -> None:
+        nonlocal gone
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+        gone = True
+        task.cancel()
+
+    watcher = asyncio.ensure_future(watch())
     try:
-        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+        response = await work
+    except asyncio.CancelledError:
+        if not gone:
+            raise
+        response = None
     finally:
         watcher.cancel()
-        if not task.done():
-            task.cancel()
-        await asyncio.gather(task, watcher, return_exceptions=True)
-    return None if task.cancelled() else task.result()
-
-
-async def _disconnect(request: Request) -> None:
-    while (await request.receive())["type"] != "http.disconnect":
-        pass
+    if gone:
+        task.uncancel()       # the cancellation was the watcher's, and it ends here
+    return response

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 
@@ -42,3 +44,8 @@ class RouterMetrics:
                                ["workload_class"], registry=r)
         self.dtv = Gauge("cadencerl_router_mix_dtv", "Total-variation distance between the classes of "
                          "finished sessions and the target mix (all, or the latest 256)", ["window"], registry=r)
+        # The children every request counts in, each looked up once per label set: labels() takes a
+        # lock and checks its values on every call. The label values are bounded (classes, kinds).
+        self.requests_of = lru_cache(maxsize=None)(self.requests.labels)
+        self.admissions_of = lru_cache(maxsize=None)(self.admissions.labels)
+        self.prefix_hits_of = lru_cache(maxsize=None)(self.prefix_hits.labels)

@@ -26,6 +26,7 @@ from starlette.types import Receive, Scope, Send
 
 from cadencerl.router.live import Session
 from cadencerl.router.requests import ApiError, Routed
+from cadencerl.router.runs import ready_runs
 from cadencerl.router.service import RouterService
 from cadencerl.router.stored import ResponseStream
 
@@ -68,7 +69,7 @@ async def forward(svc: RouterService, session: Session, path: str, req: Routed, 
     while True:
         up = svc.upstreams[session.traj.worker]
         try:
-            return await _attempt(svc, session, up.url + path, req, fwd, up.id)
+            return await _attempt(svc, session, up.endpoint(path), req, fwd, up.id)
         except _BeforeFirstToken as exc:
             svc.metrics.errors.labels(str(exc)).inc()
             if exc.down:
@@ -86,7 +87,7 @@ async def forward(svc: RouterService, session: Session, path: str, req: Routed, 
             raise
 
 
-async def _attempt(svc: RouterService, session: Session, url: str, req: Routed, fwd: list,
+async def _attempt(svc: RouterService, session: Session, url: httpx.URL, req: Routed, fwd: list,
                    worker: int) -> Response:
     # Straight to the transport: the client's layers (cookies, auth, redirects, default headers such
     # as Accept-Encoding, which a raw relay must not ask for) do nothing a forwarded request needs.
@@ -124,6 +125,11 @@ async def _attempt(svc: RouterService, session: Session, url: str, req: Routed, 
     return RelayResponse(_relay(svc, session, resp, chunks, first, req.last, reader), out_headers)
 
 
+class LastChunk(bytes):
+    """A body's last chunk, when its iterator knows it: it goes out with the end of the body, in one
+    write (the iterator is closed after it, not read to its end)."""
+
+
 class RelayResponse(Response):
     """An SSE relay with one watcher task for the client's disconnect (cheaper per request than
     Starlette's StreamingResponse, which starts a task group); a disconnect stops the relay, which
@@ -153,9 +159,13 @@ class RelayResponse(Response):
         watcher = asyncio.create_task(watch())
         try:
             await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
+            end = b""
             async for chunk in self.body_iterator:
+                if type(chunk) is LastChunk:
+                    end = chunk
+                    break
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
-            await send({"type": "http.response.body", "body": b"", "more_body": False})
+            await send({"type": "http.response.body", "body": end, "more_body": False})
         except asyncio.CancelledError:
             if not gone:
                 raise
@@ -183,18 +193,21 @@ async def _relay(svc: RouterService, session: Session, resp: httpx.Response, chu
     """The stream, one chunk behind: the session is released before its final chunk goes out, so a
     client that sends the next turn as soon as it reads `[DONE]` finds the session parked. `reader`
     counts the tokens as the chunks pass (a Responses stream's also learns its stored response's
-    id, `stored.py`)."""
+    id, `stored.py`). Chunks that arrived together go out together (`runs.py`): one send for a
+    burst of events, not one each."""
     held = first
     released = False
+    runs = ready_runs(chunks)
     try:
-        async for chunk in chunks:
-            reader.feed(held)
-            yield held
-            held = chunk
+        async for run in runs:
+            sent = b"".join([held, *run[:-1]]) if len(run) > 1 else held
+            reader.feed(sent)
+            yield sent
+            held = run[-1]
         reader.feed(held)
         svc.release(session, reader.generated, last=last)
         released = True
-        yield held
+        yield LastChunk(held)
     except httpx.HTTPError as exc:
         svc.metrics.errors.labels("midstream").inc()
         if not released:
@@ -206,6 +219,7 @@ async def _relay(svc: RouterService, session: Session, resp: httpx.Response, chu
     finally:
         if not released:
             svc.release(session, reader.generated, last=last)
+        await runs.aclose()      # first: a chunk it was waiting for (the client left meanwhile) is given up
         try:
             await resp.aclose()
         except Exception:  # closing a broken connection may fail again; nothing is left to save

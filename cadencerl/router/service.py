@@ -19,37 +19,17 @@ from cadencerl.core.actions import Admit
 from cadencerl.core.trajectory import State
 from cadencerl.core.view import Policy
 from cadencerl.core.worker import Worker
-from cadencerl.engine.client import KEEPALIVE_EXPIRY_S
 from cadencerl.router.live import LiveState, Session
 from cadencerl.router.metrics import RouterMetrics
 from cadencerl.router.requests import ApiError
 from cadencerl.router.settings import RouterSettings
 from cadencerl.router.stored import ResponseOwners
+from cadencerl.router.transport import ShardedTransport
 from cadencerl.router.upstream import Upstream, probe, scrape
 from cadencerl.routing.misa import Admitted, MisaT
 from cadencerl.routing.routers import CacheAware, ConsistentHash, LeastLoadedRouter, RoundRobin, StickyLeastLoaded
 
 GROUPS_PER_WORKER = 4096    # prompt groups remembered per server, for the router's own hit count
-
-
-class ShardedTransport(httpx.AsyncBaseTransport):
-    """The shared client's connection pool, split in shards taken in turn: httpcore scans every
-    connection of a pool on each request, so one pool of hundreds of streams costs O(n) a request."""
-
-    def __init__(self, shards: int = 16, connections: int = 512) -> None:
-        limits = httpx.Limits(max_connections=connections, max_keepalive_connections=connections // 4,
-                              keepalive_expiry=KEEPALIVE_EXPIRY_S)
-        tls = httpx.create_ssl_context()    # one for all shards: loading the CA bundle takes ~0.1 s each
-        self.shards = [httpx.AsyncHTTPTransport(limits=limits, verify=tls) for _ in range(shards)]
-        self._turn = 0
-
-    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
-        self._turn = (self._turn + 1) % len(self.shards)
-        return await self.shards[self._turn].handle_async_request(request)
-
-    async def aclose(self) -> None:
-        for shard in self.shards:
-            await shard.aclose()
 
 
 class Rejected(Exception):
@@ -251,7 +231,7 @@ class RouterService:
             session = self.state.new_session(key, cls, prompt_len + (held if pin is not None else 0), group, now,
                                              affinity, pin)
             kind = "new"
-        self.metrics.requests.labels(session.traj.workload_class, kind).inc()
+        self.metrics.requests_of(session.traj.workload_class, kind).inc()
         self.decide(now)
         if session.traj.state is State.FRESH and len(self.state.hold) > self.settings.hold_max:
             self.state.withdraw(session)
@@ -338,12 +318,12 @@ class RouterService:
             traj = session.traj
             seen = self.groups_seen[action.worker]
             if isinstance(action, Admit):
-                self.metrics.admissions.labels(traj.workload_class).inc()
+                self.metrics.admissions_of(traj.workload_class).inc()
                 self.metrics.hold_wait.observe(max(0.0, now - session.arrived_at))
                 if traj.group in seen:
-                    self.metrics.prefix_hits.labels("group").inc()
+                    self.metrics.prefix_hits_of("group").inc()
             elif traj.kv_home == action.worker:
-                self.metrics.prefix_hits.labels("sticky").inc()
+                self.metrics.prefix_hits_of("sticky").inc()
             seen[traj.group] = None
             seen.move_to_end(traj.group)
             if len(seen) > GROUPS_PER_WORKER:

@@ -12,7 +12,7 @@ be read keeps the last figures and leaves the server up.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import httpx
 
@@ -34,6 +34,15 @@ class Upstream:
     prefix_queries: float = 0.0     # the server's own prefix-cache counters, as last scraped
     prefix_hits: float = 0.0
     metrics_ok: bool = True         # the last /metrics page could be read
+    _endpoints: dict = field(default_factory=dict, repr=False, compare=False)
+
+    def endpoint(self, path: str) -> httpx.URL:
+        """This server's URL for one of the router's fixed routes, parsed once (httpx parses a URL
+        given as a string on every request)."""
+        url = self._endpoints.get(path)
+        if url is None:
+            url = self._endpoints[path] = httpx.URL(self.url + path)
+        return url
 
     @property
     def routable(self) -> bool:

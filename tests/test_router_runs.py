@@ -1,0 +1,146 @@
+"""`router/runs.py`: a stream's chunks grouped in the runs that were ready together, with nothing
+held back, and a chunk still being waited for given up cleanly when the reader stops."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from cadencerl.router.runs import ready_runs
+
+
+class Feed:
+    """An upstream whose chunks arrive in bursts: `arrive` hands over a burst, the stream yields its
+    chunks at once and then waits (a future) for the next burst; `None` ends it, an exception breaks it."""
+
+    def __init__(self) -> None:
+        self.bursts: asyncio.Queue = asyncio.Queue()
+        self.closed = self.cancelled = False
+
+    def arrive(self, *chunks) -> None:
+        self.bursts.put_nowait(chunks)
+
+    async def stream(self):
+        try:
+            while True:
+                for chunk in await self.bursts.get():
+                    if chunk is None:
+                        return
+                    if isinstance(chunk, Exception):
+                        raise chunk
+                    yield chunk
+        except asyncio.CancelledError:
+            self.cancelled = True
+            raise
+        finally:
+            self.closed = True
+
+
+async def collect(feed: Feed, bursts: list[tuple]) -> list[list[bytes]]:
+    """The runs read while `bursts` arrive one by one, each only once the reader waits for it."""
+    runs = ready_runs(feed.stream())
+    got = []
+    task = asyncio.ensure_future(_read(runs, got))
+    for burst in bursts:
+        await asyncio.sleep(0.01)
+        feed.arrive(*burst)
+    await task
+    return got
+
+
+async def _read(runs, got) -> None:
+    async for run in runs:
+        got.append(run)
+
+
+def test_a_burst_is_one_run_and_a_lone_chunk_its_own() -> None:
+    feed = Feed()
+    got = asyncio.run(collect(feed, [(b"a", b"b", b"c"), (b"d",), (b"e", b"f", None)]))
+    assert got == [[b"a", b"b", b"c"], [b"d"], [b"e", b"f"]]
+    assert feed.closed
+
+
+def test_a_run_goes_out_before_the_next_chunk_is_waited_for() -> None:
+    async def main() -> None:
+        feed = Feed()
+        runs = ready_runs(feed.stream())
+        feed.arrive(b"a", b"b")
+        assert await anext(runs) == [b"a", b"b"]     # not held back until c arrives
+        feed.arrive(b"c", None)
+        assert await anext(runs) == [b"c"]
+        with pytest.raises(StopAsyncIteration):
+            await anext(runs)
+    asyncio.run(main())
+
+
+def test_a_break_comes_after_the_chunks_before_it() -> None:
+    async def main() -> list:
+        feed = Feed()
+        got: list = []
+        feed.arrive(b"a", b"b", OSError("broken"))
+        with pytest.raises(OSError, match="broken"):
+            async for run in ready_runs(feed.stream()):
+                got.append(run)
+        return got
+    assert asyncio.run(main()) == [[b"a", b"b"]]
+
+
+def test_a_cancel_while_waiting_reaches_the_stream() -> None:
+    async def main() -> Feed:
+        feed = Feed()
+        got: list = []
+        task = asyncio.ensure_future(_read(ready_runs(feed.stream()), got))
+        feed.arrive(b"a")
+        await asyncio.sleep(0.01)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert got == [[b"a"]]
+        return feed
+    feed = asyncio.run(main())
+    assert feed.cancelled and feed.closed
+
+
+def test_closing_it_after_a_run_gives_up_the_chunk_being_waited_for() -> None:
+    async def main() -> Feed:
+        feed = Feed()
+        runs = ready_runs(feed.stream())
+        feed.arrive(b"a", b"b")
+        assert await anext(runs) == [b"a", b"b"]      # the stream now waits for its next burst
+        await runs.aclose()
+        return feed
+    feed = asyncio.run(main())
+    assert feed.cancelled and feed.closed
+
+
+def test_a_timeout_inside_the_stream_is_its_own() -> None:
+    """A deadline the stream sets on its own wait (httpcore's read timeout) still fires in it."""
+    async def slow():
+        yield b"a"
+        try:
+            await asyncio.wait_for(asyncio.Event().wait(), 0.05)
+        except asyncio.TimeoutError:
+            yield b"timed out"
+
+    async def main() -> list:
+        return [run async for run in ready_runs(slow())]
+    assert asyncio.run(main()) == [[b"a"], [b"timed out"]]
+
+
+def test_a_server_silent_mid_stream_still_times_out_through_the_relay() -> None:
+    """The read timeout fires inside a step `ready_runs` waits on, as it fired in the relay's own read."""
+    import httpx
+
+    from router_stub import Fleet
+
+    with Fleet(stubs=1, request_timeout_s=1.0) as f, httpx.Client(base_url=f.url, timeout=20) as c:
+        f.states[0].token_delay_s = 0.02
+        body = {"model": "tiny", "prompt": [1, 2, 3], "max_tokens": 200, "stream": True}
+        with c.stream("POST", "/v1/completions", json=body) as r:
+            lines = r.iter_lines()
+            assert next(line for line in lines if line.startswith("data: "))
+            f.states[0].token_delay_s = 5.0          # the server goes silent past the read timeout
+            rest = [line for line in lines if line.startswith("data: ")]
+        assert "the upstream stream broke: ReadTimeout" in rest[-2] and rest[-1] == "data: [DONE]"
+        assert 'cadencerl_router_errors_total{kind="midstream"} 1.0' in c.get("/metrics").text
