@@ -202,6 +202,33 @@ def test_a_stream_broken_midway_ends_with_an_error_event() -> None:
         assert r.status_code == 200, "the session continues after a broken turn"
 
 
+def test_a_streamed_event_goes_out_as_it_arrives_and_the_end_once_the_session_is_parked() -> None:
+    """The relay keeps back only the chunk that ends the stream (so a client that sends its next turn
+    on `[DONE]` finds the session parked), never a token until the next one comes."""
+    with Fleet(stubs=1) as f, httpx.Client(base_url=f.url, timeout=20) as c:
+        f.states[0].token_delay_s = 1.0       # the stub sleeps before each token
+        arrived, parked_at_done = [], None
+        with c.stream("POST", "/v1/completions", json={**TOKENS, "stream": True, "max_tokens": 2},
+                      headers={"X-Session-Id": "s"}) as r:
+            for line in r.iter_lines():
+                if line.startswith("data: "):
+                    arrived.append(time.monotonic())
+                    if line == "data: [DONE]":
+                        parked_at_done = len(f.service.state.parked)
+        assert len(arrived) == 3 and parked_at_done == 1
+        assert arrived[1] - arrived[0] > 0.5, "the first token waited for the second"
+
+
+def test_a_completion_streams_end_is_found_across_chunks() -> None:
+    from cadencerl.router.proxy import EventCount
+
+    reader = EventCount()
+    for chunk in (b'data: {"choices": []}\n\n', b"data: [DO", b"NE]\n\n"):
+        assert not reader.ended
+        reader.feed(chunk)
+    assert reader.ended and reader.generated == 1
+
+
 def test_a_client_that_leaves_mid_stream_frees_its_slot_and_the_upstream_request() -> None:
     with Fleet(stubs=1) as f, httpx.Client(base_url=f.url, timeout=10) as c:
         f.states[0].token_delay_s = 0.05

@@ -180,13 +180,16 @@ def test_a_stream_reader_learns_the_id_and_counts_usage_not_events() -> None:
     reader = ResponseStream(owners, 2)
     stream = b"".join([created, *framing, *deltas, done])
     for i in range(0, len(stream), 7):      # the id and the usage split across chunks
+        assert not reader.ended, "ended before its last event"
         reader.feed(stream[i:i + 7])
     assert owners.get("resp_x") == 2 and reader.generated == 5, "vLLM sends fewer deltas than tokens"
+    assert reader.ended, "response.completed ends a Responses stream (it has no [DONE])"
     broken = ResponseStream(None, 1)        # store false: counts, learns nothing
     for chunk in (event("response.created", response={"id": "resp_y"}), b"x" * (MAX_EVENT_BYTES + 1), b"x\n",
                   *framing, *deltas, b"data: [DONE]\n\n"):
         broken.feed(chunk)
     assert broken.generated == 2 and owners.get("resp_y") is None and len(owners) == 1
+    assert not broken.ended, "[DONE] is not a Responses stream's end"
 
 
 @pytest.mark.parametrize("stream", [False, True])

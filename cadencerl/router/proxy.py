@@ -175,13 +175,21 @@ class RelayResponse(Response):
 
 
 class EventCount:
-    """A completion stream's tokens: its SSE events (vLLM streams about one token per event)."""
+    """A completion stream's tokens: its SSE events (vLLM streams about one token per event); it has
+    `ended` once `data: [DONE]` went by (each found across a chunk boundary too)."""
 
     def __init__(self) -> None:
         self.generated = 0
+        self.ended = False
+        self._tail = b""
 
     def feed(self, chunk: bytes) -> None:
-        self.generated += chunk.count(b"data: ") - chunk.count(b"data: [DONE]")
+        tail, seen = self._tail, self._tail + chunk     # an event's start or end cut between chunks
+        events = seen.count(b"data: ") - tail.count(b"data: ")
+        done = seen.count(DONE) - tail.count(DONE)
+        self.generated += events - done
+        self.ended = self.ended or done > 0
+        self._tail = seen[-len(DONE):]
 
     @staticmethod
     def error_event(message: str) -> bytes:
@@ -190,32 +198,37 @@ class EventCount:
 
 async def _relay(svc: RouterService, session: Session, resp: httpx.Response, chunks: AsyncIterator[bytes],
                  first: bytes, last: bool, reader: EventCount | ResponseStream) -> AsyncIterator[bytes]:
-    """The stream, one chunk behind: the session is released before its final chunk goes out, so a
-    client that sends the next turn as soon as it reads `[DONE]` finds the session parked. `reader`
+    """The stream as it arrives, but for the chunk that ends it (`[DONE]`, a Responses stream's last
+    event), kept until the upstream closes: the session is released before that goes out, so a
+    client that sends the next turn as soon as it reads the end finds the session parked. `reader`
     counts the tokens as the chunks pass (a Responses stream's also learns its stored response's
     id, `stored.py`). Chunks that arrived together go out together (`runs.py`): one send for a
     burst of events, not one each."""
-    held = first
+    ending = b""            # from the chunk that ends the stream on
     released = False
     runs = ready_runs(chunks)
     try:
-        async for run in runs:
-            sent = b"".join([held, *run[:-1]]) if len(run) > 1 else held
-            reader.feed(sent)
-            yield sent
-            held = run[-1]
-        reader.feed(held)
+        run: list[bytes] | None = [first]
+        while run is not None:
+            data = b"".join(run)
+            reader.feed(data)
+            if ending or reader.ended:
+                ending += data
+            else:
+                yield data
+            run = await anext(runs, None)
         svc.release(session, reader.generated, last=last)
         released = True
-        yield LastChunk(held)
+        yield LastChunk(ending)
     except httpx.HTTPError as exc:
         svc.metrics.errors.labels("midstream").inc()
         if not released:
-            reader.feed(held)
             svc.release(session, reader.generated, last=last)
             released = True
-        yield held                          # what arrived before the break, not yet sent
-        yield reader.error_event(f"the upstream stream broke: {type(exc).__name__}")
+        if ending:              # it broke after its end: the client has what it asked for
+            yield ending
+        else:
+            yield reader.error_event(f"the upstream stream broke: {type(exc).__name__}")
     finally:
         if not released:
             svc.release(session, reader.generated, last=last)
@@ -224,6 +237,9 @@ async def _relay(svc: RouterService, session: Session, resp: httpx.Response, chu
             await resp.aclose()
         except Exception:  # closing a broken connection may fail again; nothing is left to save
             pass
+
+
+DONE = b"data: [DONE]"
 
 
 def error_event(message: str) -> bytes:

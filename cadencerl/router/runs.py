@@ -3,93 +3,59 @@
 httpx yields an upstream SSE stream one HTTP chunk at a time, and vLLM (or the benchmark's stub)
 writes one chunk per event, so a relay that sends each chunk on its own makes one ASGI send, one
 write() and one TCP segment per event, even for events that came in one read from the socket. Here
-each next chunk is asked for and, when it is ready at once (httpcore had it buffered), added to the
-run; the run is handed on as soon as the next chunk is not ready, before waiting for it. A chunk is
-therefore never held back for a later one: the relay sends what it would have sent, in fewer writes.
+a task of its own reads the stream into a bounded queue, and the reader takes everything queued at
+once: a chunk is never held back for a later one, and a relay that falls behind (a busy router)
+catches up in one send instead of one per event. The bound keeps back-pressure: a client that
+stops reading stops the upstream read after `LIMIT` chunks.
 
-The next chunk is asked for by running its step of the stream until it would wait (a coroutine's
-`send`, as the event loop runs one): then the run is yielded, and the rest of that step is awaited
-as it would have been, every value the task sends in and every exception it throws in (a
-cancellation, a timeout) going to the step, as `yield from` passes them.
+The stream is read only in that task, so its own deadlines and cancel scopes (httpcore's read
+timeout) stay in it; stopping the runs cancels the task, which reaches the stream as a cancel would.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Generator
-from typing import Any
+from collections.abc import AsyncIterator
+
+LIMIT = 64      # chunks read ahead of the reader
 
 
-async def ready_runs(chunks: AsyncIterator[bytes]) -> AsyncIterator[list[bytes]]:
+class _End:
+    """The stream's end in the queue: `error` is what broke it, None for a clean end."""
+
+    __slots__ = ("error",)
+
+    def __init__(self, error: Exception | None = None) -> None:
+        self.error = error
+
+
+async def ready_runs(chunks: AsyncIterator[bytes], limit: int = LIMIT) -> AsyncIterator[list[bytes]]:
     """The chunks of `chunks`, in order, grouped in the runs that were ready together (never empty).
-    An exception from `chunks` is raised after the run read before it. Closed while a step waits
-    (its reader stopped while sending a run: the client left, say), the step is cancelled as a
-    task's cancellation would reach it, so the stream under it cleans up as it does on a cancel."""
-    run: list[bytes] = []
-    while True:
-        step = chunks.__anext__().__await__()
-        try:
-            waiting = step.send(None)
-        except StopIteration as ready:
-            run.append(ready.value)
-            continue
-        except StopAsyncIteration:
-            break
-        except BaseException:
-            if run:
-                yield run
-            raise
-        if run:
-            try:
-                yield run
-            except BaseException:
-                await _given_up(_Rest(step, waiting, asyncio.CancelledError()))
-                raise
-        run = []
-        try:
-            run.append(await _Rest(step, waiting))
-        except StopAsyncIteration:
-            break
-    if run:
-        yield run
-
-
-async def _given_up(rest: "_Rest") -> None:
+    An exception from `chunks` is raised after the run read before it."""
+    queue: asyncio.Queue[bytes | _End] = asyncio.Queue(limit)
+    pump = asyncio.create_task(_pump(chunks, queue))
     try:
-        await rest
-    except BaseException:   # the cancellation, or what the stream raised closing on it: nobody reads it
-        pass
-
-
-class _Rest:
-    """The rest of a step that `ready_runs` ran until it waited on `waiting`, awaited in its place;
-    with `throw`, that exception is thrown into the step first (it was not waited for)."""
-
-    __slots__ = ("step", "waiting", "throw")
-
-    def __init__(self, step: Generator[Any, Any, bytes], waiting: Any, throw: BaseException | None = None) -> None:
-        self.step, self.waiting, self.throw = step, waiting, throw
-
-    def __await__(self) -> Generator[Any, Any, bytes]:
-        step, waiting, exc = self.step, self.waiting, self.throw
         while True:
-            if exc is None:
-                try:
-                    sent = yield waiting
-                except GeneratorExit:
-                    step.close()
-                    raise
-                except BaseException as thrown:  # a cancellation or a timeout: the step's to handle
-                    exc = thrown
-                    continue
-                try:
-                    waiting = step.send(sent)
-                except StopIteration as done:
-                    return done.value
-            else:
-                try:
-                    waiting = step.throw(exc)
-                except StopIteration as done:
-                    return done.value
-                finally:
-                    exc = None
+            run = [await queue.get()]
+            while not queue.empty():
+                run.append(queue.get_nowait())
+            end = run.pop() if isinstance(run[-1], _End) else None
+            if run:
+                yield run          # type: ignore[misc]   # only the last item can be the end
+            if end is not None:
+                if end.error is not None:
+                    raise end.error
+                return
+    finally:
+        pump.cancel()
+        await asyncio.wait([pump])     # the stream has closed before the caller closes its response
+
+
+async def _pump(chunks: AsyncIterator[bytes], queue: asyncio.Queue[bytes | _End]) -> None:
+    try:
+        async for chunk in chunks:
+            await queue.put(chunk)
+    except Exception as exc:        # a broken stream: the reader raises it after what came before
+        await queue.put(_End(exc))
+    else:
+        await queue.put(_End())

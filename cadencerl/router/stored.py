@@ -20,6 +20,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 
 MAX_EVENT_BYTES = 1 << 20     # a stream line longer than this is not read
+LAST_EVENTS = frozenset({"response.completed", "response.incomplete", "response.failed", "error"})
 
 
 @dataclass
@@ -94,7 +95,9 @@ class ResponseStream:
     framing too (`response.created`, `.in_progress`, `.output_item.added`, ...: eight events for a
     one-token reply from vLLM). Each response object also updates the context remembered with the
     id (`prompt`: the turn's prompt as the router sized it, for one without usage). A line longer
-    than MAX_EVENT_BYTES is skipped, not buffered. A stream that breaks ends with `error_event`."""
+    than MAX_EVENT_BYTES is skipped, not buffered. It has `ended` once the event that ends the
+    stream went by (LAST_EVENTS: a Responses stream has no `[DONE]`). A stream that breaks ends with
+    `error_event`."""
 
     def __init__(self, owners: ResponseOwners | None, worker: int, prompt: int = 0) -> None:
         self._owners, self._worker, self._prompt = owners, worker, prompt
@@ -104,6 +107,7 @@ class ResponseStream:
         self._deltas = 0
         self._usage: int | None = None
         self._sequence = -1      # the last event's `sequence_number`
+        self.ended = False
 
     @property
     def generated(self) -> int:
@@ -139,6 +143,7 @@ class ResponseStream:
             self._sequence = sequence
         if isinstance(kind, str) and kind.endswith(".delta"):
             self._deltas += 1
+        self.ended = self.ended or (isinstance(kind, str) and kind in LAST_EVENTS)
         response = event.get("response")
         if isinstance(response, dict):
             self._response(response)
