@@ -50,6 +50,7 @@ class StubState:
     kv_blocks: int | None = None
     pooled_delay_s: float = 0.0
     usage: bool = True              # a response object carries its usage
+    text: str = " t"                # each completion token's text
     running: int = 0
     stored: dict = field(default_factory=dict)      # response id -> response object
     held: dict = field(default_factory=dict)        # response id -> its context, in tokens
@@ -183,7 +184,7 @@ async def _events(state: StubState, n: int, chat: bool):
                 raise BrokenStream("stub breaks the stream")
             if state.token_delay_s:
                 await asyncio.sleep(state.token_delay_s)
-            delta = {"delta": {"content": " t"}} if chat else {"text": " t"}
+            delta = {"delta": {"content": state.text}} if chat else {"text": state.text}
             chunk = {"id": "cmpl-stub", "object": "chat.completion.chunk" if chat else "text_completion",
                      "choices": [{"index": 0, **delta, "finish_reason": "length" if i == n - 1 else None}]}
             yield f"data: {json.dumps(chunk)}\n\n"

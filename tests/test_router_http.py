@@ -229,6 +229,38 @@ def test_a_completion_streams_end_is_found_across_chunks() -> None:
     assert reader.ended and reader.generated == 1
 
 
+def test_a_completion_streams_end_is_an_event_not_text_that_reads_like_one() -> None:
+    """Generated text may hold `data: [DONE]` (a model writing SSE code; a tool call's arguments come
+    in one delta): JSON escapes no part of it, but a string holds no raw newline, so only an event's
+    own `data:` opens a line. Taken for the end, the rest of the stream would be held back."""
+    from cadencerl.router.proxy import EventCount
+
+    reader = EventCount()
+    token = b'data: {"choices": [{"text": "print(\\"data: [DONE]\\")"}]}\n\n'
+    cut = token.index(b"[DONE]") + 2      # the text's `data: [DONE]` cut between chunks
+    for chunk in (token, token[:cut], token[cut:], b"data: [DO", b"NE]\n\n"):
+        assert not reader.ended, chunk
+        reader.feed(chunk)
+    assert reader.ended and reader.generated == 2
+    crlf = EventCount()
+    for chunk in (b'data: {"text": "data: x"}\r\n\r\n', b"data: [DONE]\r\n\r\n"):
+        crlf.feed(chunk)
+    assert crlf.ended and crlf.generated == 1
+
+
+def test_a_token_whose_text_reads_like_the_end_is_relayed_as_it_arrives() -> None:
+    with Fleet(stubs=1) as f, httpx.Client(base_url=f.url, timeout=20) as c:
+        f.states[0].text, f.states[0].token_delay_s = "data: [DONE]", 0.5
+        arrived = []
+        with c.stream("POST", "/v1/completions", json={**TOKENS, "stream": True, "max_tokens": 3},
+                      headers={"X-Session-Id": "s"}) as r:
+            for line in r.iter_lines():
+                if line.startswith("data: "):
+                    arrived.append(time.monotonic())
+        assert len(arrived) == 4 and arrived[1] - arrived[0] > 0.25, "held back as if the stream had ended"
+        assert [s.traj.tokens for s in f.service.state.parked.values()] == [3], "three tokens, one event each"
+
+
 def test_a_client_that_leaves_mid_stream_frees_its_slot_and_the_upstream_request() -> None:
     with Fleet(stubs=1) as f, httpx.Client(base_url=f.url, timeout=10) as c:
         f.states[0].token_delay_s = 0.05

@@ -176,20 +176,22 @@ class RelayResponse(Response):
 
 class EventCount:
     """A completion stream's tokens: its SSE events (vLLM streams about one token per event); it has
-    `ended` once `data: [DONE]` went by (each found across a chunk boundary too)."""
+    `ended` once `data: [DONE]` went by (each found across a chunk boundary too). Only a `data:`
+    that opens a line is an event's: generated text can hold `data: [DONE]` too (JSON escapes none
+    of it), but never a raw newline."""
 
     def __init__(self) -> None:
         self.generated = 0
         self.ended = False
-        self._tail = b""
+        self._tail = b"\n"      # the stream's start opens a line
 
     def feed(self, chunk: bytes) -> None:
         tail, seen = self._tail, self._tail + chunk     # an event's start or end cut between chunks
-        events = seen.count(b"data: ") - tail.count(b"data: ")
-        done = seen.count(DONE) - tail.count(DONE)
+        events = seen.count(_EVENT) - tail.count(_EVENT)
+        done = seen.count(_END) - tail.count(_END)
         self.generated += events - done
         self.ended = self.ended or done > 0
-        self._tail = seen[-len(DONE):]
+        self._tail = seen[-len(_END):]
 
     @staticmethod
     def error_event(message: str) -> bytes:
@@ -240,6 +242,7 @@ async def _relay(svc: RouterService, session: Session, resp: httpx.Response, chu
 
 
 DONE = b"data: [DONE]"
+_EVENT, _END = b"\ndata: ", b"\n" + DONE     # at a line's start
 
 
 def error_event(message: str) -> bytes:
