@@ -144,3 +144,60 @@ def test_a_server_silent_mid_stream_still_times_out_through_the_relay() -> None:
             rest = [line for line in lines if line.startswith("data: ")]
         assert "the upstream stream broke: ReadTimeout" in rest[-2] and rest[-1] == "data: [DONE]"
         assert 'cadencerl_router_errors_total{kind="midstream"} 1.0' in c.get("/metrics").text
+
+
+def test_a_relay_given_up_before_its_first_chunk_still_releases_and_closes() -> None:
+    """The client leaves while the response's head waits to be written (uvicorn's send waits for a
+    paused transport): the relay's body was never iterated, yet its session is released and the
+    upstream stream closed (an async generator closed unstarted runs no `finally`)."""
+    from types import SimpleNamespace
+
+    import httpx
+
+    from cadencerl.router.proxy import _attempt
+    from cadencerl.router.requests import Routed
+
+    class Upstream(httpx.AsyncBaseTransport):
+        closed = False
+
+        async def handle_async_request(self, request):
+            async def body():
+                try:
+                    yield b'data: {"text": "a"}\n\n'
+                    await asyncio.Event().wait()        # the server streams on
+                finally:
+                    Upstream.closed = True
+            return httpx.Response(200, stream=Stream(body()))
+
+    class Stream(httpx.AsyncByteStream):
+        def __init__(self, gen) -> None:
+            self.gen = gen
+
+        def __aiter__(self):
+            return self.gen
+
+        async def aclose(self) -> None:
+            await self.gen.aclose()
+
+    released = []
+    svc = SimpleNamespace(transport=Upstream(), forward_timeout=None, release=lambda s, n, last: released.append(n))
+    session = SimpleNamespace(traj=SimpleNamespace(context=3))
+    req = Routed(raw=b"{}", stream=True, session_key=None, affinity="", workload_class="c", last=True,
+                 prompt_len=3, group=0)
+
+    async def main() -> None:
+        reply = await _attempt(svc, session, httpx.URL("http://up/v1/completions"), req, [], 0)
+        disconnected = asyncio.Event()
+
+        async def receive():
+            await disconnected.wait()
+            return {"type": "http.disconnect"}
+
+        async def send(message):
+            if message["type"] == "http.response.start":
+                disconnected.set()
+                await asyncio.Event().wait()            # the head never goes out
+        await asyncio.wait_for(reply({"type": "http"}, receive, send), 5)
+
+    asyncio.run(main())
+    assert released == [0] and Upstream.closed

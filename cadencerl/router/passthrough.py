@@ -26,7 +26,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from cadencerl.router.disconnect import CLIENT_CLOSED, while_connected
-from cadencerl.router.proxy import RelayResponse, error_event, forwarded_headers, returned_headers
+from cadencerl.router.proxy import RelayResponse, error_event, forwarded_headers, primed, returned_headers
 from cadencerl.router.requests import ApiError, PassThrough, error_response, read_pass_through
 from cadencerl.router.service import Rejected, RouterService
 from cadencerl.router.upstream import Upstream
@@ -89,7 +89,7 @@ async def relay_once(svc: RouterService, up: Upstream, method: str, path: str, c
         svc.metrics.errors.labels("upstream_5xx").inc()
     out_headers = returned_headers(resp, up.id)
     if stream and resp.status_code == 200 and resp.headers.get("content-type", "").startswith("text/event-stream"):
-        return RelayResponse(_chunks(svc, resp), out_headers)
+        return RelayResponse(await primed(_chunks(svc, resp)), out_headers)
     try:
         content = await resp.aread()
     finally:
@@ -112,6 +112,7 @@ def failure(svc: RouterService, up: Upstream, exc: httpx.HTTPError) -> str:
 async def _chunks(svc: RouterService, resp: httpx.Response) -> AsyncIterator[bytes]:
     """A stream as it comes; one that breaks ends with an error event, as a completion's does."""
     try:
+        yield b""               # `primed`: from here on, closing it closes the stream
         async for chunk in resp.aiter_raw():
             yield chunk
     except httpx.HTTPError as exc:

@@ -122,7 +122,15 @@ async def _attempt(svc: RouterService, session: Session, url: httpx.URL, req: Ro
         raise _BeforeFirstToken("stream_start") from None
     reader = ResponseStream(svc.owners if req.remember else None, worker, session.traj.context) \
         if req.responses else EventCount()
-    return RelayResponse(_relay(svc, session, resp, chunks, first, req.last, reader), out_headers)
+    return RelayResponse(await primed(_relay(svc, session, resp, chunks, first, req.last, reader)), out_headers)
+
+
+async def primed(body: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+    """`body` run to its first `yield b""` (inside its try): an async generator closed before it
+    started runs no `finally`, so a relay given up before its first chunk (the client gone while
+    the response's head waited to be written) would never release its session or close the stream."""
+    await anext(body)
+    return body
 
 
 class LastChunk(bytes):
@@ -210,6 +218,7 @@ async def _relay(svc: RouterService, session: Session, resp: httpx.Response, chu
     released = False
     runs = ready_runs(chunks)
     try:
+        yield b""               # `primed`: from here on, closing the relay releases and closes
         run: list[bytes] | None = [first]
         while run is not None:
             data = b"".join(run)
