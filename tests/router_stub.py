@@ -159,6 +159,10 @@ def stub_app(state: StubState) -> Starlette:
             return _not_found(rid)
         if request.url.path.endswith("/cancel"):
             state.stored[rid] = {**state.stored[rid], "status": "cancelled"}
+        elif request.query_params.get("stream") == "true":     # replayed as a stream
+            done = state.stored[rid]
+            return StreamingResponse(_response_events(state, done, done["usage"]["output_tokens"]),
+                                     media_type="text/event-stream", headers={"x-stub": state.name})
         return JSONResponse(state.stored[rid], headers={"x-stub": state.name})
 
     async def models(request: Request) -> Response:

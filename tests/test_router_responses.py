@@ -282,3 +282,16 @@ def test_a_waiting_turn_no_decision_can_place_on_its_server_is_refused_at_the_po
     else:
         assert isinstance(exc, ApiError) and (exc.status, exc.param) == (400, "input") and "63 at most" in exc.message
     assert not svc.waiters and len(svc.state.live) == 1
+
+
+def test_a_stored_response_streamed_again_that_breaks_ends_with_the_responses_error_event() -> None:
+    with Fleet(stubs=1) as f, httpx.Client(base_url=f.url, timeout=10) as c:
+        rid = c.post("/v1/responses", json=ASK).json()["id"]
+        r = c.get(f"/v1/responses/{rid}", params={"stream": "true"})
+        assert r.status_code == 200 and r.text.rstrip().split("\n\n")[-1].startswith("event: response.completed")
+        f.states[0].break_after = 2             # response.created and one delta, then the stream breaks
+        r = c.get(f"/v1/responses/{rid}", params={"stream": "true"})
+        last = r.text.rstrip().split("\n\n")[-1]
+        assert r.status_code == 200 and last.startswith("event: error\ndata: ") and "[DONE]" not in r.text
+        error = json.loads(last.split("data: ", 1)[1])
+        assert error["type"] == "error" and error["code"] == "upstream_error" and error["sequence_number"] == 2

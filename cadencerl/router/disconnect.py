@@ -43,6 +43,6 @@ async def while_connected(request: Request, work: Awaitable[Response]) -> Respon
         response = None
     finally:
         watcher.cancel()
-    if gone:
-        task.uncancel()       # the cancellation was the watcher's, and it ends here
+        if gone:
+            task.uncancel()   # the cancellation was the watcher's, and it ends here (whatever the work raised)
     return response

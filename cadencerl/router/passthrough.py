@@ -26,9 +26,10 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from cadencerl.router.disconnect import CLIENT_CLOSED, while_connected
-from cadencerl.router.proxy import RelayResponse, error_event, forwarded_headers, primed, returned_headers
+from cadencerl.router.proxy import RelayResponse, forwarded_headers, primed, returned_headers
 from cadencerl.router.requests import ApiError, PassThrough, error_response, read_pass_through
 from cadencerl.router.service import Rejected, RouterService
+from cadencerl.router.stored import ResponseStream
 from cadencerl.router.upstream import Upstream
 
 PASS_THROUGH = ("/v1/embeddings", "/v1/rerank", "/rerank")
@@ -110,13 +111,16 @@ def failure(svc: RouterService, up: Upstream, exc: httpx.HTTPError) -> str:
 
 
 async def _chunks(svc: RouterService, resp: httpx.Response) -> AsyncIterator[bytes]:
-    """A stream as it comes; one that breaks ends with an error event, as a completion's does."""
+    """A stored response's stream as it comes (`GET /v1/responses/{id}?stream=true`, the one streamed
+    pass-through); one that breaks ends with the Responses API's error event, as a relayed one does."""
+    reader = ResponseStream(None, -1)        # numbers the error event after the last one relayed
     try:
         yield b""               # `primed`: from here on, closing it closes the stream
         async for chunk in resp.aiter_raw():
+            reader.feed(chunk)
             yield chunk
     except httpx.HTTPError as exc:
         svc.metrics.errors.labels("midstream").inc()
-        yield error_event(f"the upstream stream broke: {type(exc).__name__}")
+        yield reader.error_event(f"the upstream stream broke: {type(exc).__name__}")
     finally:
         await resp.aclose()

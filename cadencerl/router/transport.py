@@ -3,9 +3,10 @@
 httpcore scans every connection of a pool each time a request starts or ends, and asks the socket
 of each idle one whether its server closed it (a poll() per idle connection): one pool of hundreds
 of streams costs O(n) a request. Split in shards, each scan covers a few connections. A request
-goes to the shard of the connection that went idle last (most recently used first, so at low load
-one warm connection serves request after request, well within its keep-alive), and to the shards
-in turn when none is idle (a new connection there).
+goes to the shard of the connection to its server that went idle last (most recently used first,
+so at low load one warm connection serves request after request, well within its keep-alive), and
+to the shards in turn when none is idle (a new connection there). The hints are kept per server:
+a shard idle towards another server would open a new connection.
 """
 
 from __future__ import annotations
@@ -23,18 +24,24 @@ class ShardedTransport(httpx.AsyncBaseTransport):
                               keepalive_expiry=KEEPALIVE_EXPIRY_S)
         tls = httpx.create_ssl_context()    # one for all shards: loading the CA bundle takes ~0.1 s each
         self.shards = [httpx.AsyncHTTPTransport(limits=limits, verify=tls) for _ in range(shards)]
-        self._turn = 0
-        # one entry per reply that ended, latest last: the shard that has an idle connection (a hint:
-        # the connection may have expired since, and then that shard opens a new one)
-        self._idle: deque[int] = deque(maxlen=connections)
+        self._turn, self._connections = 0, connections
+        # per server, one entry per reply that ended, latest last: the shard that has an idle
+        # connection to it (a hint: the connection may have expired since, and then that shard
+        # opens a new one)
+        self._idle: dict[tuple[bytes, bytes, int | None], deque[int]] = {}
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
-        if self._idle:
-            shard = self._idle.pop()
+        url = request.url
+        origin = (url.raw_scheme, url.raw_host, url.port)
+        idle = self._idle.get(origin)
+        if idle is None:
+            idle = self._idle[origin] = deque(maxlen=self._connections)
+        if idle:
+            shard = idle.pop()
         else:
             shard = self._turn = (self._turn + 1) % len(self.shards)
         resp = await self.shards[shard].handle_async_request(request)
-        resp.stream = _Tracked(resp.stream, self._idle, shard)
+        resp.stream = _Tracked(resp.stream, idle, shard)
         return resp
 
     async def aclose(self) -> None:
