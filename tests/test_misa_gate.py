@@ -199,6 +199,15 @@ def test_in_front_of_a_policy_that_never_overcommits_kv_each_worker_keeps_its_ow
     assert misa.remaining(p.view) == 2 and not misa.accepts(p.view, busy) and misa.accepts(p.view, idle)
 
 
+@pytest.mark.parametrize("inner, room", [(LeastLoadedRouter, 0), (lambda: Cadence(PARAMS), 1)])
+def test_a_worker_with_no_cap_yet_counts_as_a_cap_of_one_pooled_or_not(inner, room: int):
+    """Before its first look a worker has a cap of 1 in `remaining` as in `accepts`: alone (one
+    session) or in the pool's sum (2 + 1 against the busy worker's 3 sessions: none)."""
+    misa, p, busy, idle = two_capped(inner())
+    del misa.caps[1]
+    assert misa.remaining(p.view) == room and misa.accepts(p.view, idle) == (room > 0)
+
+
 # -- class deficit and its completion-time lead ----------------------------------------------------
 
 def gate_pool(misa, workers, fresh_, inner=None, **state):

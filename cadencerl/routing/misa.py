@@ -308,11 +308,13 @@ class MisaT:
         return not self.one_cohort or w.version == self.filling(view)
 
     def remaining(self, view: PoolView) -> int:
-        """New sessions the pool may still take: under each worker's cap or, `pooled`, under their sum."""
+        """New sessions the pool may still take: under each worker's cap or, `pooled`, under their sum
+        (a worker with no cap yet, before its first look, has a cap of 1, as in `accepts`)."""
         alive = view.alive()
+        caps = [int(self.caps.get(w.id, 1)) for w in alive]
         if self.pooled:
-            return max(0, sum(int(self.caps.get(w.id, 1)) for w in alive) - sum(w.sessions for w in alive))
-        return sum(max(0, int(self.caps[w.id]) - w.sessions) for w in alive if w.id in self.caps)
+            return max(0, sum(caps) - sum(w.sessions for w in alive))
+        return sum(max(0, cap - w.sessions) for cap, w in zip(caps, alive))
 
 
 def overloaded(w: Worker, extra: int) -> bool:
