@@ -190,6 +190,11 @@ def test_a_stream_reader_learns_the_id_and_counts_usage_not_events() -> None:
         broken.feed(chunk)
     assert broken.generated == 2 and owners.get("resp_y") is None and len(owners) == 1
     assert not broken.ended, "[DONE] is not a Responses stream's end"
+    huge = ResponseStream(None, 1)          # a final response object past MAX_EVENT_BYTES: skipped, yet the end
+    for chunk in (created, b"event: response.completed\ndata: {" + b"x" * MAX_EVENT_BYTES, b"x}\n\n"):
+        assert not huge.ended
+        huge.feed(chunk)
+    assert huge.ended
 
 
 @pytest.mark.parametrize("stream", [False, True])

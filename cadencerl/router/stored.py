@@ -96,7 +96,8 @@ class ResponseStream:
     one-token reply from vLLM). Each response object also updates the context remembered with the
     id (`prompt`: the turn's prompt as the router sized it, for one without usage). A line longer
     than MAX_EVENT_BYTES is skipped, not buffered. It has `ended` once the event that ends the
-    stream went by (LAST_EVENTS: a Responses stream has no `[DONE]`). A stream that breaks ends with
+    stream went by (LAST_EVENTS: a Responses stream has no `[DONE]`; an over-long one is known by
+    its `event:` line). A stream that breaks ends with
     `error_event`."""
 
     def __init__(self, owners: ResponseOwners | None, worker: int, prompt: int = 0) -> None:
@@ -107,6 +108,7 @@ class ResponseStream:
         self._deltas = 0
         self._usage: int | None = None
         self._sequence = -1      # the last event's `sequence_number`
+        self._name = ""          # the last `event:` line's
         self.ended = False
 
     @property
@@ -117,10 +119,13 @@ class ResponseStream:
         lines = (self._partial + chunk).split(b"\n")
         self._partial = lines.pop()
         for line in lines:
-            if self._skip:
+            if self._skip:          # an over-long event's last part: its `event:` line names it
                 self._skip = False
+                self.ended = self.ended or self._name in LAST_EVENTS
             elif line.startswith(b"data:"):
                 self._event(line[5:])
+            elif line.startswith(b"event:"):
+                self._name = line[6:].strip().decode("utf-8", "replace")
         if len(self._partial) > MAX_EVENT_BYTES:
             self._partial, self._skip = b"", True
 
