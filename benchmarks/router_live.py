@@ -9,10 +9,14 @@ RLVR groups of 8 samples sharing a prompt, RLHF single replies; sessions in the 
 
   (a) vllm-router `cache_aware`, thresholds over a 2-point grid (its CLI defaults 0.3/64/1.5 and
       its documented defaults 0.5/32/1.1); the better by throughput is kept, both are printed;
-  (b) `cadencerl router --policy misa+cache-aware` (session and class headers sent);
+  (b) `cadencerl router --policy misa+cache-aware` (session and class headers sent), and the same
+      router without admission (`--policy cache-aware`, the thresholds vllm-router's CLI defaults),
+      with the sessions its admission held (from the router's own /metrics);
   (c) direct round-robin from the client (no router).
 
-Figures: throughput (completion tokens / makespan), prefix hit rate from the servers' own
+Each configuration replays `--rounds` rollouts back to back (3: a router keeps what it learned
+from one to the next, as over a training run's iterations); `steady` is the mean of all but the
+first, `first_round` the cold start. Figures: throughput (completion tokens / makespan), prefix hit rate from the servers' own
 `vllm:prefix_cache_hits` / `queries` counters, D_TV of completed sessions by class (mean over
 consecutive batches of `--batch` completions, as the simulator's trainer consumes them, in pp),
 per-class P95 session latency, 429s (the client waits Retry-After and resends).
@@ -69,6 +73,7 @@ class Session:
 class Outcome:
     tokens: int = 0
     rejected: int = 0
+    resent: int = 0
     errors: int = 0
     sessions: list = field(default_factory=list)
 
@@ -95,7 +100,11 @@ def workload(salt: str, scale: int, seed: int = 0) -> list[Session]:
 
 async def _post(c: httpx.AsyncClient, url: str, body: dict, headers: dict, out: Outcome) -> dict | None:
     for _ in range(50):
-        r = await c.post(url, json=body, headers=headers)
+        try:
+            r = await c.post(url, json=body, headers=headers)
+        except httpx.TransportError:    # a kept-alive connection the server closed as it was reused:
+            out.resent += 1             # resent, as the openai client does (its max_retries)
+            continue
         if r.status_code == 429:
             out.rejected += 1
             await asyncio.sleep(float(r.headers.get("retry-after", "1")))
@@ -158,28 +167,48 @@ def figures(out: Outcome, makespan: float, hits_q: tuple, batch: int) -> dict:
     return {"throughput_tok_s": round(out.tokens / makespan, 1), "makespan_s": round(makespan, 1),
             "prefix_hit_rate": round(hits_q[0] / hits_q[1], 4) if hits_q[1] else None,
             "dtv_pp": round(mixture_dtv_pp(batches, MIX), 2), "p95_session_s": p95,
-            "sessions_done": len(done), "rejected_429": out.rejected, "errors": out.errors}
+            "sessions_done": len(done), "rejected_429": out.rejected, "resent": out.resent, "errors": out.errors}
 
 
 def measured(name: str, servers: list[str], entry: list[str], with_headers: bool, args) -> dict:
-    sessions = workload(name, args.scale)
-    h0 = prefix_counters(servers)
-    out, makespan = asyncio.run(replay(sessions, entry, with_headers))
-    h1 = prefix_counters(servers)
-    row = figures(out, makespan, (h1[0] - h0[0], h1[1] - h0[1]), args.batch)
-    print(name, json.dumps(row), file=sys.stderr, flush=True)
-    return row
+    """`args.rounds` rollouts one after the other through the same entry (a router keeps what it
+    learned), each of fresh text: the first round (a cold router) and the steady rounds after it."""
+    rows = []
+    for i in range(args.rounds):
+        sessions = workload(f"{name}-r{i}", args.scale)
+        h0 = prefix_counters(servers)
+        out, makespan = asyncio.run(replay(sessions, entry, with_headers))
+        h1 = prefix_counters(servers)
+        rows.append(figures(out, makespan, (h1[0] - h0[0], h1[1] - h0[1]), args.batch))
+        print(f"{name} round {i}", json.dumps(rows[-1]), file=sys.stderr, flush=True)
+    later = rows[1:] or rows
+    steady = {k: round(sum(r[k] for r in later) / len(later), 4) for k in ("throughput_tok_s", "prefix_hit_rate", "dtv_pp")}
+    return {"steady": steady, "first_round": rows[0], "rounds": rows}
+
+
+def held(router: str) -> dict:
+    """What the router's admission did (its own /metrics): sessions it held and how long, in all."""
+    text = httpx.get(f"{router}/metrics", timeout=10).text
+    value = {line.split()[0]: float(line.split()[1]) for line in text.splitlines()
+             if line.startswith("cadencerl_router_hold_wait_seconds_") and " " in line}
+    count = value.get("cadencerl_router_hold_wait_seconds_count", 0.0)
+    waited = value.get("cadencerl_router_hold_wait_seconds_sum", 0.0)
+    over = count - value.get('cadencerl_router_hold_wait_seconds_bucket{le="0.01"}', count)
+    return {"held_sessions_over_10ms": int(over), "hold_wait_mean_s": round(waited / count, 3) if count else 0.0}
 
 
 def run_all(servers: list[str], args, logs: Path) -> dict:
     result: dict = {}
     result["direct round-robin"] = measured("direct", servers, servers, False, args)
-    port = free_port()
-    with cadencerl_router(servers, port, "misa+cache-aware", logs / "cadencerl.log", "--max-num-seqs",
-                          str(args.max_num_seqs)) as r:
-        r.wait_http(f"http://127.0.0.1:{port}/health")
-        result["cadencerl router misa+cache-aware"] = measured("misa", servers, [f"http://127.0.0.1:{port}"],
-                                                                True, args)
+    # The same router without admission (vllm-router's CLI-default thresholds) tells MISA-T's share of
+    # a difference from the router's own (Python HTTP, placement).
+    for policy in ("misa+cache-aware", "cache-aware"):
+        port = free_port()
+        with cadencerl_router(servers, port, policy, logs / f"cadencerl-{policy}.log", "--max-num-seqs",
+                              str(args.max_num_seqs)) as r:
+            r.wait_http(f"http://127.0.0.1:{port}/health")
+            url = f"http://127.0.0.1:{port}"
+            result[f"cadencerl router {policy}"] = {**measured(policy, servers, [url], True, args), **held(url)}
     if vllm_router_binary() is None:
         result["vllm-router cache_aware"] = "not installed (pip install vllm-router==0.1.17)"
         return result
@@ -192,7 +221,7 @@ def run_all(servers: list[str], args, logs: Path) -> dict:
             r.wait_http(f"http://127.0.0.1:{port}/health", timeout_s=120)
             grid[f"cache_threshold={ct},balance_abs={ab},balance_rel={rel}"] = measured(
                 f"vr{ct}", servers, [f"http://127.0.0.1:{port}"], True, args)
-    best = max(grid, key=lambda k: grid[k]["throughput_tok_s"])
+    best = max(grid, key=lambda k: grid[k]["steady"]["throughput_tok_s"])
     result["vllm-router cache_aware (best of grid)"] = {"thresholds": best, **grid[best]}
     result["vllm-router grid"] = grid
     return result
@@ -203,6 +232,7 @@ def main() -> None:
     ap.add_argument("--scale", type=int, default=1, help="72 sessions per unit")
     ap.add_argument("--batch", type=int, default=12, help="completions per trainer batch, for D_TV")
     ap.add_argument("--max-num-seqs", type=int, default=32)
+    ap.add_argument("--rounds", type=int, default=3, help="rollouts per configuration; steady = all but the first")
     ap.add_argument("--model-dir", type=Path, default=None, help="a built tiny model (else built here)")
     args = ap.parse_args()
     logs = Path(tempfile.mkdtemp(prefix="router_live_"))
