@@ -114,18 +114,31 @@ def test_closing_it_after_a_run_gives_up_the_chunk_being_waited_for() -> None:
     assert feed.cancelled and feed.closed
 
 
-def test_a_timeout_inside_the_stream_is_its_own() -> None:
-    """A deadline the stream sets on its own wait (httpcore's read timeout) still fires in it."""
-    async def slow():
-        yield b"a"
-        try:
-            await asyncio.wait_for(asyncio.Event().wait(), 0.05)
-        except asyncio.TimeoutError:
-            yield b"timed out"
+def test_a_reader_that_stops_reading_stops_the_stream_after_the_bound() -> None:
+    """Back-pressure: the stream is read at most `limit` chunks ahead of its reader (plus the one
+    waiting to be queued), never to its end into memory; closing the runs then closes the stream."""
+    made = 0
+    closed = asyncio.Event()
 
-    async def main() -> list:
-        return [run async for run in ready_runs(slow())]
-    assert asyncio.run(main()) == [[b"a"], [b"timed out"]]
+    async def endless():
+        nonlocal made
+        try:
+            while True:
+                made += 1
+                yield b"x"
+                await asyncio.sleep(0)
+        finally:
+            closed.set()
+
+    async def main() -> int:
+        runs = ready_runs(endless(), limit=4)
+        await anext(runs)
+        await asyncio.sleep(0.05)           # the reader stops reading: the stream may not run on
+        ahead = made
+        await runs.aclose()
+        assert closed.is_set()
+        return ahead
+    assert asyncio.run(main()) <= 2 * 4 + 1
 
 
 def test_a_server_silent_mid_stream_still_times_out_through_the_relay() -> None:

@@ -59,3 +59,10 @@ async def _pump(chunks: AsyncIterator[bytes], queue: asyncio.Queue[bytes | _End]
         await queue.put(_End(exc))
     else:
         await queue.put(_End())
+    finally:                        # cancelled while the queue was full: the stream is closed too
+        aclose = getattr(chunks, "aclose", None)
+        try:
+            if aclose is not None:
+                await aclose()
+        except Exception:           # closing a broken stream may fail again; its reader closes the response
+            pass
