@@ -223,7 +223,7 @@ async def _relay(svc: RouterService, session: Session, resp: httpx.Response, chu
         while run is not None:
             data = b"".join(run)
             reader.feed(data)
-            if ending or reader.ended:
+            if reader.ended:        # it stays so: from the chunk that ends the stream on, all is kept
                 ending += data
             else:
                 yield data

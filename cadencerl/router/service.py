@@ -228,8 +228,7 @@ class RouterService:
         else:
             if session is not None:   # its last request is still in flight: this one is a reply of its own
                 key = None
-            session = self.state.new_session(key, cls, prompt_len + (held if pin is not None else 0), group, now,
-                                             affinity, pin)
+            session = self.state.new_session(key, cls, prompt_len + held, group, now, affinity, pin)
             kind = "new"
         self.metrics.requests_of(session.traj.workload_class, kind).inc()
         self.decide(now)
