@@ -6,6 +6,7 @@ import importlib.util
 import shutil
 import socket
 import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
@@ -15,7 +16,7 @@ from typer.testing import CliRunner
 from cadencerl.cli.main import app
 from cadencerl.engine.local_pool import LocalPool, PoolConfig, PoolState, SpawnedServer
 from cadencerl.engine.processes import start_ticks
-from cadencerl.engine.server_env import new_rpc_dir, remove_rpc_dir
+from cadencerl.engine.server_env import new_rpc_dir, remove_rpc_dir, server_env
 
 pytestmark = pytest.mark.timeout(60)
 NEEDS_RAY = pytest.mark.skipif(importlib.util.find_spec("ray") is None, reason="ray is not installed "
@@ -106,6 +107,37 @@ def test_pool_down_counts_only_the_servers_it_stopped_and_removes_their_socket_d
             p.wait()
         for d in rpc_dirs:
             shutil.rmtree(d, ignore_errors=True)
+
+
+FAKE_VLLM_SERVER = """
+import os, pathlib, signal, sys
+pathlib.Path(os.environ["VLLM_RPC_BASE_PATH"], "0f1e2d3c-socket").touch()
+pathlib.Path(os.environ["ARGV_FILE"]).write_text(" ".join(sys.argv[1:]))
+def terminated(*_):
+    raise KeyboardInterrupt("terminated")       # as vLLM's server turns SIGTERM into its shutdown
+signal.signal(signal.SIGTERM, terminated)
+os.kill(os.getpid(), signal.SIGTERM)
+"""
+
+
+def test_a_server_removes_its_socket_dir_as_it_exits_on_sigterm(tmp_path, monkeypatch) -> None:
+    """A server that ends without `down` (its Ray actor lost with its node: SIGTERM from
+    PR_SET_PDEATHSIG) left its socket folder in the temp folder for good; it now removes it itself.
+    A stand-in for vLLM's server module plays vLLM's part: it binds a socket file and gets SIGTERM."""
+    fake = tmp_path / "fake" / "vllm" / "entrypoints" / "openai"
+    fake.mkdir(parents=True)
+    (fake / "api_server.py").write_text(FAKE_VLLM_SERVER)
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path / "fake"))
+    rpc_dir = new_rpc_dir()
+    try:
+        env = {**server_env(0, False, rpc_dir), "ARGV_FILE": str(tmp_path / "argv")}
+        cmd = [sys.executable, "-m", "cadencerl.engine.vllm_server", "--model", "m", "--port", "1"]
+        r = subprocess.run(cmd, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=30)
+        assert "KeyboardInterrupt" in r.stderr and r.returncode != 0, r.stderr
+        assert (tmp_path / "argv").read_text() == "--model m --port 1", "vLLM's arguments pass through"
+        assert not Path(rpc_dir).exists()
+    finally:
+        shutil.rmtree(rpc_dir, ignore_errors=True)
 
 
 def test_only_a_socket_dir_the_pool_made_is_removed(tmp_path) -> None:

@@ -283,7 +283,7 @@ class LocalPool:
         }
         switches = ["--enable-prefix-caching", "--enable-scale-out"]
         switches += ["--enforce-eager"] if cfg.enforce_eager else []
-        cmd = [vllm_python(cfg.python), "-m", "vllm.entrypoints.openai.api_server"]
+        cmd = [vllm_python(cfg.python), "-m", "cadencerl.engine.vllm_server"]    # removes its socket folder
         cmd += [item for pair in options.items() for item in pair] + switches
         cmd += list(cfg.extra_args)
         rpc_dir = new_rpc_dir()

@@ -1,11 +1,12 @@
 """The environment a local vLLM server runs in, and what it leaves on disk.
 
-- The servers import this repository's code (the tiny model's builder, the weight-push routes), so
-  it goes first on their PYTHONPATH, before whatever the caller had.
+- The servers import this repository's code (`vllm_server.py`, which runs vLLM's server and removes
+  its socket folder after it), so it goes first on their PYTHONPATH, before whatever the caller had.
 - vLLM binds the ZMQ sockets between its processes as files under `VLLM_RPC_BASE_PATH` (default
   /tmp) and leaves them there when it is stopped by a signal, about seven per server start. Each
   server gets a directory of its own for them (short: a socket's path holds at most 107 bytes),
-  which `remove_rpc_dir` deletes once the server is gone.
+  which `remove_rpc_dir` deletes once the server is gone: the server itself as it exits, and
+  `down` after a server it had to kill.
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ def server_env(core: int, weight_routes: bool, rpc_dir: str) -> dict[str, str]:
     env.update(
         VLLM_CPU_OMP_THREADS_BIND=str(core),
         VLLM_RPC_BASE_PATH=rpc_dir,
+        PYTHONPATH=pythonpath(),        # the server runs `cadencerl.engine.vllm_server`
         HF_HUB_OFFLINE="1",
         TRANSFORMERS_OFFLINE="1",
         VLLM_NO_USAGE_STATS="1",

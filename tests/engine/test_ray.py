@@ -21,6 +21,7 @@ from cadencerl.api import RolloutPool
 from cadencerl.config import builtin_scenario
 from cadencerl.engine.processes import group_members
 from cadencerl.engine.ray_pool import RayPool, accelerator_resource, attach, discover
+from cadencerl.engine.server_env import RPC_PREFIX
 from cadencerl.engine.server_specs import server_specs
 
 ray = pytest.importorskip("ray")
@@ -78,6 +79,7 @@ def test_pool_by_type_on_two_nodes_survives_a_lost_node(cluster: tuple, tiny_mod
     pool = RayPool(server_specs(s), model_dir=tiny_model_dir, address=c.address, start_timeout_s=300,
                    state_root=tmp_path)
     pids: list[int] = []
+    socket_dirs = set(Path(tempfile.gettempdir()).glob(f"{RPC_PREFIX}*"))
     try:
         servers = pool.up()
         pids = [x.pid for x in servers]
@@ -109,8 +111,15 @@ def test_pool_by_type_on_two_nodes_survives_a_lost_node(cluster: tuple, tiny_mod
         # failure names what is left.
         left = wait_gone(pids[1:], timeout_s=180)
         assert left == [], f"the lost node's server outlived its actor:\n{describe(left)}"
+        assert len(new_socket_dirs(socket_dirs)) == 1, "the lost server removed its socket folder as it exited"
     finally:
         pool.down()
         left = wait_gone(pids)
     assert left == [], f"servers still running after down: {left}"
+    assert new_socket_dirs(socket_dirs) == set()
     assert discover(c.address) == []
+
+
+def new_socket_dirs(before: set[Path]) -> set[Path]:
+    """The servers' socket folders (`server_env`) made since `before` and still there."""
+    return set(Path(tempfile.gettempdir()).glob(f"{RPC_PREFIX}*")) - before

@@ -1,0 +1,29 @@
+"""vLLM's OpenAI server, run in this process, that removes its socket folder when it exits.
+
+`LocalPool` starts each server as `python -m cadencerl.engine.vllm_server <vLLM's arguments>` with
+the vLLM interpreter. vLLM leaves its ZMQ socket files behind when it is stopped by a signal
+(`server_env.py`); `pool down` removes the folder, but a server that ends without it (its Ray actor
+lost with its node: the server is told to die with its parent, `processes.term_with_parent`) would
+leave it in the temp folder for good. vLLM turns SIGTERM into a graceful shutdown, so its own exit
+path runs this module's `finally`; only SIGKILL, after which `down` removes the folder, skips it.
+"""
+
+from __future__ import annotations
+
+import os
+import runpy
+
+from cadencerl.engine.server_env import remove_rpc_dir
+
+VLLM_SERVER = "vllm.entrypoints.openai.api_server"
+
+
+def main() -> None:
+    try:
+        runpy.run_module(VLLM_SERVER, run_name="__main__", alter_sys=True)
+    finally:
+        remove_rpc_dir(os.environ.get("VLLM_RPC_BASE_PATH", ""))
+
+
+if __name__ == "__main__":
+    main()
