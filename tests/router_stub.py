@@ -4,7 +4,8 @@ It answers /v1/completions and /v1/chat/completions at once (streaming one SSE e
 one JSON body with `usage`), /v1/embeddings and (/v1)/rerank (one fixed answer), /v1/models, /health
 and a /metrics page with vLLM's gauge names. Fault modes, set on `StubState` while it runs:
 `fail_status` (answer every request with that status), `break_after` (close the stream after that
-many events, without the end of the chunked body), `token_delay_s` (sleep between events),
+many events, without the end of the chunked body; with `half_event`, after half of the next one),
+`linger_s` (keep a stream open that long after its end), `token_delay_s` (sleep between events),
 `metrics` ("current" gauge names, "old": the KV gauge by its older name, or "none": /metrics
 answers 404), `kv_blocks` (a KV of that many 16-token blocks in `vllm:cache_config_info`; None: no
 KV size), `pooled_delay_s` (embeddings and rerank answer after that long), `usage` (False: a
@@ -45,6 +46,8 @@ class StubState:
     name: str = "stub"
     fail_status: int | None = None
     break_after: int | None = None
+    half_event: bool = False        # with break_after: the stream breaks halfway through the next event
+    linger_s: float = 0.0           # a stream stays open this long after its last event
     token_delay_s: float = 0.0
     metrics: str = "current"
     kv_blocks: int | None = None
@@ -184,15 +187,19 @@ async def _events(state: StubState, n: int, chat: bool):
     state.running += 1
     try:
         for i in range(n):
-            if state.break_after is not None and i >= state.break_after:
-                raise BrokenStream("stub breaks the stream")
             if state.token_delay_s:
                 await asyncio.sleep(state.token_delay_s)
             delta = {"delta": {"content": state.text}} if chat else {"text": state.text}
             chunk = {"id": "cmpl-stub", "object": "chat.completion.chunk" if chat else "text_completion",
                      "choices": [{"index": 0, **delta, "finish_reason": "length" if i == n - 1 else None}]}
-            yield f"data: {json.dumps(chunk)}\n\n"
+            event = f"data: {json.dumps(chunk)}\n\n"
+            if state.break_after is not None and i >= state.break_after:
+                if state.half_event:
+                    yield event[:len(event) // 2]
+                raise BrokenStream("stub breaks the stream")
+            yield event
         yield "data: [DONE]\n\n"
+        await asyncio.sleep(state.linger_s)
     finally:
         state.running -= 1
 
@@ -211,11 +218,14 @@ async def _response_events(state: StubState, done: dict, n: int):
                   *(("response.output_text.delta", {"delta": " t"}) for _ in range(n)),
                   ("response.completed", {"response": done})]
         for i, (kind, data) in enumerate(events):
-            if state.break_after is not None and i >= state.break_after:
-                raise BrokenStream("stub breaks the stream")
             if state.token_delay_s and i:
                 await asyncio.sleep(state.token_delay_s)
-            yield f"event: {kind}\ndata: {json.dumps({'type': kind, 'sequence_number': i, **data})}\n\n"
+            event = f"event: {kind}\ndata: {json.dumps({'type': kind, 'sequence_number': i, **data})}\n\n"
+            if state.break_after is not None and i >= state.break_after:
+                if state.half_event:
+                    yield event[:len(event) // 2]
+                raise BrokenStream("stub breaks the stream")
+            yield event
     finally:
         state.running -= 1
 

@@ -186,15 +186,19 @@ def test_a_dead_server_is_taken_out_and_its_sessions_move() -> None:
         assert "503 no_worker" in help_line, "the help text names every status the counter counts"
 
 
-def test_a_stream_broken_midway_ends_with_an_error_event() -> None:
+@pytest.mark.parametrize("half_event", [False, True])
+def test_a_stream_broken_midway_ends_with_an_error_event(half_event: bool) -> None:
+    """Broken inside an event (`half_event`), the half event is not relayed: the client would join
+    its half line and the error event into one event that parses as neither."""
     with Fleet() as f, httpx.Client(base_url=f.url, timeout=10) as c:
         for s in f.states:
-            s.break_after = 2
+            s.break_after, s.half_event = 2, half_event
         r = c.post("/v1/completions", json={**TOKENS, "stream": True, "max_tokens": 10},
                    headers={"X-Session-Id": "s"})
         events = _events(r.text)
-        assert r.status_code == 200 and len(events) == 4 and events[-1] == "[DONE]"
+        assert r.status_code == 200 and len(events) == 4 and events[-1] == "[DONE]", r.text
         assert json.loads(events[2])["error"]["type"] == "upstream_error"
+        assert r.text.count("\n\n") == 4 and [json.loads(e) for e in events[:3]], "whole events only"
         assert 'cadencerl_router_errors_total{kind="midstream"} 1.0' in c.get("/metrics").text
         for s in f.states:
             s.break_after = None
@@ -217,6 +221,25 @@ def test_a_streamed_event_goes_out_as_it_arrives_and_the_end_once_the_session_is
                         parked_at_done = len(f.service.state.parked)
         assert len(arrived) == 3 and parked_at_done == 1
         assert arrived[1] - arrived[0] > 0.5, "the first token waited for the second"
+
+
+def test_a_stream_left_open_after_its_end_is_ended_by_the_relay() -> None:
+    """A server that sends `[DONE]` and keeps the stream open: the relay holds the end until the
+    stream closes (the session is parked first), but no longer than END_GRACE_S; it used to wait
+    for the read timeout (600 s by default)."""
+    from cadencerl.router.proxy import END_GRACE_S
+
+    with Fleet(stubs=1) as f, httpx.Client(base_url=f.url, timeout=30) as c:
+        f.states[0].linger_s = 20.0
+        t0 = time.monotonic()
+        r = c.post("/v1/completions", json={**TOKENS, "stream": True}, headers={"X-Session-Id": "s"})
+        took = time.monotonic() - t0
+        assert r.status_code == 200 and _events(r.text)[-1] == "[DONE]" and len(_events(r.text)) == 5
+        assert END_GRACE_S <= took < END_GRACE_S + 5 and len(f.service.state.parked) == 1
+        f.states[0].linger_s = 0.0
+        t0 = time.monotonic()
+        r = c.post("/v1/completions", json={**TOKENS, "stream": True}, headers={"X-Session-Id": "s"})
+        assert r.status_code == 200 and time.monotonic() - t0 < END_GRACE_S, "a stream that closes is not held"
 
 
 def test_a_completion_streams_end_is_found_across_chunks() -> None:

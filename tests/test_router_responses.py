@@ -289,8 +289,11 @@ def test_a_waiting_turn_no_decision_can_place_on_its_server_is_refused_at_the_po
     assert not svc.waiters and len(svc.state.live) == 1
 
 
-def test_a_stored_response_streamed_again_that_breaks_ends_with_the_responses_error_event() -> None:
+@pytest.mark.parametrize("half_event", [False, True])
+def test_a_stored_response_streamed_again_that_breaks_ends_with_the_responses_error_event(half_event: bool) -> None:
+    """Broken inside an event (`half_event`), the half event is not passed on (it would spoil the error event)."""
     with Fleet(stubs=1) as f, httpx.Client(base_url=f.url, timeout=10) as c:
+        f.states[0].half_event = half_event
         rid = c.post("/v1/responses", json=ASK).json()["id"]
         r = c.get(f"/v1/responses/{rid}", params={"stream": "true"})
         assert r.status_code == 200 and r.text.rstrip().split("\n\n")[-1].startswith("event: response.completed")
@@ -300,3 +303,4 @@ def test_a_stored_response_streamed_again_that_breaks_ends_with_the_responses_er
         assert r.status_code == 200 and last.startswith("event: error\ndata: ") and "[DONE]" not in r.text
         error = json.loads(last.split("data: ", 1)[1])
         assert error["type"] == "error" and error["code"] == "upstream_error" and error["sequence_number"] == 2
+        assert r.text.count("\n\n") == 3, "whole events only: response.created, one delta, the error"

@@ -214,3 +214,15 @@ def test_a_relay_given_up_before_its_first_chunk_still_releases_and_closes() -> 
 
     asyncio.run(main())
     assert released == [0] and Upstream.closed
+
+
+def test_the_framer_gives_whole_events_and_keeps_the_start_of_the_next() -> None:
+    from cadencerl.router.framing import EventFramer, whole_events_end
+
+    framer = EventFramer()
+    assert framer.whole(b"data: 1\n\ndata: 2\n\n") == b"data: 1\n\ndata: 2\n\n" and framer.partial == b""
+    assert framer.whole(b"data: 3\n\ndata: {\"te") == b"data: 3\n\n" and framer.partial == b"data: {\"te"
+    assert framer.whole(b"xt\": 1}\n") == b"" and framer.partial == b"data: {\"text\": 1}\n"
+    assert framer.whole(b"\nevent: e\r\ndata: 5\r\n\r\n") == b"data: {\"text\": 1}\n\nevent: e\r\ndata: 5\r\n\r\n"
+    assert framer.partial == b"" and framer.whole(b"") == b""
+    assert whole_events_end(b"data: a\r\rdata: b") == len(b"data: a\r\r") and whole_events_end(b"data: a\n") == 0

@@ -26,6 +26,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from cadencerl.router.disconnect import CLIENT_CLOSED, while_connected
+from cadencerl.router.framing import EventFramer
 from cadencerl.router.proxy import RelayResponse, forwarded_headers, primed, returned_headers
 from cadencerl.router.requests import ApiError, PassThrough, error_response, read_pass_through
 from cadencerl.router.service import Rejected, RouterService
@@ -114,11 +115,15 @@ async def _chunks(svc: RouterService, resp: httpx.Response) -> AsyncIterator[byt
     """A stored response's stream as it comes (`GET /v1/responses/{id}?stream=true`, the one streamed
     pass-through); one that breaks ends with the Responses API's error event, as a relayed one does."""
     reader = ResponseStream(None, -1)        # numbers the error event after the last one relayed
+    framer = EventFramer()                   # whole events only: the error event must not join half of one
     try:
         yield b""               # `primed`: from here on, closing it closes the stream
         async for chunk in resp.aiter_raw():
             reader.feed(chunk)
-            yield chunk
+            if events := framer.whole(chunk):
+                yield events
+        if framer.partial:      # the stream ended without a blank line: what there is
+            yield framer.partial
     except httpx.HTTPError as exc:
         svc.metrics.errors.labels("midstream").inc()
         yield reader.error_event(f"the upstream stream broke: {type(exc).__name__}")

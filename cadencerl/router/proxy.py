@@ -24,6 +24,7 @@ import httpx
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
+from cadencerl.router.framing import EventFramer
 from cadencerl.router.live import Session
 from cadencerl.router.requests import ApiError, Routed
 from cadencerl.router.runs import ready_runs
@@ -31,6 +32,7 @@ from cadencerl.router.service import RouterService
 from cadencerl.router.stored import ResponseStream
 
 WORKER_HEADER = "x-cadencerl-worker"
+END_GRACE_S = 1.0       # how long a stream that sent its end may stay open before the relay ends it
 HOP_BY_HOP = frozenset({"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailer",
                         "trailers", "transfer-encoding", "upgrade", "proxy-connection"})
 _NOT_FORWARDED = HOP_BY_HOP | {"host", "content-length", "content-type", "accept-encoding"}
@@ -208,12 +210,13 @@ class EventCount:
 
 async def _relay(svc: RouterService, session: Session, resp: httpx.Response, chunks: AsyncIterator[bytes],
                  first: bytes, last: bool, reader: EventCount | ResponseStream) -> AsyncIterator[bytes]:
-    """The stream as it arrives, but for the chunk that ends it (`[DONE]`, a Responses stream's last
-    event), kept until the upstream closes: the session is released before that goes out, so a
-    client that sends the next turn as soon as it reads the end finds the session parked. `reader`
-    counts the tokens as the chunks pass (a Responses stream's also learns its stored response's
-    id, `stored.py`). Chunks that arrived together go out together (`runs.py`): one send for a
-    burst of events, not one each."""
+    """The stream as it arrives, in whole events (`framing.py`), but for the chunk that ends it
+    (`[DONE]`, a Responses stream's last event), kept until the upstream closes (at most END_GRACE_S):
+    the session is released before that goes out, so a client that sends the next turn as soon as it
+    reads the end finds the session parked. `reader` counts the tokens as the chunks pass (a Responses
+    stream's also learns its stored response's id, `stored.py`). Chunks that arrived together go out
+    together (`runs.py`): one send for a burst of events, not one each."""
+    framer = EventFramer()
     ending = b""            # from the chunk that ends the stream on
     released = False
     runs = ready_runs(chunks)
@@ -224,13 +227,14 @@ async def _relay(svc: RouterService, session: Session, resp: httpx.Response, chu
             data = b"".join(run)
             reader.feed(data)
             if reader.ended:        # it stays so: from the chunk that ends the stream on, all is kept
-                ending += data
-            else:
-                yield data
-            run = await anext(runs, None)
+                ending += framer.partial + data
+                framer.partial = b""
+            elif events := framer.whole(data):
+                yield events
+            run = await _next_run(runs, reader.ended)
         svc.release(session, reader.generated, last=last)
         released = True
-        yield LastChunk(ending)
+        yield LastChunk(ending or framer.partial)
     except httpx.HTTPError as exc:
         svc.metrics.errors.labels("midstream").inc()
         if not released:
@@ -238,7 +242,7 @@ async def _relay(svc: RouterService, session: Session, resp: httpx.Response, chu
             released = True
         if ending:              # it broke after its end: the client has what it asked for
             yield ending
-        else:
+        else:                   # after the last whole event: half an event would spoil this one
             yield reader.error_event(f"the upstream stream broke: {type(exc).__name__}")
     finally:
         if not released:
@@ -248,6 +252,17 @@ async def _relay(svc: RouterService, session: Session, resp: httpx.Response, chu
             await resp.aclose()
         except Exception:  # closing a broken connection may fail again; nothing is left to save
             pass
+
+
+async def _next_run(runs: AsyncIterator[list[bytes]], ended: bool) -> list[bytes] | None:
+    """The next run of chunks, None at the stream's end; once the stream has sent its end, a server
+    that keeps it open is not waited on past END_GRACE_S (the read timeout would allow minutes)."""
+    if not ended:
+        return await anext(runs, None)
+    try:
+        return await asyncio.wait_for(anext(runs, None), END_GRACE_S)
+    except TimeoutError:
+        return None
 
 
 DONE = b"data: [DONE]"
