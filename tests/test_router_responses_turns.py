@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 
 import httpx
 import pytest
@@ -78,14 +79,19 @@ def test_a_continuing_turn_is_sized_by_the_context_the_server_holds_plus_its_inp
 
 @pytest.mark.parametrize("session", [None, "s"])
 def test_a_continuing_turn_its_server_cannot_hold_in_all_is_a_400_naming_input(session: str | None) -> None:
-    """10 new tokens fit a 128-token KV; with the 120 the server holds for the response they do not."""
+    """10 new tokens fit a 128-token KV; with the 120 the server holds for the response they do not.
+    Refused on arrival: it used to wait for the next poll of the servers (here 5 s)."""
     headers = {"X-Session-Id": session} if session else {}
-    with Fleet(stubs=1, kv_capacity=128, session_ttl_s=30) as f, httpx.Client(base_url=f.url, timeout=10) as c:
+    with Fleet(stubs=1, kv_capacity=128, session_ttl_s=30, metrics_interval_s=5.0) as f, \
+            httpx.Client(base_url=f.url, timeout=10) as c:
         rid = _ask(c, FIRST, False, headers)
         served = sum(f.states[0].served.values())
+        t0 = time.monotonic()
         r = c.post("/v1/responses", json={**NEXT, "previous_response_id": rid}, headers=headers)
         err = r.json()["error"]
         assert r.status_code == 400 and err["param"] == "input" and "about 130 tokens" in err["message"], r.text
+        assert time.monotonic() - t0 < 2.0
+        assert 'cadencerl_router_errors_total{kind="bad_request"} 1.0' in c.get("/metrics").text
         assert sum(f.states[0].served.values()) == served, "never sent"
         assert not f.service.state.hold and not f.service.state.pending
         r = c.post("/v1/responses", json={**NEXT, "input": "z", "previous_response_id": rid}, headers=headers)

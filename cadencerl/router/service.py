@@ -156,13 +156,16 @@ class RouterService:
             refused.append((s, Rejected(503, "no_worker", "previous_response_id: the server that holds it left "
                                         "rotation", self._retry_after(), "previous_response_id")))
         for s in self.state.refuse_pinned_too_long(now):        # counted where it is answered (`app._serve`)
-            kv = self.state.workers[s.traj.pin].kv_capacity
-            refused.append((s, ApiError(400, f"input: about {s.traj.context} tokens in all, more than the server "
-                                             f"that holds previous_response_id can hold ({kv - 1} at most)", "input")))
+            refused.append((s, self._pinned_too_long(s)))
         for session, exc in refused:
             fut = self.waiters.pop(session.traj.id, None)
             if fut is not None and not fut.done():
                 fut.set_exception(exc)
+
+    def _pinned_too_long(self, session: Session) -> ApiError:
+        kv = self.state.workers[session.traj.pin].kv_capacity
+        return ApiError(400, f"input: about {session.traj.context} tokens in all, more than the server that "
+                             f"holds previous_response_id can hold ({kv - 1} at most)", "input")
 
     async def _poll_forever(self) -> None:
         while True:
@@ -231,6 +234,9 @@ class RouterService:
             session = self.state.new_session(key, cls, prompt_len + held, group, now, affinity, pin)
             kind = "new"
         self.metrics.requests_of(session.traj.workload_class, kind).inc()
+        if pin is not None and session.traj.context >= self.state.workers[pin].kv_capacity:
+            self.state.refuse_waiting(lambda t: t is session.traj, now)    # its new input fit; in all, it does not
+            raise self._pinned_too_long(session)
         self.decide(now)
         if session.traj.state is State.FRESH and len(self.state.hold) > self.settings.hold_max:
             self.state.withdraw(session)
