@@ -31,6 +31,9 @@ runner = CliRunner()
     (["--workers", "http://a:1", "--max-response-ids", "0"], "max_response_ids"),
     (["--workers", "http://a:1", "--max-response-ids", "-5"], "max_response_ids"),
     (["--workers", "http://a:1", "--classes", "no/such.yaml"], "classes"),
+    (["--workers", "http://a:1", "--max-sessions", "0"], "max_sessions"),
+    (["--workers", "http://a:1", "--request-timeout-secs", "-1"], "request_timeout_s"),
+    (["--workers", "http://a:1", "--poll-interval-secs", "0"], "metrics_interval_s"),
 ])
 def test_bad_router_input_names_the_field(args: list[str], field: str) -> None:
     result = runner.invoke(app, ["router", *args])
@@ -126,3 +129,21 @@ def test_max_response_ids_reaches_the_router(monkeypatch) -> None:
     assert result.exit_code == 0 and served[0].max_response_ids == 12, result.output
     result = runner.invoke(app, ["router", "--workers", "http://a:1"])
     assert result.exit_code == 0 and served[1].max_response_ids == 65536, result.output
+
+
+@pytest.mark.parametrize("flag, value, field", [
+    ("--max-sessions", "7", "max_sessions"), ("--request-timeout-secs", "30", "request_timeout_s"),
+    ("--max-payload-size", "1024", "max_body_bytes"), ("--eviction-interval-secs", "5", "eviction_interval_s"),
+    ("--max-tree-size", "4096", "max_tree_size"), ("--health-failure-threshold", "3", "failures_to_down"),
+    ("--poll-interval-secs", "2", "metrics_interval_s"),
+])
+def test_each_router_setting_has_a_flag_that_reaches_it(monkeypatch, flag: str, value: str, field: str) -> None:
+    from cadencerl.router import serve
+    from cadencerl.router.settings import RouterSettings
+
+    served = []
+    monkeypatch.setattr(serve, "bind", lambda host, port: [socket.socket()])
+    monkeypatch.setattr(serve, "serve", lambda settings, socks: served.append(settings) or socks[0].close())
+    result = runner.invoke(app, ["router", "--workers", "http://a:1", flag, value])
+    assert result.exit_code == 0, result.output
+    assert getattr(served[0], field) == float(value) != RouterSettings.model_fields[field].default

@@ -37,6 +37,20 @@ def router(
                                              "each batch-sized cohort of sessions on the target mix (1024)"),
     max_response_ids: Optional[int] = typer.Option(None, "--max-response-ids", help="stored responses whose "
                                                    "server the router remembers, the oldest forgotten first (65536)"),
+    max_sessions: Optional[int] = typer.Option(None, "--max-sessions", help="parked sessions kept, the oldest "
+                                               "ended first (100000)"),
+    request_timeout: Optional[float] = typer.Option(None, "--request-timeout-secs", help="vllm-router's name: "
+                                                    "longest wait for a server's next byte (600)"),
+    max_payload_size: Optional[int] = typer.Option(None, "--max-payload-size", help="vllm-router's name: "
+                                                   "largest request body in bytes (16 MiB)"),
+    eviction_interval: Optional[float] = typer.Option(None, "--eviction-interval-secs", help="vllm-router's "
+                                                      "name: seconds between prefix-tree evictions (120)"),
+    max_tree_size: Optional[int] = typer.Option(None, "--max-tree-size", help="vllm-router's name: tokens each "
+                                                "server's prefix tree keeps at an eviction (16777216)"),
+    health_failure_threshold: Optional[int] = typer.Option(None, "--health-failure-threshold", help="vllm-router's "
+                                                           "name: failed health polls in a row that take a server out (2)"),
+    poll_interval: Optional[float] = typer.Option(None, "--poll-interval-secs", help="seconds between polls of "
+                                                  "each server's /health and /metrics (0.5)"),
 ) -> None:
     """Serve /v1/completions, /v1/chat/completions and /v1/responses, routing with the simulator's
     decision code (a previous_response_id, GET /v1/responses/{id} and its cancel go to the server
@@ -62,7 +76,9 @@ def router(
             balance_abs_threshold=balance_abs_threshold, balance_rel_threshold=balance_rel_threshold,
             hold_max=hold_max, hold_timeout_s=hold_timeout, session_ttl_s=session_ttl, kv_capacity=kv_capacity,
             max_num_seqs=max_num_seqs if max_num_seqs is not None else seqs, batch_size=batch_size,
-            max_response_ids=max_response_ids)
+            max_response_ids=max_response_ids, max_sessions=max_sessions, request_timeout_s=request_timeout,
+            max_body_bytes=max_payload_size, eviction_interval_s=eviction_interval, max_tree_size=max_tree_size,
+            failures_to_down=health_failure_threshold, metrics_interval_s=poll_interval)
         socks = bind(settings.host, settings.port)
     except ConfigError as exc:
         fail(str(exc))
