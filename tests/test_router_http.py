@@ -539,3 +539,14 @@ def test_a_pass_through_with_no_other_server_to_retry_on_says_so_and_counts_no_r
         metrics = c.get("/metrics").text
         assert "cadencerl_router_retries_total 0.0" in metrics
         assert 'cadencerl_router_rejections_total{reason="no_worker"}' not in metrics
+
+
+def test_the_kv_misa_counts_for_sessions_between_turns_is_on_metrics() -> None:
+    """Why admission holds: the KV a parked session's prefix keeps on its server, which MISA-T counts
+    as used beside the server's own figure, per server on /metrics."""
+    with Fleet(stubs=1, kv_capacity=1000) as f, httpx.Client(base_url=f.url, timeout=10) as c:
+        r = c.post("/v1/completions", json={**TOKENS, "prompt": list(range(96))}, headers={"X-Session-Id": "s"})
+        assert r.status_code == 200 and _settle(lambda: len(f.service.state.parked) == 1)
+        context = f.service.state.session("s").traj.context
+        line = next(x for x in c.get("/metrics").text.splitlines() if x.startswith("cadencerl_router_worker_held_kv_usage{"))
+        assert context == 96 + 4 and float(line.rsplit(" ", 1)[1]) == context / 1000

@@ -158,7 +158,9 @@ async def _readiness(request: Request) -> Response:
 async def _metrics(request: Request) -> Response:
     svc: RouterService = request.app.state.service
     m, st = svc.metrics, svc.state
-    caps = getattr(getattr(st.policy, "misa", None), "caps", {})
+    misa = getattr(st.policy, "misa", None)
+    caps = misa.caps if misa is not None else {}
+    held = misa.learner.held_off_engine() if misa is not None else {}
     for up, w in zip(svc.upstreams, st.workers):
         label = up.url
         m.load.labels(label).set(w.load)
@@ -166,6 +168,7 @@ async def _metrics(request: Request) -> Response:
         m.kv.labels(label).set(w.engine_kv / max(w.kv_capacity, 1))
         m.up.labels(label).set(1 if up.routable else 0)
         m.cap.labels(label).set(caps.get(w.id, 0))
+        m.held_kv.labels(label).set(held.get(w.id, 0) / max(w.kv_capacity, 1))
         if up.prefix_queries:
             m.server_hit_rate.labels(label).set(up.prefix_hits / up.prefix_queries)
     m.hold_depth.set(len(st.hold))

@@ -35,6 +35,9 @@ class RouterMetrics:
         self.parked = Gauge("cadencerl_router_parked_sessions", "Sessions parked in tool waits", registry=r)
         self.kv = Gauge("cadencerl_router_worker_kv_usage", "KV usage each server reports (fraction)",
                         ["worker"], registry=r)
+        self.held_kv = Gauge("cadencerl_router_worker_held_kv_usage", "KV of sessions between turns on each "
+                             "server (their prefix kept for the next turn), which MISA-T counts as used beside "
+                             "the server's own (fraction of its KV)", ["worker"], registry=r)
         self.cap = Gauge("cadencerl_router_worker_session_cap", "MISA-T's session cap per server",
                          ["worker"], registry=r)
         self.up = Gauge("cadencerl_router_worker_up", "1 when the server takes new requests", ["worker"], registry=r)
