@@ -14,12 +14,14 @@ RLVR groups of 8 samples sharing a prompt, RLHF single replies; sessions in the 
       with the sessions its admission held (from the router's own /metrics);
   (c) direct round-robin from the client (no router).
 
-Each configuration replays `--rounds` rollouts back to back (3: a router keeps what it learned
+Each configuration replays `--rounds` rollouts back to back (6: a router keeps what it learned
 from one to the next, as over a training run's iterations); `steady` is the mean of all but the
-first, `first_round` the cold start. Figures: throughput (completion tokens / makespan), prefix hit rate from the servers' own
-`vllm:prefix_cache_hits` / `queries` counters, D_TV of completed sessions by class (mean over
-consecutive batches of `--batch` completions, as the simulator's trainer consumes them, in pp),
-per-class P95 session latency, 429s (the client waits Retry-After and resends).
+first (with throughput's range and standard error over those rounds), `first_round` the cold
+start. Figures: throughput (completion tokens / makespan), prefix hit rate from the servers' own
+`vllm:prefix_cache_hits` / `queries` counters, the servers' preemptions, D_TV of completed
+sessions by class (mean over consecutive batches of `--batch` completions, as the simulator's
+trainer consumes them, in pp), per-class P95 session latency, 429s (the client waits Retry-After
+and resends).
 
     CADENCERL_VLLM_PYTHON=/work/main/.venv-engine/bin/python \\
         /work/main/.venv/bin/python benchmarks/router_live.py [--scale 1] [--model-dir DIR]
@@ -148,24 +150,28 @@ async def replay(sessions: list[Session], urls: list[str], with_headers: bool) -
         return out, time.monotonic() - t0
 
 
-def prefix_counters(urls: list[str]) -> tuple[float, float]:
-    hits = queries = 0.0
+COUNTERS = ("vllm:prefix_cache_hits_total", "vllm:prefix_cache_queries_total", "vllm:num_preemptions_total")
+
+
+def engine_counters(urls: list[str]) -> tuple[float, ...]:
+    """The servers' own prefix-cache hits and queries and preemptions, summed over servers."""
+    totals = dict.fromkeys(COUNTERS, 0.0)
     for u in urls:
         for line in httpx.get(f"{u}/metrics", timeout=10).text.splitlines():
-            if line.startswith("vllm:prefix_cache_hits_total"):
-                hits += float(line.rsplit(" ", 1)[1])
-            elif line.startswith("vllm:prefix_cache_queries_total"):
-                queries += float(line.rsplit(" ", 1)[1])
-    return hits, queries
+            name = line.split("{", 1)[0].split(" ", 1)[0]
+            if name in totals:
+                totals[name] += float(line.rsplit(" ", 1)[1])
+    return tuple(totals.values())
 
 
-def figures(out: Outcome, makespan: float, hits_q: tuple, batch: int) -> dict:
+def figures(out: Outcome, makespan: float, counted: tuple, batch: int) -> dict:
     done = sorted(out.sessions, key=lambda s: s.done_at)
     batches = [Counter(s.cls for s in done[i:i + batch]) for i in range(0, len(done) - batch + 1, batch)]
     p95 = {c: round(float(np.percentile([s.latency for s in done if s.cls == c], 95)), 2)
            for c in MIX if any(s.cls == c for s in done)}
+    hits, queries, preemptions = counted
     return {"throughput_tok_s": round(out.tokens / makespan, 1), "makespan_s": round(makespan, 1),
-            "prefix_hit_rate": round(hits_q[0] / hits_q[1], 4) if hits_q[1] else None,
+            "prefix_hit_rate": round(hits / queries, 4) if queries else None, "preemptions": int(preemptions),
             "dtv_pp": round(mixture_dtv_pp(batches, MIX), 2), "p95_session_s": p95,
             "sessions_done": len(done), "rejected_429": out.rejected, "resent": out.resent, "errors": out.errors}
 
@@ -176,14 +182,22 @@ def measured(name: str, servers: list[str], entry: list[str], with_headers: bool
     rows = []
     for i in range(args.rounds):
         sessions = workload(f"{name}-r{i}", args.scale)
-        h0 = prefix_counters(servers)
+        c0 = engine_counters(servers)
         out, makespan = asyncio.run(replay(sessions, entry, with_headers))
-        h1 = prefix_counters(servers)
-        rows.append(figures(out, makespan, (h1[0] - h0[0], h1[1] - h0[1]), args.batch))
+        c1 = engine_counters(servers)
+        rows.append(figures(out, makespan, tuple(b - a for a, b in zip(c0, c1)), args.batch))
         print(f"{name} round {i}", json.dumps(rows[-1]), file=sys.stderr, flush=True)
-    later = rows[1:] or rows
-    steady = {k: round(sum(r[k] for r in later) / len(later), 4) for k in ("throughput_tok_s", "prefix_hit_rate", "dtv_pp")}
-    return {"steady": steady, "first_round": rows[0], "rounds": rows}
+    return {"steady": steady(rows[1:] or rows), "first_round": rows[0], "rounds": rows}
+
+
+def steady(rows: list[dict]) -> dict:
+    """Means over the steady rounds, with throughput's spread: rounds of the same work vary by tens
+    of percent on this machine, so a difference between rows means something only past it."""
+    tok_s = [r["throughput_tok_s"] for r in rows]
+    out = {k: round(sum(r[k] for r in rows) / len(rows), 4) for k in ("throughput_tok_s", "prefix_hit_rate", "dtv_pp")}
+    sem = float(np.std(tok_s, ddof=1) / np.sqrt(len(tok_s))) if len(tok_s) > 1 else 0.0
+    return {**out, "throughput_range": [min(tok_s), max(tok_s)], "throughput_sem": round(sem, 1),
+            "preemptions": sum(r["preemptions"] for r in rows)}
 
 
 def held(router: str) -> dict:
@@ -232,7 +246,7 @@ def main() -> None:
     ap.add_argument("--scale", type=int, default=1, help="72 sessions per unit")
     ap.add_argument("--batch", type=int, default=12, help="completions per trainer batch, for D_TV")
     ap.add_argument("--max-num-seqs", type=int, default=32)
-    ap.add_argument("--rounds", type=int, default=3, help="rollouts per configuration; steady = all but the first")
+    ap.add_argument("--rounds", type=int, default=6, help="rollouts per configuration; steady = all but the first")
     ap.add_argument("--model-dir", type=Path, default=None, help="a built tiny model (else built here)")
     args = ap.parse_args()
     logs = Path(tempfile.mkdtemp(prefix="router_live_"))
