@@ -251,8 +251,9 @@ def test_a_pass_through_counts_in_its_servers_load_until_it_ends() -> None:
 def test_a_waiting_turn_no_decision_can_place_on_its_server_is_refused_at_the_poll_and_holds_no_one_up(
         why: str) -> None:
     """A turn pinned to a server waits at the head of the hold queue while that server is out of
-    rotation or too small for it, and every new session waits behind it: the next poll refuses it
-    (503 or 400, naming the field) and the sessions behind it are admitted."""
+    rotation, and every new session waits behind it. The next poll refuses it (503 or 400, naming
+    the field) when its server is still out, or back with a KV too small for it (one too small on
+    arrival is refused at once), and the sessions behind it are admitted."""
     import asyncio
 
     from cadencerl.router.requests import ApiError
@@ -263,14 +264,13 @@ def test_a_waiting_turn_no_decision_can_place_on_its_server_is_refused_at_the_po
     pinned_to = svc.state.workers[0]
 
     async def run():
-        if why == "left":
-            pinned_to.alive = False
-        else:
-            pinned_to.kv_capacity = 64
+        pinned_to.alive = False
         pinned = asyncio.ensure_future(svc.acquire(None, "rlvr", 100, 1, field="input", pin=0))
         behind = asyncio.ensure_future(svc.acquire(None, "rlvr", 100, 2))
         await asyncio.sleep(0.05)
         assert not pinned.done() and not behind.done(), "the pinned head holds the session behind it"
+        if why == "too_long":
+            pinned_to.alive, pinned_to.kv_capacity = True, 64     # back, with a KV too small for it
         svc._refuse_unfittable(svc.now())
         svc.decide()
         session = await asyncio.wait_for(behind, 1.0)
