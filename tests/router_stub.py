@@ -15,7 +15,8 @@ X-Request-Id of every request it serves and keeps the latest one's headers.
 The Responses API as vLLM serves it with its store on: `POST /v1/responses` (a response object, or
 a stream whose first event, `response.created`, carries its id), kept unless `store` is false;
 `previous_response_id`, `GET /v1/responses/{id}` and `POST .../cancel` answer vLLM's 404 for an id
-this stub did not make, so a request routed to the wrong server fails as it would on vLLM.
+this stub did not make, so a request routed to the wrong server fails as it would on vLLM. A
+`background: true` request is answered `queued` at once and completed after its tokens' time.
 
     python tests/router_stub.py --port 8001        # a stub server in its own process
 """
@@ -56,6 +57,7 @@ class StubState:
     text: str = " t"                # each completion token's text
     running: int = 0
     stored: dict = field(default_factory=dict)      # response id -> response object
+    generating: set = field(default_factory=set)    # background responses' tasks
     held: dict = field(default_factory=dict)        # response id -> its context, in tokens
     served: Counter = field(default_factory=Counter)
     last_headers: object = None      # the headers of the latest completion request
@@ -148,6 +150,10 @@ def stub_app(state: StubState) -> Starlette:
                 "usage": usage if state.usage else None}
         if body.get("store") is not False:
             state.stored[rid], state.held[rid] = done, usage["total_tokens"]
+        if body.get("background") and not body.get("stream"):     # answered now, generated after
+            state.stored[rid] = queued = {**done, "status": "queued", "output": [], "usage": None}
+            state.generating.add(asyncio.create_task(_generate(state, rid, done, n)))
+            return JSONResponse(queued, headers={"x-stub": state.name})
         if not body.get("stream"):
             await asyncio.sleep(state.token_delay_s * n)
             return JSONResponse(done, headers={"x-stub": state.name})
@@ -202,6 +208,13 @@ async def _events(state: StubState, n: int, chat: bool):
         await asyncio.sleep(state.linger_s)
     finally:
         state.running -= 1
+
+
+async def _generate(state: StubState, rid: str, done: dict, n: int) -> None:
+    """A background response: completed after its tokens' time, unless cancelled meanwhile."""
+    await asyncio.sleep(state.token_delay_s * n)
+    if state.stored.get(rid, {}).get("status") == "queued":
+        state.stored[rid] = done
 
 
 def _not_found(response_id: str) -> Response:

@@ -24,6 +24,7 @@ import httpx
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
+from cadencerl.router.background import running_id
 from cadencerl.router.framing import EventFramer
 from cadencerl.router.live import Session
 from cadencerl.router.requests import ApiError, Routed
@@ -112,7 +113,10 @@ async def _attempt(svc: RouterService, session: Session, url: httpx.URL, req: Ro
             await resp.aclose()
         if req.remember and resp.status_code == 200:
             svc.owners.learn(content, worker, session.traj.context)
-        svc.release(session, _completion_tokens(content) if resp.status_code == 200 else 0, last=req.last)
+        if req.background and resp.status_code == 200 and (running := running_id(content)) is not None:
+            svc.follow_background(session, running, worker, req.last)    # released when it is generated
+        else:
+            svc.release(session, _completion_tokens(content) if resp.status_code == 200 else 0, last=req.last)
         reply = Response(content, status_code=resp.status_code)     # content-length only
         reply.raw_headers.extend(out_headers)
         return reply

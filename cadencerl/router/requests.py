@@ -73,6 +73,7 @@ class Routed:
     previous_response_id: str | None = None   # /v1/responses: the stored response it continues
     remember: bool = False                    # /v1/responses and `store` not false: learn its answer's id
     responses: bool = False                   # /v1/responses: a stream's tokens are its usage, not its events
+    background: bool = False                  # /v1/responses, `background: true`: answered before it is generated
 
 
 @dataclass(frozen=True)
@@ -116,7 +117,8 @@ def _route(raw: bytes, headers, field: str, classes: dict[str, float], default_c
     affinity = affinity_key(headers, body, key, group)
     previous = body.get("previous_response_id") if field == "input" else None
     return Routed(raw, bool(body.get("stream", False)), key, affinity, cls, last, _length(prompt), group,
-                  previous, field == "input" and body.get("store") is not False, field == "input")
+                  previous, field == "input" and body.get("store") is not False, field == "input",
+                  field == "input" and body.get("background") is True)
 
 
 def _json_object(raw: bytes) -> dict:

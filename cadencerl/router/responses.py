@@ -12,8 +12,6 @@ router that asked a random one would answer that server's 404 for a response tha
 
 from __future__ import annotations
 
-from urllib.parse import quote
-
 import httpx
 from starlette.requests import Request
 from starlette.responses import Response
@@ -23,6 +21,7 @@ from cadencerl.router.passthrough import failure, relay_once
 from cadencerl.router.proxy import forwarded_headers
 from cadencerl.router.requests import ApiError, error_response
 from cadencerl.router.service import RouterService
+from cadencerl.router.stored import response_path
 from cadencerl.router.upstream import Upstream
 
 UNKNOWN_RESPONSE = "unknown_response"     # the errors counter's kind for a stored response id the router does not know
@@ -38,7 +37,7 @@ def stored_response(suffix: str):
         except ApiError as exc:
             svc.metrics.errors.labels(UNKNOWN_RESPONSE).inc()
             return exc.response()
-        path = f"/v1/responses/{quote(response_id, safe='')}{suffix}"
+        path = f"{response_path(response_id)}{suffix}"
         if request.url.query:
             path += f"?{request.url.query}"
         response = await while_connected(request, _relay(svc, up, request.method, path, request.headers))

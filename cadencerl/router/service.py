@@ -8,6 +8,7 @@ one decision pass; the held requests the pass admitted or placed are woken throu
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
@@ -19,11 +20,12 @@ from cadencerl.core.actions import Admit
 from cadencerl.core.trajectory import State
 from cadencerl.core.view import Policy
 from cadencerl.core.worker import Worker
+from cadencerl.router.background import final_answer
 from cadencerl.router.live import LiveState, Session
 from cadencerl.router.metrics import RouterMetrics
 from cadencerl.router.requests import ApiError
 from cadencerl.router.settings import RouterSettings
-from cadencerl.router.stored import ResponseOwners
+from cadencerl.router.stored import ResponseOwners, response_path, usage_tokens
 from cadencerl.router.transport import ShardedTransport
 from cadencerl.router.upstream import Upstream, probe, scrape
 from cadencerl.routing.misa import Admitted, MisaT
@@ -84,6 +86,7 @@ class RouterService:
         self.transport: ShardedTransport | None = None   # forwarded requests go to it directly
         self.forward_timeout: dict = {}
         self._poller: asyncio.Task | None = None
+        self._followers: set[asyncio.Task] = set()      # background responses followed to their end
         for url in settings.workers:
             self.add_worker(url)
 
@@ -101,9 +104,10 @@ class RouterService:
         self._poller = asyncio.create_task(self._poll_forever())
 
     async def stop(self) -> None:
-        if self._poller is not None:
-            self._poller.cancel()
-            await asyncio.gather(self._poller, return_exceptions=True)
+        tasks = [t for t in (self._poller, *self._followers) if t is not None]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
         if self.client is not None:
             await self.client.aclose()
 
@@ -360,6 +364,23 @@ class RouterService:
         else:
             self.state.turn_ended(session, generated, now)
         self.decide(now)
+
+    def follow_background(self, session: Session, response_id: str, worker: int, last: bool) -> None:
+        """Keep `session` placed until the background response it started ends (`background.py`)."""
+        task = asyncio.create_task(self._follow(session, response_id, worker, last))
+        self._followers.add(task)
+        task.add_done_callback(self._followers.discard)
+
+    async def _follow(self, session: Session, response_id: str, worker: int, last: bool) -> None:
+        up, generated = self.upstreams[worker], 0
+        try:
+            content = await final_answer(self.client, up.endpoint(response_path(response_id)),
+                                         lambda: up.healthy and not up.removed, self.settings.metrics_interval_s)
+            if content is not None:
+                self.owners.learn(content, worker, session.traj.context)
+                generated = usage_tokens(json.loads(content))[1] or 0
+        finally:
+            self.release(session, generated, last=last)
 
     def end_session(self, key: str) -> bool:
         """The client says a parked session is over (DELETE /v1/sessions/{key})."""

@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 from collections import OrderedDict
 from dataclasses import dataclass, field
+from urllib.parse import quote
 
 MAX_EVENT_BYTES = 1 << 20     # a stream line longer than this is not read
 LAST_EVENTS = frozenset({"response.completed", "response.incomplete", "response.failed", "error"})
@@ -64,6 +65,11 @@ class ResponseOwners:
         if isinstance(body, dict) and isinstance(body.get("id"), str) and body["id"]:
             input_tokens, output_tokens = usage_tokens(body)
             self.add(body["id"], worker, held_context(input_tokens, output_tokens, prompt, output_tokens or 0))
+
+
+def response_path(response_id: str) -> str:
+    """Where a server serves a stored response (`GET`; `/cancel` after it), the id escaped."""
+    return f"/v1/responses/{quote(response_id, safe='')}"
 
 
 def _count(value: object) -> int | None:
