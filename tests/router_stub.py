@@ -4,9 +4,9 @@ It answers /v1/completions and /v1/chat/completions at once (streaming one SSE e
 one JSON body with `usage`), /v1/embeddings and (/v1)/rerank (one fixed answer), /v1/models, /health
 and a /metrics page with vLLM's gauge names. Fault modes, set on `StubState` while it runs:
 `fail_status` (answer every request with that status), `break_after` (close the stream after that
-many events, without the end of the chunked body; with `half_event`, after half of the next one),
-`linger_s` (keep a stream open that long after its end), `token_delay_s` (sleep between events),
-`metrics` ("current" gauge names, "old": the KV gauge by its older name, or "none": /metrics
+many events, without the end of the chunked body; with `cut_event`, after part of the next one),
+`linger_s` (keep a stream open that long after its end, sending `: ping` each `ping_s`),
+`token_delay_s` (sleep between events), `metrics` ("current" gauge names, "old": the KV gauge by its older name, or "none": /metrics
 answers 404), `kv_blocks` (a KV of that many 16-token blocks in `vllm:cache_config_info`; None: no
 KV size), `pooled_delay_s` (embeddings and rerank answer after that long), `usage` (False: a
 response object carries no usage). It counts the
@@ -47,8 +47,10 @@ class StubState:
     name: str = "stub"
     fail_status: int | None = None
     break_after: int | None = None
-    half_event: bool = False        # with break_after: the stream breaks halfway through the next event
+    cut_event: int | None = None    # with break_after: the bytes of the next event sent before the break
+                                    # (negative: all but that many; -1 leaves out the blank line that ends it)
     linger_s: float = 0.0           # a stream stays open this long after its last event
+    ping_s: float = 0.0             # and meanwhile sends a keep-alive comment this often
     token_delay_s: float = 0.0
     metrics: str = "current"
     kv_blocks: int | None = None
@@ -200,12 +202,17 @@ async def _events(state: StubState, n: int, chat: bool):
                      "choices": [{"index": 0, **delta, "finish_reason": "length" if i == n - 1 else None}]}
             event = f"data: {json.dumps(chunk)}\n\n"
             if state.break_after is not None and i >= state.break_after:
-                if state.half_event:
-                    yield event[:len(event) // 2]
+                if state.cut_event is not None:
+                    yield event[:state.cut_event]
                 raise BrokenStream("stub breaks the stream")
             yield event
         yield "data: [DONE]\n\n"
-        await asyncio.sleep(state.linger_s)
+        lingered = 0.0
+        while lingered < state.linger_s:    # open after its end, a keep-alive comment each ping_s
+            await asyncio.sleep(state.ping_s or state.linger_s)
+            lingered += state.ping_s or state.linger_s
+            if state.ping_s:
+                yield ": ping\n\n"
     finally:
         state.running -= 1
 
@@ -235,8 +242,8 @@ async def _response_events(state: StubState, done: dict, n: int):
                 await asyncio.sleep(state.token_delay_s)
             event = f"event: {kind}\ndata: {json.dumps({'type': kind, 'sequence_number': i, **data})}\n\n"
             if state.break_after is not None and i >= state.break_after:
-                if state.half_event:
-                    yield event[:len(event) // 2]
+                if state.cut_event is not None:
+                    yield event[:state.cut_event]
                 raise BrokenStream("stub breaks the stream")
             yield event
     finally:

@@ -186,13 +186,13 @@ def test_a_dead_server_is_taken_out_and_its_sessions_move() -> None:
         assert "503 no_worker" in help_line, "the help text names every status the counter counts"
 
 
-@pytest.mark.parametrize("half_event", [False, True])
-def test_a_stream_broken_midway_ends_with_an_error_event(half_event: bool) -> None:
-    """Broken inside an event (`half_event`), the half event is not relayed: the client would join
-    its half line and the error event into one event that parses as neither."""
+@pytest.mark.parametrize("cut_event", [None, 20, -1])
+def test_a_stream_broken_midway_ends_with_an_error_event(cut_event: int | None) -> None:
+    """Broken inside an event (`cut_event`: mid-line, or all but its blank line), the part sent is
+    not relayed: the client would join it and the error event into one event that parses as neither."""
     with Fleet() as f, httpx.Client(base_url=f.url, timeout=10) as c:
         for s in f.states:
-            s.break_after, s.half_event = 2, half_event
+            s.break_after, s.cut_event = 2, cut_event
         r = c.post("/v1/completions", json={**TOKENS, "stream": True, "max_tokens": 10},
                    headers={"X-Session-Id": "s"})
         events = _events(r.text)
@@ -236,6 +236,10 @@ def test_a_stream_left_open_after_its_end_is_ended_by_the_relay() -> None:
         took = time.monotonic() - t0
         assert r.status_code == 200 and _events(r.text)[-1] == "[DONE]" and len(_events(r.text)) == 5
         assert END_GRACE_S <= took < END_GRACE_S + 5 and len(f.service.state.parked) == 1
+        f.states[0].ping_s = 0.3            # and sends on after it: the bound still holds
+        t0 = time.monotonic()
+        r = c.post("/v1/completions", json={**TOKENS, "stream": True}, headers={"X-Session-Id": "s"})
+        assert r.status_code == 200 and _events(r.text)[-1] == "[DONE]" and time.monotonic() - t0 < END_GRACE_S + 5
         f.states[0].linger_s = 0.0
         t0 = time.monotonic()
         r = c.post("/v1/completions", json={**TOKENS, "stream": True}, headers={"X-Session-Id": "s"})

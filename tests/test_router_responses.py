@@ -289,11 +289,12 @@ def test_a_waiting_turn_no_decision_can_place_on_its_server_is_refused_at_the_po
     assert not svc.waiters and len(svc.state.live) == 1
 
 
-@pytest.mark.parametrize("half_event", [False, True])
-def test_a_stored_response_streamed_again_that_breaks_ends_with_the_responses_error_event(half_event: bool) -> None:
-    """Broken inside an event (`half_event`), the half event is not passed on (it would spoil the error event)."""
+@pytest.mark.parametrize("cut_event", [None, 20, -1])
+def test_a_stored_response_streamed_again_that_breaks_ends_with_the_responses_error_event(cut_event: int | None) -> None:
+    """Broken inside an event (`cut_event`: mid-line, or all but its blank line), the part sent is
+    not passed on (it would spoil the error event), and the error event is numbered after what was."""
     with Fleet(stubs=1) as f, httpx.Client(base_url=f.url, timeout=10) as c:
-        f.states[0].half_event = half_event
+        f.states[0].cut_event = cut_event
         rid = c.post("/v1/responses", json=ASK).json()["id"]
         r = c.get(f"/v1/responses/{rid}", params={"stream": "true"})
         assert r.status_code == 200 and r.text.rstrip().split("\n\n")[-1].startswith("event: response.completed")

@@ -98,15 +98,16 @@ def test_a_continuing_turn_its_server_cannot_hold_in_all_is_a_400_naming_input(s
         assert r.status_code == 200, "121 tokens fit"
 
 
-@pytest.mark.parametrize("half_event", [False, True])
-def test_a_responses_stream_broken_midway_ends_with_the_responses_error_event(half_event: bool) -> None:
+@pytest.mark.parametrize("cut_event", [None, 20, -1])
+def test_a_responses_stream_broken_midway_ends_with_the_responses_error_event(cut_event: int | None) -> None:
     """vLLM numbers a Responses stream's events from 0 and sends no `data: [DONE]`; the OpenAI
     client's `responses.stream()` reads an `event: error` whose data is a `ResponseErrorEvent`.
-    A stream that breaks inside an event: the half event is not relayed (the client would read it
-    and the error event as one event whose data parses as neither)."""
+    A stream that breaks inside an event: the part sent is not relayed (the client would read it
+    and the error event as one event whose data parses as neither), nor numbered: the error event
+    follows the last event the client got."""
     with Fleet(stubs=1) as f, httpx.Client(base_url=f.url, timeout=10) as c:
         f.states[0].break_after = 3         # response.created and two deltas, then the stream breaks
-        f.states[0].half_event = half_event
+        f.states[0].cut_event = cut_event
         r = c.post("/v1/responses", json={**FIRST, "stream": True})
         events = sse(r.text)
         assert r.status_code == 200 and [k for k, _ in events] == ["response.created"] + \

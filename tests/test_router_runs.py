@@ -226,3 +226,17 @@ def test_the_framer_gives_whole_events_and_keeps_the_start_of_the_next() -> None
     assert framer.whole(b"\nevent: e\r\ndata: 5\r\n\r\n") == b"data: {\"text\": 1}\n\nevent: e\r\ndata: 5\r\n\r\n"
     assert framer.partial == b"" and framer.whole(b"") == b""
     assert whole_events_end(b"data: a\r\rdata: b") == len(b"data: a\r\r") and whole_events_end(b"data: a\n") == 0
+
+
+def test_the_framer_knows_every_line_ending_and_passes_on_an_event_too_large_to_keep() -> None:
+    from cadencerl.router.framing import EventFramer, whole_events_end
+    from cadencerl.router.stored import MAX_EVENT_BYTES
+
+    assert whole_events_end(b"data: a\n\r\ndata: b") == len(b"data: a\n\r\n")      # LF then CRLF
+    assert whole_events_end(b"data: a\r\ndata: b\r\n") == 0, "one CRLF is one line ending, not two"
+    assert whole_events_end(b"data: a\r\n\ndata: b") == len(b"data: a\r\n\n")
+    framer = EventFramer()
+    assert framer.whole(b"data: a\r\n\r") == b"data: a\r\n\r" and framer.whole(b"\ndata: b\r\n") == b""
+    assert framer.whole(b"\r\n") == b"\ndata: b\r\n\r\n", "a blank line split across chunks"
+    big = b"data: " + b"x" * MAX_EVENT_BYTES
+    assert framer.whole(big[:100]) == b"" and framer.whole(big[100:]) == big, "kept no further than the bound"

@@ -4,17 +4,26 @@ A server's stream can break in the middle of an event (a chunk ends inside a `da
 byte for byte, the client would hold half a line when the router appends its error event, and its
 SSE parser would glue the two into one event whose JSON does not parse. The relay sends each chunk
 up to the end of its last whole event and keeps the rest until the event is complete; vLLM writes
-one whole event per chunk, so in practice nothing waits.
+one whole event per chunk, so in practice nothing waits. An event still incomplete past
+MAX_EVENT_BYTES is passed on as it comes (the guarantee is given up for it, not the memory).
 """
 
 from __future__ import annotations
 
-_BLANK_LINES = (b"\n\n", b"\r\n\r\n", b"\r\r")    # an event ends at a blank line (any line ending)
+import re
+
+from cadencerl.router.stored import MAX_EVENT_BYTES
+
+# An event ends at a blank line: two line endings in a row, each CRLF, LF or a CR alone (SSE's three).
+_BLANK_LINE = re.compile(rb"(?:\r\n|\r(?!\n)|\n){2}")
 
 
-def whole_events_end(data: bytes) -> int:
-    """Where the last whole event of `data` ends (0: none ends in it)."""
-    return max((i + len(sep) for sep in _BLANK_LINES if (i := data.rfind(sep)) >= 0), default=0)
+def whole_events_end(data: bytes, start: int = 0) -> int:
+    """Where the last whole event of `data` ends (0: none ends in it), searching from `start`."""
+    end = 0
+    for match in _BLANK_LINE.finditer(data, start):
+        end = match.end()
+    return end
 
 
 class EventFramer:
@@ -27,10 +36,12 @@ class EventFramer:
 
     def whole(self, chunk: bytes) -> bytes:
         """The events `chunk` completes (with the start kept from before); keeps what follows them."""
-        data = self.partial + chunk if self.partial else chunk
-        if data.endswith(b"\n\n"):          # the usual case: one or more whole events
-            self.partial = b""
-            return data
-        end = whole_events_end(data)
+        if not self.partial and chunk.endswith(b"\n\n"):     # the usual case: one or more whole events
+            return chunk
+        start = max(0, len(self.partial) - 3)           # the kept start holds no blank line but at its end
+        data = self.partial + chunk
+        end = whole_events_end(data, start)
+        if end == 0 and len(data) > MAX_EVENT_BYTES:
+            end = len(data)
         self.partial = data[end:]
         return data[:end]

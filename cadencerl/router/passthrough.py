@@ -119,8 +119,8 @@ async def _chunks(svc: RouterService, resp: httpx.Response) -> AsyncIterator[byt
     try:
         yield b""               # `primed`: from here on, closing it closes the stream
         async for chunk in resp.aiter_raw():
-            reader.feed(chunk)
             if events := framer.whole(chunk):
+                reader.feed(events)         # numbers the error event after what the client got
                 yield events
         if framer.partial:      # the stream ended without a blank line: what there is
             yield framer.partial

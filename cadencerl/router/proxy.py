@@ -227,15 +227,20 @@ async def _relay(svc: RouterService, session: Session, resp: httpx.Response, chu
     try:
         yield b""               # `primed`: from here on, closing the relay releases and closes
         run: list[bytes] | None = [first]
+        deadline: float | None = None       # set once the end went by: the stream's close is awaited until then
         while run is not None:
             data = b"".join(run)
-            reader.feed(data)
-            if reader.ended:        # it stays so: from the chunk that ends the stream on, all is kept
-                ending += framer.partial + data
-                framer.partial = b""
-            elif events := framer.whole(data):
-                yield events
-            run = await _next_run(runs, reader.ended)
+            if deadline is not None:
+                ending += data
+            else:
+                events = framer.whole(data)
+                reader.feed(events)         # what the client gets is what is counted
+                if reader.ended:            # from the chunk that ends the stream on, all is kept
+                    ending, framer.partial = events + framer.partial, b""
+                    deadline = asyncio.get_running_loop().time() + END_GRACE_S
+                elif events:
+                    yield events
+            run = await _next_run(runs, deadline)
         svc.release(session, reader.generated, last=last)
         released = True
         yield LastChunk(ending or framer.partial)
@@ -258,13 +263,14 @@ async def _relay(svc: RouterService, session: Session, resp: httpx.Response, chu
             pass
 
 
-async def _next_run(runs: AsyncIterator[list[bytes]], ended: bool) -> list[bytes] | None:
+async def _next_run(runs: AsyncIterator[list[bytes]], deadline: float | None) -> list[bytes] | None:
     """The next run of chunks, None at the stream's end; once the stream has sent its end, a server
-    that keeps it open is not waited on past END_GRACE_S (the read timeout would allow minutes)."""
-    if not ended:
+    that keeps it open (or sends on: keep-alive comments) is not waited on past `deadline`, END_GRACE_S
+    after the end (the read timeout would allow minutes)."""
+    if deadline is None:
         return await anext(runs, None)
     try:
-        return await asyncio.wait_for(anext(runs, None), END_GRACE_S)
+        return await asyncio.wait_for(anext(runs, None), max(0.0, deadline - asyncio.get_running_loop().time()))
     except TimeoutError:
         return None
 
