@@ -39,6 +39,10 @@ def test_bad_router_input_names_the_field(args: list[str], field: str) -> None:
     result = runner.invoke(app, ["router", *args])
     lines = [line for line in result.output.splitlines() if line.strip()]
     assert result.exit_code == 2 and len(lines) == 1 and f"error: {field}" in lines[0], result.output
+    flag = args[-2]
+    if flag not in ("--workers", "--classes"):          # and the flag, where it has another name
+        named = field if flag == "--" + field.replace("_", "-") else f"{field} ({flag})"
+        assert f"error: {named}: " in lines[0], result.output
     if field == "workers":
         assert "--workers" in lines[0] or "twice" in lines[0]
 

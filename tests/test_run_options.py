@@ -115,25 +115,33 @@ pathlib.Path(os.environ["VLLM_RPC_BASE_PATH"], "0f1e2d3c-socket").touch()
 pathlib.Path(os.environ["ARGV_FILE"]).write_text(" ".join(sys.argv[1:]))
 def terminated(*_):
     raise KeyboardInterrupt("terminated")       # as vLLM's server turns SIGTERM into its shutdown
-signal.signal(signal.SIGTERM, terminated)
+if os.environ["LOADED"] == "1":
+    signal.signal(signal.SIGTERM, terminated)
 os.kill(os.getpid(), signal.SIGTERM)
 """
 
 
-def test_a_server_removes_its_socket_dir_as_it_exits_on_sigterm(tmp_path, monkeypatch) -> None:
+@pytest.mark.parametrize("loaded", [True, False])
+def test_a_server_removes_its_socket_dir_as_it_exits_on_sigterm(tmp_path, monkeypatch, loaded: bool) -> None:
     """A server that ends without `down` (its Ray actor lost with its node: SIGTERM from
-    PR_SET_PDEATHSIG) left its socket folder in the temp folder for good; it now removes it itself.
-    A stand-in for vLLM's server module plays vLLM's part: it binds a socket file and gets SIGTERM."""
+    PR_SET_PDEATHSIG) left its socket folder in the temp folder for good; it now removes it itself,
+    also when SIGTERM comes before vLLM is `loaded` (its handler installed). A stand-in for vLLM's
+    server module plays vLLM's part: it binds a socket file and gets SIGTERM."""
     fake = tmp_path / "fake" / "vllm" / "entrypoints" / "openai"
     fake.mkdir(parents=True)
+    for package in (fake, fake.parent, fake.parent.parent):     # regular packages: ahead of an installed vllm
+        (package / "__init__.py").touch()
     (fake / "api_server.py").write_text(FAKE_VLLM_SERVER)
     monkeypatch.setenv("PYTHONPATH", str(tmp_path / "fake"))
     rpc_dir = new_rpc_dir()
     try:
-        env = {**server_env(0, False, rpc_dir), "ARGV_FILE": str(tmp_path / "argv")}
+        env = {**server_env(0, False, rpc_dir), "ARGV_FILE": str(tmp_path / "argv"), "LOADED": str(int(loaded))}
         cmd = [sys.executable, "-m", "cadencerl.engine.vllm_server", "--model", "m", "--port", "1"]
         r = subprocess.run(cmd, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=30)
-        assert "KeyboardInterrupt" in r.stderr and r.returncode != 0, r.stderr
+        if loaded:      # vLLM's shutdown, as a KeyboardInterrupt
+            assert r.returncode != 0 and "KeyboardInterrupt" in r.stderr, r.stderr
+        else:           # before vLLM's handler: through Python's exit, 128 + SIGTERM
+            assert r.returncode == 143, r.stderr
         assert (tmp_path / "argv").read_text() == "--model m --port 1", "vLLM's arguments pass through"
         assert not Path(rpc_dir).exists()
     finally:

@@ -81,10 +81,22 @@ def router(
             failures_to_down=health_failure_threshold, metrics_interval_s=poll_interval)
         socks = bind(settings.host, settings.port)
     except ConfigError as exc:
-        fail(str(exc))
+        fail(with_flag(str(exc)))
     console(True).print(started_line(settings, socks[0].getsockname()[1]), markup=False, highlight=False,
                         soft_wrap=True)
     serve(settings, socks)
+
+
+# The settings whose flag is not their name with dashes (vllm-router's names, units dropped).
+FLAGS = {"hold_timeout_s": "--hold-timeout", "session_ttl_s": "--session-ttl", "request_timeout_s": "--request-timeout-secs",
+         "max_body_bytes": "--max-payload-size", "eviction_interval_s": "--eviction-interval-secs",
+         "failures_to_down": "--health-failure-threshold", "metrics_interval_s": "--poll-interval-secs"}
+
+
+def with_flag(message: str) -> str:
+    """A settings error as the user typed it: `max_body_bytes (--max-payload-size): ...`."""
+    field, sep, rest = message.partition(": ")
+    return f"{field} ({FLAGS[field]}){sep}{rest}" if field in FLAGS else message
 
 
 def started_line(settings, port: int) -> str:

@@ -4,14 +4,18 @@
 the vLLM interpreter. vLLM leaves its ZMQ socket files behind when it is stopped by a signal
 (`server_env.py`); `pool down` removes the folder, but a server that ends without it (its Ray actor
 lost with its node: the server is told to die with its parent, `processes.term_with_parent`) would
-leave it in the temp folder for good. vLLM turns SIGTERM into a graceful shutdown, so its own exit
-path runs this module's `finally`; only SIGKILL, after which `down` removes the folder, skips it.
+leave it in the temp folder for good. vLLM turns SIGTERM into a graceful shutdown once it has
+installed its handler, after seconds of imports: until then a SIGTERM here exits through Python
+too, so both paths run this module's `finally`; only SIGKILL, after which `down` removes the
+folder, skips it.
 """
 
 from __future__ import annotations
 
 import os
 import runpy
+import signal
+import sys
 
 from cadencerl.engine.server_env import remove_rpc_dir
 
@@ -19,10 +23,15 @@ VLLM_SERVER = "vllm.entrypoints.openai.api_server"
 
 
 def main() -> None:
+    signal.signal(signal.SIGTERM, _exit)        # vLLM installs its own once it is loaded
     try:
         runpy.run_module(VLLM_SERVER, run_name="__main__", alter_sys=True)
     finally:
         remove_rpc_dir(os.environ.get("VLLM_RPC_BASE_PATH", ""))
+
+
+def _exit(signum: int, _frame) -> None:
+    sys.exit(128 + signum)
 
 
 if __name__ == "__main__":

@@ -239,7 +239,10 @@ class RouterService:
             kind = "new"
         self.metrics.requests_of(session.traj.workload_class, kind).inc()
         if pin is not None and session.traj.context >= self.state.workers[pin].kv_capacity:
-            self.state.refuse_waiting(lambda t: t is session.traj, now)    # its new input fit; in all, it does not
+            if kind == "new":                   # its new input fit; in all, it does not
+                self.state.withdraw(session)
+            else:
+                self.state.drop_pending(session, now)
             raise self._pinned_too_long(session)
         self.decide(now)
         if session.traj.state is State.FRESH and len(self.state.hold) > self.settings.hold_max:

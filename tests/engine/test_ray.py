@@ -111,7 +111,7 @@ def test_pool_by_type_on_two_nodes_survives_a_lost_node(cluster: tuple, tiny_mod
         # failure names what is left.
         left = wait_gone(pids[1:], timeout_s=180)
         assert left == [], f"the lost node's server outlived its actor:\n{describe(left)}"
-        assert len(new_socket_dirs(socket_dirs)) == 1, "the lost server removed its socket folder as it exited"
+        assert len(new_socket_dirs(socket_dirs)) == 1, "the lost server left its socket folder behind"
     finally:
         pool.down()
         left = wait_gone(pids)
