@@ -194,17 +194,11 @@ def stub_app(state: StubState) -> Starlette:
 async def _events(state: StubState, n: int, chat: bool):
     state.running += 1
     try:
-        for i in range(n):
-            if state.token_delay_s:
-                await asyncio.sleep(state.token_delay_s)
-            delta = {"delta": {"content": state.text}} if chat else {"text": state.text}
-            chunk = {"id": "cmpl-stub", "object": "chat.completion.chunk" if chat else "text_completion",
-                     "choices": [{"index": 0, **delta, "finish_reason": "length" if i == n - 1 else None}]}
-            event = f"data: {json.dumps(chunk)}\n\n"
-            if state.break_after is not None and i >= state.break_after:
-                if state.cut_event is not None:
-                    yield event[:state.cut_event]
-                raise BrokenStream("stub breaks the stream")
+        delta = {"delta": {"content": state.text}} if chat else {"text": state.text}
+        chunks = ({"id": "cmpl-stub", "object": "chat.completion.chunk" if chat else "text_completion",
+                   "choices": [{"index": 0, **delta, "finish_reason": "length" if i == n - 1 else None}]}
+                  for i in range(n))
+        async for event in _paced(state, (f"data: {json.dumps(chunk)}\n\n" for chunk in chunks), first_waits=True):
             yield event
         yield "data: [DONE]\n\n"
         lingered = 0.0
@@ -237,17 +231,25 @@ async def _response_events(state: StubState, done: dict, n: int):
         events = [("response.created", {"response": {**done, "status": "in_progress", "output": [], "usage": None}}),
                   *(("response.output_text.delta", {"delta": " t"}) for _ in range(n)),
                   ("response.completed", {"response": done})]
-        for i, (kind, data) in enumerate(events):
-            if state.token_delay_s and i:
-                await asyncio.sleep(state.token_delay_s)
-            event = f"event: {kind}\ndata: {json.dumps({'type': kind, 'sequence_number': i, **data})}\n\n"
-            if state.break_after is not None and i >= state.break_after:
-                if state.cut_event is not None:
-                    yield event[:state.cut_event]
-                raise BrokenStream("stub breaks the stream")
+        texts = (f"event: {kind}\ndata: {json.dumps({'type': kind, 'sequence_number': i, **data})}\n\n"
+                 for i, (kind, data) in enumerate(events))
+        async for event in _paced(state, texts, first_waits=False):
             yield event
     finally:
         state.running -= 1
+
+
+async def _paced(state: StubState, events, first_waits: bool):
+    """`events` each after `token_delay_s` (the first too, if `first_waits`), broken off as
+    `break_after` and `cut_event` say."""
+    for i, event in enumerate(events):
+        if state.token_delay_s and (i or first_waits):
+            await asyncio.sleep(state.token_delay_s)
+        if state.break_after is not None and i >= state.break_after:
+            if state.cut_event is not None:
+                yield event[:state.cut_event]
+            raise BrokenStream("stub breaks the stream")
+        yield event
 
 
 class Fleet:
