@@ -23,6 +23,8 @@ def _placed(f: Fleet) -> list[int]:
 
 def test_a_background_response_holds_its_place_until_it_is_generated() -> None:
     with Fleet(stubs=1) as f, httpx.Client(base_url=f.url, timeout=10) as c:
+        released, release = [], f.service.release
+        f.service.release = lambda session, generated, last: released.append(generated) or release(session, generated, last)
         f.states[0].token_delay_s = 0.1                  # generated in 1 s
         t0 = time.monotonic()
         r = c.post("/v1/responses", json=BACKGROUND)
@@ -32,6 +34,7 @@ def test_a_background_response_holds_its_place_until_it_is_generated() -> None:
         assert settle(lambda: not _placed(f), timeout_s=5)
         assert f.service.state.completed["agent"] == 1 and f.service.state.workers[0].load == 0
         assert f.service.owners.context(rid) == 110, "the server's usage once final: 100 in, 10 out"
+        assert released == [10], "released once, with the response's output tokens"
         assert c.get(f"/v1/responses/{rid}").json()["status"] == "completed"
 
 
@@ -59,7 +62,7 @@ def test_a_background_session_is_released_when_the_router_stops() -> None:
         f.states[0].token_delay_s = 1.0
         assert c.post("/v1/responses", json=BACKGROUND).status_code == 200
         assert _placed(f) == [0]
-    assert not _placed(f) and not f.service._followers
+    assert not _placed(f) and len(f.service.followers) == 0
 
 
 def test_only_a_response_still_running_is_followed() -> None:
@@ -67,3 +70,32 @@ def test_only_a_response_still_running_is_followed() -> None:
     assert running_id(b'{"id": "resp_1", "status": "in_progress"}') == "resp_1"
     for body in (b'{"id": "resp_1", "status": "completed"}', b'{"status": "queued"}', b"not json", b"[1]"):
         assert running_id(body) is None
+
+
+def test_a_next_turn_sent_as_the_client_sees_the_response_final_is_a_continuation() -> None:
+    """The client polls the response itself and sends its next turn the moment it is final; the
+    router, polling every 3 s here, has not seen it yet: the turn wakes its follower and waits for
+    it, so it continues the session instead of starting a new one."""
+    with Fleet(stubs=1, metrics_interval_s=3.0) as f, httpx.Client(base_url=f.url, timeout=10) as c:
+        f.states[0].token_delay_s = 0.03                 # generated in 0.3 s
+        headers = {"X-Session-Id": "s"}
+        rid = c.post("/v1/responses", json=BACKGROUND, headers=headers).json()["id"]
+        t0 = time.monotonic()
+        while c.get(f"/v1/responses/{rid}").json()["status"] != "completed":
+            time.sleep(0.05)
+        r = c.post("/v1/responses", json={**BACKGROUND, "background": False, "previous_response_id": rid},
+                   headers=headers)
+        assert r.status_code == 200 and time.monotonic() - t0 < 2.5, "woken, not waited for its next poll"
+        assert 'cadencerl_router_requests_total{kind="continuation",workload_class="agent"} 1.0' in \
+            c.get("/metrics").text
+
+
+def test_a_background_response_the_server_forgets_or_never_ends_frees_its_place() -> None:
+    with Fleet(stubs=1, request_timeout_s=1.5) as f, httpx.Client(base_url=f.url, timeout=10) as c:
+        f.states[0].token_delay_s = 10.0                 # never within the test: vLLM can leave one queued
+        assert c.post("/v1/responses", json=BACKGROUND).status_code == 200
+        t0 = time.monotonic()
+        assert settle(lambda: not _placed(f), timeout_s=5) and time.monotonic() - t0 >= 1.0, "at the deadline"
+        assert c.post("/v1/responses", json=BACKGROUND).status_code == 200
+        f.states[0].stored.clear()                      # a restarted server knows none
+        assert settle(lambda: not _placed(f), timeout_s=1)

@@ -90,6 +90,7 @@ def _completion(path: str, field: str):
 
 async def _serve(svc: RouterService, path: str, routed: Routed, headers, field: str) -> Response:
     previous = routed.previous_response_id
+    await svc.settle_background(routed.session_key, previous)
     try:
         pin = None if previous is None else svc.owner(previous, "previous_response_id", generate=True).id
         held = 0 if previous is None else svc.owners.context(previous)

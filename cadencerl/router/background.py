@@ -1,21 +1,31 @@
 """A background response's generation, followed to its end so that admission paces it.
 
-`POST /v1/responses` with `background: true` is answered at once (status `queued`) while the server
-goes on generating. Released then, its session would leave the server's load and MISA-T's count
-while the server still decodes it, and admission would fill the server past what it measured. The
-router keeps the session placed and asks the server for the response (`GET /v1/responses/{id}`,
-as a client polls it) every poll interval until its status is final; the session is released then,
-with the response's output tokens, and the context the server holds for it is learned. A server
-that goes down, is removed or no longer knows the response (a restart) releases it with none.
+`POST /v1/responses` with `background: true` (not streamed) is answered at once (status `queued`)
+while the server goes on generating. Released then, its session would leave the server's load and
+MISA-T's count while the server still decodes it, and admission would fill the server past what it
+measured. The router keeps the session placed and asks the server for the response
+(`GET /v1/responses/{id}`, as a client polls it) every poll interval until its status is final;
+the session is released then, with the response's output tokens, and the context the server holds
+for it is learned. It is released with none when the server is removed, stays down, no longer
+knows the response (a restart), or the follow passes its deadline (the request timeout: vLLM can
+leave a response `queued` for good when its generation dies of an unexpected error).
+
+A client that polls too may see the response final before the router does; its next turn (the
+same session, or `previous_response_id` naming the response) wakes the follower and waits for it
+(`Followers.settle`), so it is a continuation sized with the final context, not a new session.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 import httpx
+
+from cadencerl.router.settings import RouterSettings
+from cadencerl.router.stored import ResponseOwners, response_path, usage_tokens
+from cadencerl.router.upstream import Upstream
 
 FINAL = frozenset({"completed", "incomplete", "failed", "cancelled"})
 RUNNING = frozenset({"queued", "in_progress"})
@@ -33,13 +43,19 @@ def running_id(content: bytes) -> str | None:
 
 
 async def final_answer(client: httpx.AsyncClient, url: httpx.URL, still_there: Callable[[], bool],
-                       interval_s: float) -> bytes | None:
-    """The response object once its status is final, polled at `url` every `interval_s`; None when
-    `still_there()` turns false (its server went down or was removed) or the server no longer knows it."""
-    while still_there():
-        await asyncio.sleep(interval_s)
+                       interval_s: float, deadline_s: float, wake: asyncio.Event) -> bytes | None:
+    """The response object once its status is final, asked at `url` every `interval_s` (at once
+    when `wake` is set); None when `still_there()` turns false, the server no longer knows it, or
+    `deadline_s` (on the loop's clock) passes. Each ask is bounded as a health poll is."""
+    loop = asyncio.get_running_loop()
+    while still_there() and loop.time() < deadline_s:
         try:
-            resp = await client.get(url)
+            await asyncio.wait_for(wake.wait(), interval_s)
+        except TimeoutError:
+            pass
+        wake.clear()
+        try:
+            resp = await client.get(url, timeout=max(1.0, 2 * interval_s))
         except httpx.HTTPError:
             continue                # a server that stays unreachable is taken out by the health poll
         if resp.status_code == 404:
@@ -52,3 +68,55 @@ async def final_answer(client: httpx.AsyncClient, url: httpx.URL, still_there: C
             if status in FINAL:
                 return resp.content
     return None
+
+
+class Followers:
+    """The background responses being followed, by session (trajectory id) and by response id."""
+
+    def __init__(self) -> None:
+        self._by_traj: dict[int, tuple[asyncio.Task, asyncio.Event]] = {}
+        self._by_id: dict[str, int] = {}
+
+    def start(self, traj_id: int, response_id: str, follow: Callable[[asyncio.Event], Awaitable[None]]) -> None:
+        wake = asyncio.Event()
+        task = asyncio.create_task(follow(wake))
+        self._by_traj[traj_id], self._by_id[response_id] = (task, wake), traj_id
+
+        def forget(_: asyncio.Task) -> None:
+            self._by_traj.pop(traj_id, None)
+            self._by_id.pop(response_id, None)
+        task.add_done_callback(forget)
+
+    async def settle(self, traj_id: int | None, response_id: str | None, timeout_s: float) -> None:
+        """A turn that continues a followed response (its session, or its id) wakes the follower and
+        waits for it to end, at most `timeout_s` (the response may really still be running)."""
+        tid = traj_id if traj_id in self._by_traj else self._by_id.get(response_id or "")
+        if tid is not None and tid in self._by_traj:
+            task, wake = self._by_traj[tid]
+            wake.set()
+            await asyncio.wait([task], timeout=timeout_s)
+
+    def tasks(self) -> list[asyncio.Task]:
+        return [task for task, _ in self._by_traj.values()]
+
+    def __len__(self) -> int:
+        return len(self._by_traj)
+
+
+async def follow(client: httpx.AsyncClient, up: Upstream, settings: RouterSettings, owners: ResponseOwners,
+                 response_id: str, context: int, release: Callable[[int], None], wake: asyncio.Event) -> None:
+    """Follow one background response on `up` to its end, then `release` its session with the
+    tokens it generated (exactly once); `context`: the turn's, for an answer without usage."""
+    generated = 0
+    # gone: removed, or down for twice the polls that take a server out (one refused request takes
+    # it out at once, and the response may still be generating there)
+    try:
+        content = await final_answer(
+            client, httpx.URL(up.url + response_path(response_id)),
+            lambda: not up.removed and up.failures < 2 * settings.failures_to_down, settings.metrics_interval_s,
+            asyncio.get_running_loop().time() + settings.request_timeout_s, wake)
+        if content is not None:
+            owners.learn(content, up.id, context)
+            generated = usage_tokens(json.loads(content))[1] or 0
+    finally:
+        release(generated)

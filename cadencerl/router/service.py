@@ -8,7 +8,6 @@ one decision pass; the held requests the pass admitted or placed are woken throu
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
@@ -20,12 +19,12 @@ from cadencerl.core.actions import Admit
 from cadencerl.core.trajectory import State
 from cadencerl.core.view import Policy
 from cadencerl.core.worker import Worker
-from cadencerl.router.background import final_answer
+from cadencerl.router.background import Followers, follow
 from cadencerl.router.live import LiveState, Session
 from cadencerl.router.metrics import RouterMetrics
 from cadencerl.router.requests import ApiError
 from cadencerl.router.settings import RouterSettings
-from cadencerl.router.stored import ResponseOwners, response_path, usage_tokens
+from cadencerl.router.stored import ResponseOwners
 from cadencerl.router.transport import ShardedTransport
 from cadencerl.router.upstream import Upstream, probe, scrape
 from cadencerl.routing.misa import Admitted, MisaT
@@ -86,7 +85,8 @@ class RouterService:
         self.transport: ShardedTransport | None = None   # forwarded requests go to it directly
         self.forward_timeout: dict = {}
         self._poller: asyncio.Task | None = None
-        self._followers: set[asyncio.Task] = set()      # background responses followed to their end
+        self.followers = Followers()        # background responses followed to their end
+        self._stopping = False
         for url in settings.workers:
             self.add_worker(url)
 
@@ -104,7 +104,8 @@ class RouterService:
         self._poller = asyncio.create_task(self._poll_forever())
 
     async def stop(self) -> None:
-        tasks = [t for t in (self._poller, *self._followers) if t is not None]
+        self._stopping = True
+        tasks = [t for t in (self._poller, *self.followers.tasks()) if t is not None]
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
@@ -370,20 +371,18 @@ class RouterService:
 
     def follow_background(self, session: Session, response_id: str, worker: int, last: bool) -> None:
         """Keep `session` placed until the background response it started ends (`background.py`)."""
-        task = asyncio.create_task(self._follow(session, response_id, worker, last))
-        self._followers.add(task)
-        task.add_done_callback(self._followers.discard)
+        if self._stopping:
+            self.release(session, 0, last=last)
+        else:
+            self.followers.start(session.traj.id, response_id, lambda wake: follow(
+                self.client, self.upstreams[worker], self.settings, self.owners, response_id, session.traj.context,
+                lambda generated: self.release(session, generated, last=last), wake))
 
-    async def _follow(self, session: Session, response_id: str, worker: int, last: bool) -> None:
-        up, generated = self.upstreams[worker], 0
-        try:
-            content = await final_answer(self.client, up.endpoint(response_path(response_id)),
-                                         lambda: up.healthy and not up.removed, self.settings.metrics_interval_s)
-            if content is not None:
-                self.owners.learn(content, worker, session.traj.context)
-                generated = usage_tokens(json.loads(content))[1] or 0
-        finally:
-            self.release(session, generated, last=last)
+    async def settle_background(self, key: str | None, previous_response_id: str | None) -> None:
+        """A turn may continue a background response the router still follows: see it end first."""
+        session = self.state.session(key) if key is not None else None
+        await self.followers.settle(session.traj.id if session else None, previous_response_id,
+                                    max(1.0, 2 * self.settings.metrics_interval_s) + 0.5)
 
     def end_session(self, key: str) -> bool:
         """The client says a parked session is over (DELETE /v1/sessions/{key})."""
