@@ -90,9 +90,9 @@ class Followers:
     async def settle(self, traj_id: int | None, response_id: str | None, timeout_s: float) -> None:
         """A turn that continues a followed response (its session, or its id) wakes the follower and
         waits for it to end, at most `timeout_s` (the response may really still be running)."""
-        tid = traj_id if traj_id in self._by_traj else self._by_id.get(response_id or "")
-        if tid is not None and tid in self._by_traj:
-            task, wake = self._by_traj[tid]
+        followed = self._by_traj.get(traj_id if traj_id in self._by_traj else self._by_id.get(response_id or ""))
+        if followed is not None:
+            task, wake = followed
             wake.set()
             await asyncio.wait([task], timeout=timeout_s)
 

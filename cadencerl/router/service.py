@@ -380,6 +380,8 @@ class RouterService:
 
     async def settle_background(self, key: str | None, previous_response_id: str | None) -> None:
         """A turn may continue a background response the router still follows: see it end first."""
+        if not self.followers:          # every request asks: nothing to look up in the usual case
+            return
         session = self.state.session(key) if key is not None else None
         await self.followers.settle(session.traj.id if session else None, previous_response_id,
                                     max(1.0, 2 * self.settings.metrics_interval_s) + 0.5)
