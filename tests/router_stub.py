@@ -53,6 +53,7 @@ class StubState:
     ping_s: float = 0.0             # and meanwhile sends a keep-alive comment this often
     token_delay_s: float = 0.0
     metrics: str = "current"
+    metrics_asked: int = 0          # /metrics requests answered (the router polls one server at a time)
     kv_blocks: int | None = None
     pooled_delay_s: float = 0.0
     usage: bool = True              # a response object carries its usage
@@ -104,6 +105,7 @@ def stub_app(state: StubState) -> Starlette:
                                  headers={"x-stub": state.name})
 
     async def metrics(request: Request) -> Response:
+        state.metrics_asked += 1
         if state.metrics == "none":
             return PlainTextResponse("not found", status_code=404)
         kv = "vllm:gpu_cache_usage_perc" if state.metrics == "old" else "vllm:kv_cache_usage_perc"

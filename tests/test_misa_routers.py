@@ -61,15 +61,17 @@ def test_continuations_are_never_held_by_the_gate():
     assert placed, "continuations of admitted sessions must pass the gate"
 
 
-def test_no_class_is_starved_under_misa():
-    r = sim(mixed(n=1200, batch=150), "misa+cache-aware")
-    target = {"agent": 0.486, "rlvr": 0.331, "rlhf": 0.182}
-    # every class appears in the consumed batches once the pipeline is full, and overall it
-    # receives at least half of its target share (a stated bound; the exact mix is reported)
-    steady = r["batch_mix"][1:-1]
-    for cls, share in target.items():
-        assert sum(b.get(cls, 0) for b in steady) > 0
-        assert r["per_class"][cls]["consumed_share"] >= 0.5 * share
+def test_the_gate_keeps_every_steady_batch_on_the_target_mix_where_the_router_alone_drifts():
+    """No class starves in any steady batch, and the steady deviation stays within the issue's
+    3 pp; the same pool without the gate deviates more (the trainer asks both for the target mix;
+    only the gate admits so that completions bring it)."""
+    target = builtin_scenario("mixed-h200").workload.target_mix()
+    gated, alone = (sim(mixed(n=1200, batch=150), p) for p in ("misa+cache-aware", "cache-aware"))
+    for counts in gated["batch_mix"][1:-1]:
+        for cls, share in target.items():
+            assert counts.get(cls, 0) >= 0.5 * share * sum(counts.values())
+    assert gated["mixture_dtv_steady_pp"] <= 3.0
+    assert gated["mixture_dtv_steady_pp"] < alone["mixture_dtv_steady_pp"]
 
 
 def test_prefix_tree_matches_prompt_then_history_and_evicts_lru():

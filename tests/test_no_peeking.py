@@ -6,7 +6,7 @@ from cadencerl.config import builtin_scenario
 from cadencerl.runs import registry
 from cadencerl.runs.simulate import simulate
 from cadencerl.policies.least_loaded import LeastLoaded
-from cadencerl.core.spec import PeekError
+from cadencerl.core.spec import NO_TURNS, PeekError
 from tests.conftest import sim, small
 
 
@@ -71,3 +71,33 @@ def test_a_policy_that_counts_the_turns_left_fails_loudly():
     with pytest.raises(PeekError):
         simulate(builtin_scenario("mixed-h200").with_overrides(workload={"trajectories": 64},
                                                                 trainer={"batch_size": 16}), TurnCounter())
+
+
+class TurnsLeftProbe(LeastLoaded):
+    """Asks whether a resident has turns left without counting them: by a keyless read, or by
+    telling the shared empty value apart."""
+
+    name = "turns-left-probe"
+
+    def __init__(self, probe):
+        super().__init__()
+        self.probe = probe
+
+    def decide(self, view):
+        for w in view.workers:
+            for t in w.residents.values():
+                if t.workload_class != "agent":      # single-turn classes: their future is empty
+                    self.probe(t.spec.later_turns)
+        yield from super().decide(view)
+
+
+def test_whether_a_session_has_turns_left_is_sealed_too():
+    """A single-turn session's empty future is sealed like any other: a keyless read raises as it
+    does for a session with turns left, and it is not the shared value hand-built requests carry."""
+    scenario = builtin_scenario("mixed-h200").with_overrides(workload={"trajectories": 64},
+                                                             trainer={"batch_size": 16})
+    with pytest.raises(PeekError):
+        simulate(scenario, TurnsLeftProbe(lambda turns: turns.reveal(None)))
+    shared = []
+    simulate(scenario, TurnsLeftProbe(lambda turns: shared.append(turns is NO_TURNS)))
+    assert shared and not any(shared)

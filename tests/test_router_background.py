@@ -25,13 +25,12 @@ def test_a_background_response_holds_its_place_until_it_is_generated() -> None:
     with Fleet(stubs=1) as f, httpx.Client(base_url=f.url, timeout=10) as c:
         released, release = [], f.service.release
         f.service.release = lambda session, generated, last: released.append(generated) or release(session, generated, last)
-        f.states[0].token_delay_s = 0.1                  # generated in 1 s
-        t0 = time.monotonic()
+        f.states[0].token_delay_s = 0.4                  # generated in 4 s: answered before that
         r = c.post("/v1/responses", json=BACKGROUND)
-        assert r.status_code == 200 and r.json()["status"] == "queued" and time.monotonic() - t0 < 0.8
+        assert r.status_code == 200 and r.json()["status"] == "queued"
         rid = r.json()["id"]
         assert _placed(f) == [0] and f.service.state.workers[0].load == 1, "still placed while generated"
-        assert settle(lambda: not _placed(f), timeout_s=5)
+        assert settle(lambda: not _placed(f), timeout_s=20)
         assert f.service.state.completed["agent"] == 1 and f.service.state.workers[0].load == 0
         assert f.service.owners.context(rid) == 110, "the server's usage once final: 100 in, 10 out"
         assert released == [10], "released once, with the response's output tokens"
@@ -74,9 +73,9 @@ def test_only_a_response_still_running_is_followed() -> None:
 
 def test_a_next_turn_sent_as_the_client_sees_the_response_final_is_a_continuation() -> None:
     """The client polls the response itself and sends its next turn the moment it is final; the
-    router, polling every 3 s here, has not seen it yet: the turn wakes its follower and waits for
+    router, polling every 10 s here, has not seen it yet: the turn wakes its follower and waits for
     it, so it continues the session instead of starting a new one."""
-    with Fleet(stubs=1, metrics_interval_s=3.0) as f, httpx.Client(base_url=f.url, timeout=10) as c:
+    with Fleet(stubs=1, metrics_interval_s=10.0) as f, httpx.Client(base_url=f.url, timeout=10) as c:
         f.states[0].token_delay_s = 0.03                 # generated in 0.3 s
         headers = {"X-Session-Id": "s"}
         rid = c.post("/v1/responses", json=BACKGROUND, headers=headers).json()["id"]
@@ -85,7 +84,7 @@ def test_a_next_turn_sent_as_the_client_sees_the_response_final_is_a_continuatio
             time.sleep(0.05)
         r = c.post("/v1/responses", json={**BACKGROUND, "background": False, "previous_response_id": rid},
                    headers=headers)
-        assert r.status_code == 200 and time.monotonic() - t0 < 2.5, "woken, not waited for its next poll"
+        assert r.status_code == 200 and time.monotonic() - t0 < 8.0, "woken, not waited for its next poll"
         assert 'cadencerl_router_requests_total{kind="continuation",workload_class="agent"} 1.0' in \
             c.get("/metrics").text
 
@@ -93,9 +92,9 @@ def test_a_next_turn_sent_as_the_client_sees_the_response_final_is_a_continuatio
 def test_a_background_response_the_server_forgets_or_never_ends_frees_its_place() -> None:
     with Fleet(stubs=1, request_timeout_s=1.5) as f, httpx.Client(base_url=f.url, timeout=10) as c:
         f.states[0].token_delay_s = 10.0                 # never within the test: vLLM can leave one queued
+        t0 = time.monotonic()                            # the deadline runs from its placement, after this
         assert c.post("/v1/responses", json=BACKGROUND).status_code == 200
-        t0 = time.monotonic()
-        assert settle(lambda: not _placed(f), timeout_s=5) and time.monotonic() - t0 >= 1.0, "at the deadline"
+        assert settle(lambda: not _placed(f), timeout_s=10) and time.monotonic() - t0 >= 1.4, "at the deadline"
         assert c.post("/v1/responses", json=BACKGROUND).status_code == 200
         f.states[0].stored.clear()                      # a restarted server knows none
         assert settle(lambda: not _placed(f), timeout_s=1)

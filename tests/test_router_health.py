@@ -10,15 +10,18 @@ import httpx
 import pytest
 
 from cadencerl.engine.server_metrics import parse_metrics
-from router_stub import Fleet
+from router_stub import Fleet, settle
 
 pytestmark = pytest.mark.timeout(60)
 
 TOKENS = {"model": "tiny", "prompt": [5, 6, 7, 8], "max_tokens": 4}
 
 
-def _polls(f: Fleet, n: int = 5) -> None:
-    time.sleep(n * f.settings.metrics_interval_s)
+def _polls(f: Fleet, n: int) -> None:
+    """Wait for `n` more polls of every stub: polls run one after another, so all but the last
+    have been acted on when this returns."""
+    asked = [s.metrics_asked for s in f.states]
+    assert settle(lambda: all(s.metrics_asked >= a + n for s, a in zip(f.states, asked)), 30.0)
 
 
 def test_the_older_kv_gauge_name_is_read() -> None:
@@ -33,7 +36,7 @@ def test_a_server_whose_health_is_ok_stays_up_whatever_its_metrics_say(metrics: 
     with Fleet() as f, httpx.Client(base_url=f.url, timeout=10) as c:
         for s in f.states:
             s.metrics = metrics
-        _polls(f)
+        _polls(f, 2)
         assert c.get("/health").json()["workers_up"] == 2
         assert c.post("/v1/completions", json=TOKENS).status_code == 200
         assert all(u.metrics_ok == (metrics == "old") for u in f.service.upstreams)
@@ -45,8 +48,11 @@ def test_a_server_that_stays_down_is_logged_once_with_its_reason(caplog) -> None
         wrong = f.settings.workers[0] + "/no-such-prefix"
         r = c.post("/admin/workers", json={"url": wrong}, headers={"Authorization": "Bearer secret"})
         assert r.status_code == 201
-        _polls(f, 8)
-        down = [rec for rec in caplog.records if wrong in rec.getMessage() and "down" in rec.getMessage()]
+        def down_lines():
+            return [rec for rec in caplog.records if wrong in rec.getMessage() and "down" in rec.getMessage()]
+        assert settle(down_lines, 30.0)
+        _polls(f, 4)                   # more failed polls of the server that is down: still one line
+        down = down_lines()
         assert len(down) == 1 and down[0].levelno == logging.WARNING
         assert "404" in down[0].getMessage()
         assert c.post("/v1/completions", json=TOKENS).headers["x-cadencerl-worker"] == "0"

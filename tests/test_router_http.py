@@ -223,10 +223,11 @@ def test_a_streamed_event_goes_out_as_it_arrives_and_the_end_once_the_session_is
         assert arrived[1] - arrived[0] > 0.5, "the first token waited for the second"
 
 
-def test_a_stream_left_open_after_its_end_is_ended_by_the_relay() -> None:
+def test_a_stream_left_open_after_its_end_is_ended_by_the_relay(monkeypatch) -> None:
     """A server that sends `[DONE]` and keeps the stream open: the relay holds the end until the
     stream closes (the session is parked first), but no longer than END_GRACE_S; it used to wait
     for the read timeout (600 s by default)."""
+    from cadencerl.router import proxy
     from cadencerl.router.proxy import END_GRACE_S
 
     with Fleet(stubs=1) as f, httpx.Client(base_url=f.url, timeout=30) as c:
@@ -241,9 +242,10 @@ def test_a_stream_left_open_after_its_end_is_ended_by_the_relay() -> None:
         r = c.post("/v1/completions", json={**TOKENS, "stream": True}, headers={"X-Session-Id": "s"})
         assert r.status_code == 200 and _events(r.text)[-1] == "[DONE]" and time.monotonic() - t0 < END_GRACE_S + 5
         f.states[0].linger_s = 0.0
+        monkeypatch.setattr(proxy, "END_GRACE_S", 60.0)     # a close is not waited for the grace
         t0 = time.monotonic()
         r = c.post("/v1/completions", json={**TOKENS, "stream": True}, headers={"X-Session-Id": "s"})
-        assert r.status_code == 200 and time.monotonic() - t0 < END_GRACE_S, "a stream that closes is not held"
+        assert r.status_code == 200 and time.monotonic() - t0 < 30.0, "a stream that closes is not held"
 
 
 def test_a_completion_streams_end_is_found_across_chunks() -> None:
@@ -353,8 +355,10 @@ def test_a_client_that_leaves_while_held_is_never_admitted() -> None:
         assert _settle(lambda: len(f.service.state.hold) == 0), "the held request is withdrawn"
         for key in list(f.service.state.by_key):
             assert c.delete(f"/v1/sessions/{key}").status_code == 200
+        # a wrongly kept request would be admitted ahead of this one, into the slots just freed
+        assert c.post("/v1/completions", json=TOKENS).status_code == 200
         time.sleep(0.3)
-        assert f.states[0].served[held] == 0 and c.post("/v1/completions", json=TOKENS).status_code == 200
+        assert f.states[0].served[held] == 0
 
 
 @pytest.mark.parametrize("stream", [False, True])

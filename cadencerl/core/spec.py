@@ -59,7 +59,7 @@ class SealedTurns:
         self._key = key
 
     def reveal(self, key: object) -> tuple[Turn, ...]:
-        if self._turns and key is not self._key:
+        if key is not self._key and self is not NO_TURNS:
             raise PeekError("the later turns of a trajectory are hidden from policies")
         return self._turns
 
@@ -74,6 +74,9 @@ class SealedTurns:
 
 
 NO_TURNS = SealedTurns((), None)
+"""No sealed future at all (a hand-built or live request): nothing to hide, so any key reads it. A
+generated single-turn trajectory gets its own sealed empty turns instead, so that neither `is
+NO_TURNS` nor a keyless read tells a policy whether a session has turns left."""
 
 
 @dataclass(frozen=True)

@@ -34,6 +34,7 @@ class TrainingBatch:
 
     index: int
     trajectory_ids: tuple[int, ...]
+    substituted: int = 0    # places a short class left that went to other classes (mix.py, rule 3)
 
 
 @dataclass
@@ -78,9 +79,10 @@ class Trainer:
         self.completed.setdefault(traj.tag, []).append(traj)
         self.completed_count += 1
 
-    def _take(self, now: float) -> list[Trajectory] | None:
-        """The trajectories of the next batch, or None to wait (too few completed, a short class
-        within the wait bound, or a batch that would strand a straggler)."""
+    def _take(self, now: float) -> tuple[list[Trajectory], int] | None:
+        """The trajectories of the next batch and how many places went to substitutes, or None to
+        wait (too few completed, a short class within the wait bound, or a batch that would strand
+        a straggler)."""
         n = min(self.batch_size, self.total - self.consumed)
         if n == 0 or self.completed_count < n:
             return None
@@ -91,7 +93,7 @@ class Trainer:
         if not self._keeps_bound(self._oldest_tags(n)):
             return None
         if self.mix is None:
-            return self._oldest(n)
+            return self._oldest(n), 0
         # against the wake's own time: now - ready_since can round under wait_s at the wake
         # (119.99999999999989), and a wake that forms no batch is never sent again (a stall)
         waited = now >= self.wake_at
@@ -100,11 +102,11 @@ class Trainer:
             return None
         batch, short = picked
         if not self._keeps_bound(Counter(t.tag for t in batch)):
-            return self._oldest(n)
+            return self._oldest(n), 0
         if short:
             self.mix_shortfall += short
             self.mix_short_batches += 1
-        return batch
+        return batch, short
 
     def _oldest(self, n: int) -> list[Trajectory]:
         """The n oldest completed trajectories, oldest tag first."""
@@ -144,9 +146,10 @@ class Trainer:
         """Start training if a batch is ready; returns the publish time."""
         if self.busy_until is not None:
             return None
-        batch = self._take(now)
-        if batch is None:
+        taken = self._take(now)
+        if taken is None:
             return None
+        batch, substituted = taken
         k = self.next_batch
         self.ready_since = None
         ids = {t.id for t in batch}
@@ -168,7 +171,7 @@ class Trainer:
         self.consumed += len(batch)
         self.batch_tokens.append(tokens)
         self.batch_classes.append(Counter(t.workload_class for t in batch))
-        self.batches.append(TrainingBatch(k, tuple(t.id for t in batch)))
+        self.batches.append(TrainingBatch(k, tuple(t.id for t in batch), substituted))
         self.busy_until = now + self.train_time_s + self.train_time_per_token_s * tokens
         return self.busy_until
 

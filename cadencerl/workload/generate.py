@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from cadencerl.config import MAX_SECONDS, ClassSpec, LengthDist, WorkloadSpec
-from cadencerl.core.spec import NO_TURNS, HiddenLength, SealedTurns, TrajectorySpec, Turn
+from cadencerl.core.spec import HiddenLength, SealedTurns, TrajectorySpec, Turn
 from cadencerl.workload.trace import load_trace
 
 
@@ -56,7 +56,7 @@ def _sample_class(rng: np.random.Generator, name: str, cls: ClassSpec, n: int,
     response = _lengths(rng, cls.response, n, difficulty[group_of])
     out: list[list[TrajectorySpec]] = [[] for _ in range(n_groups)]
     for i in range(n):
-        turns = NO_TURNS
+        turns = SealedTurns((), key)
         if cls.turns is not None and cls.turns.turns_max > 1:
             t = cls.turns
             k = int(rng.integers(t.turns_min, t.turns_max + 1)) - 1
