@@ -34,6 +34,9 @@ runner = CliRunner()
     (["--workers", "http://a:1", "--max-sessions", "0"], "max_sessions"),
     (["--workers", "http://a:1", "--request-timeout-secs", "-1"], "request_timeout_s"),
     (["--workers", "http://a:1", "--poll-interval-secs", "0"], "metrics_interval_s"),
+    (["--workers", "http://a:1", "--hold-timeout", "inf"], "hold_timeout_s"),      # a Retry-After of inf
+    (["--workers", "http://a:1", "--poll-interval-secs", "nan"], "metrics_interval_s"),
+    (["--workers", "http://a:1", "--balance-rel-threshold", "inf"], "balance_rel_threshold"),
 ])
 def test_bad_router_input_names_the_field(args: list[str], field: str) -> None:
     result = runner.invoke(app, ["router", *args])
@@ -47,11 +50,14 @@ def test_bad_router_input_names_the_field(args: list[str], field: str) -> None:
         assert "--workers" in lines[0] or "twice" in lines[0]
 
 
-def test_a_bad_classes_file_names_the_field(tmp_path: Path) -> None:
+@pytest.mark.parametrize("share", ["-2", ".nan", ".inf", "true", "'x'"])
+def test_a_bad_classes_file_names_the_field(tmp_path: Path, share: str) -> None:
     path = tmp_path / "classes.yaml"
-    path.write_text("agent: 1\nrlvr: -2\n")
+    path.write_text(f"agent: 1\nrlvr: {share}\n")
     result = runner.invoke(app, ["router", "--workers", "http://a:1", "--classes", str(path)])
-    assert result.exit_code == 2 and "classes: share of 'rlvr'" in result.output
+    assert result.exit_code == 2 and "classes: share of 'rlvr' must be a positive number" in result.output
+    result = runner.invoke(app, ["router", "--workers", "http://a:1", "--classes", str(tmp_path)])
+    assert result.exit_code == 2 and "is not a file" in result.output
     result = runner.invoke(app, ["router", "--workers", "http://a:1", "--classes", str(path),
                                  "--config", str(path)])
     assert result.exit_code == 2 and "classes: give --classes or --config" in result.output
@@ -151,3 +157,9 @@ def test_each_router_setting_has_a_flag_that_reaches_it(monkeypatch, flag: str, 
     result = runner.invoke(app, ["router", "--workers", "http://a:1", flag, value])
     assert result.exit_code == 0, result.output
     assert getattr(served[0], field) == float(value) != RouterSettings.model_fields[field].default
+
+
+def test_a_config_that_is_not_a_scenario_names_the_flag(tmp_path: Path) -> None:
+    path = tmp_path / "classes.yaml"
+    path.write_text("agent: 1\n")
+    assert one_error_line(["--config", str(path)]).startswith("error: --config classes.yaml: ")

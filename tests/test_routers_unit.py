@@ -157,6 +157,7 @@ def test_consistent_hash_moves_only_the_sessions_of_a_lost_worker():
     assert len(set(before)) >= 3                  # sessions spread over the ring
     assert route(busy=True) == before             # load plays no part
     after = route(dead=2)
+    assert len(after) == len(before)
     for old, new in zip(before, after):
         assert new == old if old != 2 else new != 2
 

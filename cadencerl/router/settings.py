@@ -23,7 +23,7 @@ ADMIN_TOKEN_ENV = "CADENCERL_ROUTER_ADMIN_TOKEN"
 
 
 class RouterSettings(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     workers: list[str] = Field(min_length=1)
     policy: str = "misa+cache-aware"
@@ -57,12 +57,15 @@ class RouterSettings(BaseModel):
             raise ValueError("a worker URL is listed twice")
         return out
 
-    @field_validator("classes")
+    @field_validator("classes", mode="before")
     @classmethod
-    def _shares(cls, shares: dict[str, float]) -> dict[str, float]:
+    def _shares(cls, shares: object) -> object:
+        if not isinstance(shares, dict):
+            return shares                   # the type's own error names it
         if not shares:
             raise ValueError("give at least one class")
-        bad = [c for c, s in shares.items() if not isinstance(s, (int, float)) or s <= 0]
+        bad = [c for c, s in shares.items()
+               if isinstance(s, bool) or not isinstance(s, (int, float)) or not 0 < s < float("inf")]
         if bad:
             raise ValueError(f"share of {bad[0]!r} must be a positive number")
         return shares
@@ -96,8 +99,10 @@ def make_settings(**fields) -> RouterSettings:
 
 def read_classes(path: Path) -> tuple[dict[str, float], str | None]:
     """A classes file: `{class: share, ...}`, optionally with `default: CLASS` (YAML, JSON or TOML)."""
-    if not path.is_file():
+    if not path.exists():
         raise ConfigError(f"classes: no such file {str(path)!r}")
+    if not path.is_file():
+        raise ConfigError(f"classes: {str(path)!r} is not a file")
     text, suffix = path.read_text(), path.suffix.lower()
     try:
         data = (tomllib.loads(text) if suffix == ".toml" else
@@ -114,5 +119,8 @@ def read_classes(path: Path) -> tuple[dict[str, float], str | None]:
 
 def scenario_classes(path: Path) -> tuple[dict[str, float], int]:
     """The target mix and max_num_seqs of a scenario file (`--config`)."""
-    scenario = load_scenario_file(path)
+    try:
+        scenario = load_scenario_file(path)
+    except ConfigError as exc:
+        raise ConfigError(f"--config {path.name}: {str(exc).removeprefix('config: ')}") from None
     return scenario.workload.target_mix(), scenario.pool[0].max_num_seqs
