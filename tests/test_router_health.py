@@ -47,7 +47,8 @@ def test_a_server_that_stays_down_is_logged_once_with_its_reason(caplog) -> None
     with Fleet(stubs=1, admin_token="secret") as f, httpx.Client(base_url=f.url, timeout=10) as c:
         wrong = f.settings.workers[0] + "/no-such-prefix"
         r = c.post("/admin/workers", json={"url": wrong}, headers={"Authorization": "Bearer secret"})
-        assert r.status_code == 201
+        assert r.status_code == 201 and r.json()["healthy"] is False, "never up: not taken on trust"
+        assert c.get("/readiness").json()["healthy_workers"] == 1
         def down_lines():
             return [rec for rec in caplog.records if wrong in rec.getMessage() and "down" in rec.getMessage()]
         assert settle(down_lines, 30.0)

@@ -83,6 +83,7 @@ def test_the_user_field_is_an_affinity_key_that_holds_no_capacity() -> None:
     (b'{"model": "tiny"}', {}, 400, "prompt"),
     (b'{"prompt": [1, -2]}', {}, 400, "prompt"),
     (b'{"prompt": "x", "max_tokens": -1}', {}, 400, "max_tokens"),
+    (b'{"prompt": "x", "max_tokens": 1.5}', {}, 400, "max_tokens"),
     (b'{"prompt": "x", "stream": "yes"}', {}, 400, "stream"),
     (b'{"prompt": "x", "user": 5}', {}, 400, "user"),
     (b'{"prompt": "x"}', {"X-Workload-Class": "nope"}, 400, "x-workload-class"),
@@ -97,6 +98,21 @@ def test_bad_requests_get_openai_errors_and_the_router_keeps_serving(content, he
         assert c.post("/v1/chat/completions", json={"messages": []}).json()["error"]["param"] == "messages"
         assert c.get("/no/such/route").status_code == 404 and c.get("/v1/completions").status_code == 405
         assert c.post("/v1/completions", json=TOKENS).status_code == 200
+
+
+@pytest.mark.parametrize("field, body", [
+    ("prompt", {"prompt": "x", "stream": None, "user": None, "model": None, "max_tokens": 100.0, "n": 1e0}),
+    ("messages", {"messages": [{"role": "user", "content": "x"}], "stream": None, "max_completion_tokens": 1e2}),
+    ("input", {"input": "x", "store": None, "background": None, "stream": None, "max_output_tokens": 8.0}),
+])
+def test_null_fields_and_integral_floats_are_taken_as_vllm_takes_them(field, body) -> None:
+    """vLLM's request models read null as the field left out and 100.0 as 100: clients that send
+    unset fields as null work through the router as they do against vLLM."""
+    from cadencerl.router.requests import _route
+
+    routed = _route(json.dumps(body).encode(), {}, field, {"rlvr": 1.0}, "rlvr")
+    assert not routed.stream and not routed.background
+    assert not routed.remember, "a null store is not stored (vLLM: `if request.store`)"
 
 
 def test_admin_needs_the_bearer_token() -> None:
@@ -558,3 +574,36 @@ def test_the_kv_misa_counts_for_sessions_between_turns_is_on_metrics() -> None:
         context = f.service.state.session("s").traj.context
         line = next(x for x in c.get("/metrics").text.splitlines() if x.startswith("cadencerl_router_worker_held_kv_usage{"))
         assert context == 96 + 4 and float(line.rsplit(" ", 1)[1]) == context / 1000
+
+
+@pytest.mark.parametrize("path, body", [("/v1/completions", TOKENS), ("/v1/completions", {**TOKENS, "stream": True}),
+                                        ("/v1/embeddings", {"model": "tiny", "input": "x"})])
+def test_a_server_slower_than_the_request_timeout_gets_a_504_and_no_second_server(path, body) -> None:
+    """Slow is not failed: sent again, the request would be generated twice before it failed."""
+    with Fleet(stubs=2, request_timeout_s=1.0, policy="round-robin") as f, \
+            httpx.Client(base_url=f.url, timeout=30) as c:
+        for s in f.states:
+            s.token_delay_s = s.pooled_delay_s = 5.0
+        r = c.post(path, json=body, headers={"X-Request-Id": "slow"})
+        assert r.status_code == 504 and r.json()["error"]["type"] == "upstream_timeout"
+        assert "--request-timeout-secs" in r.json()["error"]["message"]
+        assert sum(s.served["slow"] for s in f.states) == 1
+        assert _settle(lambda: all(w.load == 0 for w in f.service.state.workers))
+        assert 'cadencerl_router_errors_total{kind="timeout"} 1.0' in c.get("/metrics").text
+
+
+@pytest.mark.parametrize("path", ["/v1/completions", "/v1/embeddings"])
+def test_a_client_that_leaves_while_sending_its_body_is_counted_not_logged_as_an_error(path, caplog) -> None:
+    import socket
+    from urllib.parse import urlsplit
+
+    caplog.set_level(logging.ERROR, logger="cadencerl.router")
+    with Fleet(stubs=1) as f:
+        url = urlsplit(f.url)
+        with socket.create_connection((url.hostname, url.port)) as s:
+            s.sendall(f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n".encode() + b'{"prompt": "')
+            time.sleep(0.3)
+        metric = 'cadencerl_router_errors_total{kind="client_disconnect"} 1.0'
+        assert _settle(lambda: metric in httpx.get(f.url + "/metrics").text)
+        assert not [r for r in caplog.records if "unhandled" in r.getMessage()]
+        assert httpx.post(f.url + "/v1/completions", json=TOKENS).status_code == 200

@@ -15,7 +15,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
@@ -62,7 +62,7 @@ def create_app(settings: RouterSettings, admin_token: str | None = None) -> Star
         Route("/admin/workers/drain", _admin(token, _drain_worker), methods=["POST"]),
     ]
     # an unhandled exception's 500 is RequestIdMiddleware's, so that it carries the request id
-    handlers = {ApiError: _api_error, HTTPException: _http_error}
+    handlers = {ApiError: _api_error, HTTPException: _http_error, ClientDisconnect: _client_left}
     app = Starlette(routes=routes, lifespan=lifespan, exception_handlers=handlers,
                     middleware=[Middleware(RequestIdMiddleware)])
     app.state.service = svc
@@ -255,3 +255,9 @@ async def _http_error(request: Request, exc: HTTPException) -> Response:
 
 async def _api_error(request: Request, exc: ApiError) -> Response:
     return exc.response()
+
+
+async def _client_left(request: Request, exc: ClientDisconnect) -> Response:
+    """The client left while its body was on the way: nothing was sent on, nobody reads this."""
+    request.app.state.service.metrics.errors.labels("client_disconnect").inc()
+    return Response(status_code=CLIENT_CLOSED)

@@ -27,7 +27,7 @@ from starlette.responses import Response
 
 from cadencerl.router.disconnect import CLIENT_CLOSED, while_connected
 from cadencerl.router.framing import EventFramer
-from cadencerl.router.proxy import RelayResponse, forwarded_headers, primed, returned_headers
+from cadencerl.router.proxy import RelayResponse, forwarded_headers, primed, returned_headers, timed_out
 from cadencerl.router.requests import ApiError, PassThrough, error_response, read_pass_through
 from cadencerl.router.service import Rejected, RouterService
 from cadencerl.router.stored import ResponseStream
@@ -72,6 +72,8 @@ async def _relay(svc: RouterService, path: str, req: PassThrough, headers) -> Re
         try:
             with svc.outside(up):
                 return await relay_once(svc, up, "POST", path, req.raw, fwd, stream=False)
+        except httpx.ReadTimeout:
+            return timed_out(svc).response()
         except httpx.HTTPError as exc:
             why = failure(svc, up, exc)
             if failed:

@@ -56,6 +56,14 @@ class _BeforeFirstToken(Exception):
         self.down = down
 
 
+def timed_out(svc: RouterService) -> ApiError:
+    """The 504 for a server that took the request and did not answer within the request timeout:
+    slow is not failed, so it is not sent again (another server would generate it all again)."""
+    svc.metrics.errors.labels("timeout").inc()
+    return ApiError(504, f"upstream server did not answer within {svc.settings.request_timeout_s:g} s "
+                         "(--request-timeout-secs)", kind="upstream_timeout")
+
+
 def forwarded_headers(headers) -> list[tuple[bytes, bytes]]:
     """The client's request headers as they go upstream (the body is JSON)."""
     return [*_without(headers.raw, _NOT_FORWARDED), (b"content-type", b"application/json")]
@@ -99,6 +107,8 @@ async def _attempt(svc: RouterService, session: Session, url: httpx.URL, req: Ro
         resp = await svc.transport.handle_async_request(request)
     except httpx.ConnectError:     # refused or unreachable: the server is gone
         raise _BeforeFirstToken("connect", down=True) from None
+    except httpx.ReadTimeout:
+        raise timed_out(svc) from None
     except httpx.HTTPError as exc:
         raise _BeforeFirstToken(f"send_{type(exc).__name__}") from None
     if resp.status_code >= 500:
@@ -107,6 +117,8 @@ async def _attempt(svc: RouterService, session: Session, url: httpx.URL, req: Ro
     if resp.status_code != 200 or not req.stream:
         try:
             content = await resp.aread()
+        except httpx.ReadTimeout:
+            raise timed_out(svc) from None
         except httpx.HTTPError:
             raise _BeforeFirstToken("read") from None
         finally:
@@ -123,9 +135,9 @@ async def _attempt(svc: RouterService, session: Session, url: httpx.URL, req: Ro
     chunks = resp.aiter_raw()
     try:
         first = await anext(chunks, b"")
-    except httpx.HTTPError:
+    except httpx.HTTPError as exc:
         await resp.aclose()
-        raise _BeforeFirstToken("stream_start") from None
+        raise (timed_out(svc) if isinstance(exc, httpx.ReadTimeout) else _BeforeFirstToken("stream_start")) from None
     reader = ResponseStream(svc.owners if req.remember else None, worker, session.traj.context) \
         if req.responses else EventCount()
     return RelayResponse(await primed(_relay(svc, session, resp, chunks, first, req.last, reader)), out_headers)

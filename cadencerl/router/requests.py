@@ -71,7 +71,7 @@ class Routed:
     prompt_len: int
     group: int
     previous_response_id: str | None = None   # /v1/responses: the stored response it continues
-    remember: bool = False                    # /v1/responses and `store` not false: learn its answer's id
+    remember: bool = False                    # /v1/responses, `store` left out or true (vLLM stores no other): learn its answer's id
     responses: bool = False                   # /v1/responses: a stream's tokens are its usage, not its events
     background: bool = False                  # /v1/responses, `background: true`: answered before it is generated
 
@@ -117,7 +117,7 @@ def _route(raw: bytes, headers, field: str, classes: dict[str, float], default_c
     affinity = affinity_key(headers, body, key, group)
     previous = body.get("previous_response_id") if field == "input" else None
     return Routed(raw, bool(body.get("stream", False)), key, affinity, cls, last, _length(prompt), group,
-                  previous, field == "input" and body.get("store") is not False, field == "input",
+                  previous, field == "input" and body.get("store", True) is True, field == "input",
                   field == "input" and body.get("background") is True)
 
 
@@ -173,23 +173,29 @@ async def _read_body(request: Request, max_bytes: int) -> bytes:
 
 
 def _check_fields(body: dict) -> None:
+    """The common fields as vLLM's request models take them: null is the field left out, and a
+    count may be written as an integral float (100.0, 1e2)."""
     # 0 new tokens is a completion's `echo` scoring (vLLM takes it); a response with none vLLM refuses
     for name, least in (("max_tokens", 0), ("max_completion_tokens", 0), ("max_output_tokens", 1)):
         value = body.get(name)
-        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < least):
+        if value is not None and not (_integral(value) and value >= least):
             raise ApiError(400, f"{name}: must be a {'positive' if least else 'non-negative'} integer", name)
     n = body.get("n")
-    if n is not None and (not isinstance(n, int) or isinstance(n, bool) or n < 1):
+    if n is not None and not (_integral(n) and n >= 1):
         raise ApiError(400, "n: must be a positive integer", "n")
     for name in ("stream", "store", "background"):
-        if name in body and not isinstance(body[name], bool):
-            raise ApiError(400, f"{name}: must be true or false", name)
-    for name in ("model", "user"):
-        if name in body and not isinstance(body[name], str):
-            raise ApiError(400, f"{name}: must be a string", name)
-    for name in ("instructions", "previous_response_id"):
+        if body.get(name) is not None and not isinstance(body[name], bool):
+            raise ApiError(400, f"{name}: must be true, false or null", name)
+    for name in ("model", "user", "instructions", "previous_response_id"):
         if body.get(name) is not None and not isinstance(body[name], str):
             raise ApiError(400, f"{name}: must be a string or null", name)
+
+
+def _integral(value: object) -> bool:
+    """An integer, or a float with no fraction (JSON has one number type; vLLM's models take both)."""
+    if isinstance(value, bool):
+        return False
+    return isinstance(value, int) or (isinstance(value, float) and value.is_integer())
 
 
 def _prompt(body: dict) -> object:

@@ -181,12 +181,12 @@ class RouterService:
         timeout = max(1.0, 2 * self.settings.metrics_interval_s)
         reason = await probe(self.client, up.url, timeout)
         if reason is None:
-            up.failures = 0
+            up.failures, up.seen_up = 0, True
             up.set_healthy(True)
             await self._scrape(up, timeout)
         else:
             up.failures += 1
-            if up.failures >= self.settings.failures_to_down:
+            if up.failures >= self.settings.failures_to_down or not up.seen_up:
                 up.set_healthy(False, reason)
         self.state.workers[up.id].alive = up.routable
 

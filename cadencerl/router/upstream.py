@@ -1,7 +1,7 @@
 """The vLLM servers behind the router: their health, and the KV pressure their /metrics report.
 
-Up or down comes from `GET /health` alone: `failures_to_down` failures in a row take a server out,
-one 200 brings it back (unless an admin drained or removed it). Each change is logged once at
+Up or down comes from `GET /health` alone: `failures_to_down` failures in a row take a server out
+(one, while it has never answered: a new server is not taken on trust), one 200 brings it back (unless an admin drained or removed it). Each change is logged once at
 warning level with its reason, so a misconfigured URL is visible rather than a silent 503.
 /metrics is best-effort (its gauge names differ between vLLM versions): read by the engine path's
 one parser (`engine/server_metrics.py`), its KV usage, running, waiting and preempted requests,
@@ -29,6 +29,7 @@ class Upstream:
     url: str
     healthy: bool = True
     failures: int = 0
+    seen_up: bool = False           # its /health has answered 200 at least once
     draining: bool = False
     removed: bool = False
     prefix_queries: float = 0.0     # the server's own prefix-cache counters, as last scraped
