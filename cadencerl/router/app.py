@@ -239,7 +239,8 @@ async def _drain_worker(request: Request) -> Response:
 
 
 async def _retire(request: Request, flag: str) -> Response:
-    """Drain: no new requests, those in flight finish. Remove: the same, and it leaves the list."""
+    """Drain: no new requests, those in flight finish. Remove: the same, and it stays listed as
+    removed in `GET /admin/workers` (ids are never reused: added again, it gets a new one)."""
     svc: RouterService = request.app.state.service
     up = svc.find(await _worker_url(request))
     if up is None:
