@@ -154,10 +154,11 @@ def stub_app(state: StubState) -> Starlette:
                 "usage": usage if state.usage else None}
         if body.get("store") is not False:
             state.stored[rid], state.held[rid] = done, usage["total_tokens"]
-        if body.get("background") and not body.get("stream"):     # answered now, generated after
+        if body.get("background"):     # generated on, whether or not its client stays (vLLM's task)
             state.stored[rid] = queued = {**done, "status": "queued", "output": [], "usage": None}
             state.generating.add(asyncio.create_task(_generate(state, rid, done, n)))
-            return JSONResponse(queued, headers={"x-stub": state.name})
+            if not body.get("stream"):      # answered now
+                return JSONResponse(queued, headers={"x-stub": state.name})
         if not body.get("stream"):
             await asyncio.sleep(state.token_delay_s * n)
             return JSONResponse(done, headers={"x-stub": state.name})

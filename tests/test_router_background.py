@@ -98,3 +98,26 @@ def test_a_background_response_the_server_forgets_or_never_ends_frees_its_place(
         assert c.post("/v1/responses", json=BACKGROUND).status_code == 200
         f.states[0].stored.clear()                      # a restarted server knows none
         assert settle(lambda: not _placed(f), timeout_s=1)
+
+
+def test_a_streamed_background_response_its_client_leaves_stays_placed_until_generated() -> None:
+    """vLLM generates a background response in a task of its own: a client that stops reading its
+    stream does not stop it, so the router follows it to its end as a non-streamed one."""
+    with Fleet(stubs=1) as f, httpx.Client(base_url=f.url, timeout=10) as c:
+        f.states[0].token_delay_s = 0.3                  # 10 tokens: 3 s
+        with c.stream("POST", "/v1/responses", json={**BACKGROUND, "stream": True}) as r:
+            first = next(r.iter_lines())
+            assert first.startswith("event: response.created")
+        # the client is gone after its first event
+        time.sleep(0.5)
+        assert _placed(f) == [0] and f.service.state.workers[0].load == 1, "still placed while generated"
+        assert settle(lambda: not _placed(f), timeout_s=20)
+        assert f.service.state.workers[0].load == 0 and f.service.state.completed["agent"] == 1
+
+
+def test_a_streamed_response_its_client_leaves_is_released_when_it_is_not_background() -> None:
+    with Fleet(stubs=1) as f, httpx.Client(base_url=f.url, timeout=10) as c:
+        f.states[0].token_delay_s = 0.3
+        with c.stream("POST", "/v1/responses", json={**BACKGROUND, "stream": True, "background": False}) as r:
+            next(r.iter_lines())
+        assert settle(lambda: not _placed(f), timeout_s=5)

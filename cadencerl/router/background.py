@@ -10,6 +10,10 @@ for it is learned. It is released with none when the server is removed, stays do
 knows the response (a restart), or the follow passes its deadline (the request timeout: vLLM can
 leave a response `queued` for good when its generation dies of an unexpected error).
 
+A streamed background response is relayed as any stream; one whose client leaves, or whose
+stream breaks, before its last event is followed the same way from there (`proxy._relay`): vLLM
+generates it in a task of its own, whoever reads its stream.
+
 A client that polls too may see the response final before the router does; its next turn (the
 same session, or `previous_response_id` naming the response) wakes the follower and waits for it
 (`Followers.settle`), so it is a continuation sized with the final context, not a new session.

@@ -140,7 +140,9 @@ async def _attempt(svc: RouterService, session: Session, url: httpx.URL, req: Ro
         raise (timed_out(svc) if isinstance(exc, httpx.ReadTimeout) else _BeforeFirstToken("stream_start")) from None
     reader = ResponseStream(svc.owners if req.remember else None, worker, session.traj.context) \
         if req.responses else EventCount()
-    return RelayResponse(await primed(_relay(svc, session, resp, chunks, first, req.last, reader)), out_headers)
+    follow = worker if req.background else None
+    return RelayResponse(await primed(_relay(svc, session, resp, chunks, first, req.last, reader, follow)),
+                         out_headers)
 
 
 async def primed(body: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
@@ -225,13 +227,27 @@ class EventCount:
 
 
 async def _relay(svc: RouterService, session: Session, resp: httpx.Response, chunks: AsyncIterator[bytes],
-                 first: bytes, last: bool, reader: EventCount | ResponseStream) -> AsyncIterator[bytes]:
+                 first: bytes, last: bool, reader: EventCount | ResponseStream,
+                 background: int | None = None) -> AsyncIterator[bytes]:
     """The stream as it arrives, in whole events (`framing.py`), but for the chunk that ends it
     (`[DONE]`, a Responses stream's last event), kept until the upstream closes (at most END_GRACE_S):
     the session is released before that goes out, so a client that sends the next turn as soon as it
     reads the end finds the session parked. `reader` counts the tokens as the chunks pass (a Responses
     stream's also learns its stored response's id, `stored.py`). Chunks that arrived together go out
-    together (`runs.py`): one send for a burst of events, not one each."""
+    together (`runs.py`): one send for a burst of events, not one each. A streamed background
+    response (`background`: its server) that the client leaves, or whose stream breaks, before its
+    end goes on generating on its server: its session stays placed, followed as a non-streamed one
+    is (`background.py`)."""
+
+    def release() -> None:
+        nonlocal released
+        released = True
+        running = None if reader.ended or background is None else reader.response_id
+        if running is None:
+            svc.release(session, reader.generated, last=last)
+        else:
+            svc.follow_background(session, running, background, last)
+
     framer = EventFramer()
     ending = b""            # from the chunk that ends the stream on
     released = False
@@ -253,21 +269,19 @@ async def _relay(svc: RouterService, session: Session, resp: httpx.Response, chu
                 elif events:
                     yield events
             run = await _next_run(runs, deadline)
-        svc.release(session, reader.generated, last=last)
-        released = True
+        release()
         yield LastChunk(ending or framer.partial)
     except httpx.HTTPError as exc:
         svc.metrics.errors.labels("midstream").inc()
         if not released:
-            svc.release(session, reader.generated, last=last)
-            released = True
+            release()
         if ending:              # it broke after its end: the client has what it asked for
             yield ending
         else:                   # after the last whole event: half an event would spoil this one
             yield reader.error_event(f"the upstream stream broke: {type(exc).__name__}")
     finally:
         if not released:
-            svc.release(session, reader.generated, last=last)
+            release()
         await runs.aclose()      # first: a chunk it was waiting for (the client left meanwhile) is given up
         try:
             await resp.aclose()

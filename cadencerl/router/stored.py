@@ -121,6 +121,11 @@ class ResponseStream:
     def generated(self) -> int:
         return self._usage if self._usage is not None else self._deltas
 
+    @property
+    def response_id(self) -> str | None:
+        """The stored response's id, once an event carried it (None when not remembered)."""
+        return self._id
+
     def feed(self, chunk: bytes) -> None:
         lines = (self._partial + chunk).split(b"\n")
         self._partial = lines.pop()
