@@ -337,8 +337,8 @@ def load_scenario_file(path: str | Path) -> Scenario:
     workload = data.get("workload")
     if isinstance(workload, dict) and isinstance(workload.get("trace"), str) and workload["trace"]:
         trace = Path(workload["trace"]).expanduser()
-        if not trace.is_absolute():
-            data["workload"] = {**workload, "trace": str(path.resolve().parent / trace)}
+        trace = trace if trace.is_absolute() else path.resolve().parent / trace
+        data["workload"] = {**workload, "trace": str(trace)}
     return load_scenario_dict(data)
 
 

@@ -8,6 +8,7 @@ import os
 import stat
 
 import pytest
+from pathlib import Path
 from typer.testing import CliRunner
 
 from cadencerl.cli import app
@@ -74,6 +75,7 @@ def test_a_new_report_replaces_the_old_one_whole(tmp_path):
     (out / "figures").mkdir(parents=True)
     (out / "figures" / "stale.png").write_bytes(b"old")
     (out / "report.md").write_text("old")
+    (out / "results.json").write_text("{}")
     check_out_dir(out)                                   # an earlier report may be replaced
     staging = tmp_path / ".staging"
     (staging / "figures").mkdir(parents=True)
@@ -89,6 +91,29 @@ def test_out_that_is_not_a_report_is_refused(tmp_path):
     (tmp_path / "thesis.tex").write_text("x")
     with pytest.raises(OutputError, match="thesis.tex"):
         check_out_dir(tmp_path)
+
+
+def test_a_folder_that_only_looks_like_a_report_is_refused(tmp_path):
+    """A project folder with its own figures/ or scenarios/ is not an earlier report: replaced
+    whole, the user's files in it would be lost."""
+    (tmp_path / "figures").mkdir()
+    (tmp_path / "figures" / "thesis-plot.png").write_bytes(b"mine")
+    with pytest.raises(OutputError, match="no report.md"):
+        check_out_dir(tmp_path)
+    (tmp_path / "report.md").write_text("old")
+    (tmp_path / "results.json").write_text("{}")
+    (tmp_path / "scenarios").mkdir()
+    (tmp_path / "scenarios" / "notes.txt").write_text("mine")
+    with pytest.raises(OutputError, match="scenarios/notes.txt"):
+        check_out_dir(tmp_path)
+
+
+def test_out_that_holds_the_current_directory_is_refused(tmp_path, monkeypatch):
+    (tmp_path / "work").mkdir()
+    monkeypatch.chdir(tmp_path / "work")
+    for out in (Path("."), tmp_path):
+        with pytest.raises(OutputError, match="holds the current directory"):
+            check_out_dir(out)
 
 
 @pytest.fixture(params=[0o022, 0o027], ids=["umask022", "umask027"])

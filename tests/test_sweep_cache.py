@@ -55,6 +55,18 @@ def test_a_corrupt_entry_is_swept_again_with_a_warning(scenario, caplog, corrupt
     assert json.loads(path.read_text())["best"] == best   # repaired
 
 
+def test_a_cache_that_cannot_be_written_costs_a_warning_not_the_result(scenario, caplog, monkeypatch, tmp_path):
+    """Found by a user with a read-only home: the sweep ran, then its result was lost to a
+    PermissionError. The cache only saves the next run a sweep."""
+    (tmp_path / "a-file").write_text("")
+    monkeypatch.setenv("CADENCERL_CACHE_DIR", str(tmp_path / "a-file"))       # no folder can be made under it
+    with caplog.at_level(logging.WARNING, logger="cadencerl.runs.sweep"):
+        best = sw.tuned_thresholds(scenario, GRID)
+    assert set(best) == {*GRID, "weight_update"}
+    warnings = [r.getMessage() for r in caplog.records]
+    assert len(warnings) == 1 and "CADENCERL_CACHE_DIR" in warnings[0]
+
+
 class _Stop(Exception):
     pass
 

@@ -5,6 +5,7 @@ The command modules (`sim.py`, `engine.py`) import from here; `main.py` assemble
 
 from __future__ import annotations
 
+import errno
 import functools
 import json
 import sys
@@ -103,11 +104,13 @@ def load_scenario(name: Optional[str], config: Optional[Path], overrides: dict,
                   json_out: Optional[str] = None) -> Scenario:
     """The scenario named by exactly one of --scenario / --config, with the command-line overrides
     applied, after checking that `--json` (if given) can be written; bad input exits naming it."""
-    check_json_target(json_out, config)
     try:
-        return build_scenario(name, config, overrides)
+        scenario = build_scenario(name, config, overrides)
     except ConfigError as exc:
         fail(str(exc))
+    trace = scenario.workload.trace
+    check_json_target(json_out, config, Path(trace) if trace is not None else None)
+    return scenario
 
 
 def build_scenario(name: Optional[str], config: Optional[Path], overrides: dict) -> Scenario:
@@ -149,19 +152,24 @@ def progress_bar(enabled: bool) -> Progress:
                     console=Console(stderr=True), transient=True, disable=not enabled)
 
 
-def check_json_target(target: Optional[str], config: Optional[Path] = None) -> None:
-    """Before any work: `--json PATH` can be written, and is not the scenario file being read."""
+def check_json_target(target: Optional[str], config: Optional[Path] = None, trace: Optional[Path] = None) -> None:
+    """Before any work: `--json PATH` can be written, and is none of the files the run reads (the
+    scenario file, its trace). Nothing is created here: missing folders are made when it is written."""
     if target is None or target == "-":
         return
     path = Path(target)
     if path.is_dir():
         fail(f"--json: {target!r} is a directory; give a file path")
-    if config is not None and path.exists() and config.exists() and path.resolve() == config.resolve():
-        fail(f"--json: {target!r} is the --config file; give another path")
-    parent = path.resolve().parent
+    for what, read in (("the --config file", config), ("the scenario's workload.trace", trace)):
+        if read is not None and path.exists() and read.exists() and path.resolve() == read.resolve():
+            fail(f"--json: {target!r} is {what}; give another path")
+    folder = path.resolve().parent
+    while not folder.exists():          # the nearest folder that exists is where the rest is made
+        folder = folder.parent
     try:
-        parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryFile(dir=parent):
+        if not folder.is_dir():
+            raise NotADirectoryError(errno.ENOTDIR, f"{str(folder)!r} is not a folder")
+        with tempfile.TemporaryFile(dir=folder):
             pass
     except OSError as exc:
         fail(f"--json: cannot write to {target!r}: {exc.strerror or exc}")

@@ -89,18 +89,40 @@ class OutputError(ReportError):
 
 
 def check_out_dir(out: Path) -> None:
-    """Before any work: `out` is new, empty or an earlier report (nothing else is replaced), and its
-    parent is writable. An OutputError names `out` otherwise."""
+    """Before any work: `out` is new, empty or an earlier report (nothing else is replaced), it does
+    not hold the current directory (it is replaced whole), and its parent is writable. An
+    OutputError names `out` otherwise."""
     if out.exists() and not out.is_dir():
         raise OutputError(f"out: {str(out)!r} exists and is not a directory")
-    if out.is_dir():
-        foreign = sorted(p.name for p in out.iterdir() if p.name not in REPORT_ENTRIES)
+    if Path.cwd().resolve().is_relative_to(out.resolve()):
+        raise OutputError(f"out: {str(out)!r} holds the current directory, and a report replaces its "
+                          "directory whole; give a directory of its own (e.g. report)")
+    if out.is_dir() and any(out.iterdir()):
+        foreign = _not_a_report(out)
         if foreign:
             raise OutputError(f"out: {str(out)!r} holds files that are not a report ({', '.join(foreign[:3])}); "
                               "give a new or empty directory, or an earlier report's")
     parent = out.resolve().parent
     if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
         raise OutputError(f"out: cannot write to {str(parent)!r}")
+
+
+def _not_a_report(out: Path) -> list[str]:
+    """What in `out` a report would not have written: an earlier report has its report.md and
+    results.json, and besides them only figures/*.png and scenarios/*.yaml."""
+    foreign = sorted(p.name for p in out.iterdir() if p.name not in REPORT_ENTRIES)
+    if foreign:
+        return foreign
+    missing = [f"no {name}" for name in ("report.md", "results.json") if not (out / name).is_file()]
+    if missing:
+        return missing
+    for folder, suffix in (("figures", ".png"), ("scenarios", ".yaml")):
+        if (out / folder).is_dir():
+            foreign += [f"{folder}/{p.name}" for p in (out / folder).iterdir()
+                        if not (p.is_file() and p.suffix == suffix)]
+        elif (out / folder).exists():
+            foreign.append(folder)
+    return foreign
 
 
 def _replace_dir(staging: Path, out: Path) -> None:

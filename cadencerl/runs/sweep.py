@@ -122,20 +122,25 @@ def sweep_weight_update(scenario: Scenario, build: Callable[[str], Policy],
 
 
 def save(scenario: Scenario, grid: dict, results: list[dict], updates: list[dict]) -> tuple[dict, Path]:
-    """Cache the best setting of a finished sweep (atomically: a reader never sees half a file)."""
+    """Cache the best setting of a finished sweep (atomically: a reader never sees half a file). A
+    cache that cannot be written costs the next run a sweep, not this run its result: a warning."""
     best = {**{k: results[0][k] for k in grid}, "weight_update": updates[0]["weight_update"]}
     path = cache_path(scenario, grid)
     text = json.dumps({"scenario": scenario.name, "grid": grid, "best": best, "results": results,
                        "weight_update_results": updates}, indent=1)
-    write_atomic(path, text)
+    try:
+        write_atomic(path, text)
+    except OSError as exc:
+        log.warning("warning: the sweep cache cannot be written (%s: %s); the result is not kept, set "
+                    "CADENCERL_CACHE_DIR to a writable folder", path.parent, exc.strerror or exc)
     return best, path
 
 
 def _cached_best(path: Path, grid: dict) -> dict | None:
     """The cached best point, or None (with a one-line warning) when the entry is unreadable."""
-    if not path.is_file():
-        return None
     try:
+        if not path.is_file():
+            return None
         best = json.loads(path.read_text(encoding="utf-8"))["best"]
         if set(best) != {*grid, "weight_update"} or not all(best[k] in grid[k] for k in grid) \
                 or best["weight_update"] not in WEIGHT_UPDATES:
