@@ -6,15 +6,17 @@ from __future__ import annotations
 import json
 import os
 import stat
+import threading
+
+from pathlib import Path
 
 import pytest
-from pathlib import Path
 from typer.testing import CliRunner
 
 from cadencerl.cli import app
 from cadencerl.report.build import OutputError, _replace_dir, check_out_dir
 from cadencerl.runs import sweep as sw
-from cadencerl.runs.outputs import fresh_dir
+from cadencerl.runs.outputs import fresh_dir, write_atomic
 from cadencerl.config import builtin_scenario
 
 pytestmark = pytest.mark.timeout(120)
@@ -138,3 +140,19 @@ def test_fresh_dir_gets_the_umask_mode(tmp_path, umask):
     made = fresh_dir(tmp_path, ".staging-")
     assert made.parent == tmp_path and not any(made.iterdir())
     assert stat.S_IMODE(made.stat().st_mode) == 0o777 & ~umask
+
+
+def test_json_to_a_device_or_through_a_link_writes_there_and_replaces_neither(tmp_path):
+    """`--json /dev/null` once replaced /dev/null with a regular file (write_atomic renamed over it)."""
+    fifo, target, link = tmp_path / "fifo", tmp_path / "target.json", tmp_path / "link.json"
+    os.mkfifo(fifo)
+    got = []
+    reader = threading.Thread(target=lambda: got.append(fifo.read_text()))
+    reader.start()
+    write_atomic(fifo, "{}\n")
+    reader.join(10)
+    assert got == ["{}\n"] and stat.S_ISFIFO(fifo.stat().st_mode)
+    target.write_text("old")
+    link.symlink_to(target)
+    write_atomic(link, "new")
+    assert link.is_symlink() and target.read_text() == "new"

@@ -19,8 +19,14 @@ def _fresh_name(parent: Path, prefix: str, suffix: str = "") -> Path:
 
 def write_atomic(path: Path, text: str) -> None:
     """Write `text` to a temporary file beside `path`, then rename it over `path`; the file keeps
-    the mode of the one it replaces, or else gets the umask's."""
-    path = Path(path)
+    the mode of the one it replaces, or else gets the umask's. A link is followed (its target is
+    replaced, not the link), and what is not a regular file (`/dev/null`, a FIFO) is written to as
+    it is: renamed over, it would be replaced by a file."""
+    path = Path(path).resolve()
+    if path.exists() and not path.is_file():
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(text)
+        return
     path.parent.mkdir(parents=True, exist_ok=True)
     while True:
         tmp = _fresh_name(path.parent, f".{path.name}.", ".tmp")
