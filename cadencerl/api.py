@@ -28,7 +28,7 @@ from cadencerl.config import MAX_TOKENS, ConfigError, Scenario, builtin_scenario
 from cadencerl.core.trajectory import Trajectory
 from cadencerl.core.controller import Controller
 from cadencerl.engine.backend import EngineBackend, WeightUpdate
-from cadencerl.runs.real import RealRun, assemble, kv_list, parse_urls, resolve_labels, summarize_real
+from cadencerl.runs.real import MAX_DEADLINE_S, RealRun, assemble, kv_list, parse_urls, resolve_labels, summarize_real
 from cadencerl.runs.registry import make_policy
 from cadencerl.engine.client import Timeouts
 from cadencerl.engine.exporter import MetricsExporter
@@ -96,8 +96,10 @@ class RolloutPool:
             raise ConfigError(f"metrics_port: expected a port number 0-65535, got {metrics_port!r}")
         scenario = scenario or builtin_scenario("cpu-pair")
         changes: dict = {}
-        if batch_size is not None:
+        if batch_size is not None:      # the workload is what is submitted: its count here is a placeholder
             changes["trainer"] = {"batch_size": batch_size}
+            if isinstance(batch_size, int) and batch_size > scenario.workload.trajectories:
+                changes["workload"] = {"trajectories": batch_size}
         if eta is not None:
             changes["policy"] = {"eta": eta}
         self.scenario = scenario.with_overrides(**changes) if changes else scenario
@@ -117,6 +119,8 @@ class RolloutPool:
                             ("connect_timeout_s", connect_timeout_s), ("timeouts.connect", timeouts.connect),
                             ("timeouts.request", timeouts.request), ("timeouts.stream_read", timeouts.stream_read)):
             _positive_seconds(name, value, optional=name == "deadline_s")
+        if deadline_s is not None and deadline_s > MAX_DEADLINE_S:
+            raise ConfigError(f"deadline_s: must be at most {MAX_DEADLINE_S:.0f} seconds (a week), got {deadline_s!r}")
         for name, fn in (("weight_update", weight_update), ("progress", progress)):
             if fn is not None and not callable(fn):
                 raise ConfigError(f"{name}: expected a callable, got {fn!r}")

@@ -368,6 +368,11 @@ def _pool(**kwargs):
     return RolloutPool(kwargs.pop("urls", [DEAD_URL]), **kwargs)
 
 
+def test_a_pool_takes_a_batch_larger_than_its_scenario_s_placeholder_workload():
+    """The workload is what is submitted; the default scenario's 96 trajectories are no bound."""
+    assert _pool(batch_size=128).scenario.trainer.batch_size == 128
+
+
 def _submit(*args, **kwargs):
     pool = _pool()
     pool.submit(*args, **kwargs)
@@ -396,6 +401,7 @@ API_CASES += [
     ("pool-url-port-too-big", lambda: _pool(urls=["http://127.0.0.1:65536"]), "workers"),
     ("pool-batch-true", lambda: _pool(batch_size=True), "trainer.batch_size"),
     ("pool-batch-string", lambda: _pool(batch_size="64"), "trainer.batch_size"),
+    ("pool-deadline-beyond-a-week", lambda: _pool(deadline_s=1e12), "deadline_s"),
     ("pool-eta-float", lambda: _pool(eta=1.5), "policy.eta"),
     ("pool-kv-true", lambda: _pool(kv_tokens=True), "kv_tokens"),
     ("pool-kv-list-length", lambda: _pool(kv_tokens=[8192, 8192]), "kv_tokens"),

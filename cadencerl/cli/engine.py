@@ -36,7 +36,6 @@ from cadencerl.cli.tables import (
 from cadencerl.config import MAX_TOKENS, ConfigError
 
 DEFAULT_STATE_DIR = Path("out/pool")
-MAX_DEADLINE_S = 7 * 86_400.0
 POOL_HELP = "Local vLLM CPU servers serving the tiny model."
 StateDirOpt = typer.Option(DEFAULT_STATE_DIR, "--state-dir", help="where `pool up` keeps its servers' PIDs, "
                            "logs and urls.txt, and `pool down` finds them")
@@ -271,6 +270,7 @@ def run(scenario: str | None = ScenarioOpt, config: Path | None = ConfigOpt,
     from cadencerl.core.controller import StallError
     from cadencerl.engine.backend import EngineRunError
     from cadencerl.engine.weights import WeightPushError, pause_summary
+    from cadencerl.runs.real import MAX_DEADLINE_S
 
     if not (math.isfinite(deadline) and 0 < deadline <= MAX_DEADLINE_S):
         fail(f"deadline: must be more than 0 and at most {MAX_DEADLINE_S:.0f} seconds, got {deadline}")

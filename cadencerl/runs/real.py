@@ -31,6 +31,7 @@ from cadencerl.runs.assemble import build_pool, check_fits_somewhere, check_mode
 from cadencerl.core.spec import TrajectorySpec
 
 DEFAULT_LABEL = "cpu-tiny"
+MAX_DEADLINE_S = 7 * 86_400.0       # a rollout's deadline: at most a week (beyond, a typo, not a plan)
 
 
 @dataclass
