@@ -222,7 +222,7 @@ class PolicySpec(_Strict):
     pacing: bool = True
     concentration: bool = True
     prompt_affinity: bool = True
-    growth_ticks: float = Field(default=1.0, ge=0)
+    growth_ticks: float = Field(default=1.0, ge=0, le=100)   # beyond, the floor outgrows any worker's KV
     spread_when_underloaded: bool = True
     drain_needs_fresh_ahead: bool = True
     drain_whole_source: bool = False

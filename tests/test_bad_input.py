@@ -66,6 +66,7 @@ YAML_CASES = [
     ("tick-zero", sub(GOOD, "tick_s: 0.5", "tick_s: 0"), "policy.tick_s"),
     ("tick-inf", sub(GOOD, "tick_s: 0.5", "tick_s: .inf"), "policy.tick_s"),
     ("headroom-one", sub(GOOD, "tick_s: 0.5", "headroom_floor: 1"), "policy.headroom_floor"),
+    ("growth-ticks-absurd", sub(GOOD, "tick_s: 0.5", "growth_ticks: 30000"), "policy.growth_ticks"),
     ("eta-absurd", sub(GOOD, "tick_s: 0.5", "eta: 100000"), "policy.eta"),
     ("delta-absurd", sub(GOOD, "tick_s: 0.5", "delta: 100000000000"), "policy.delta"),
     ("kv-preparation-string", sub(GOOD, "tick_s: 0.5", "kv_preparation: 'maybe'"), "policy.kv_preparation"),
@@ -336,7 +337,7 @@ def test_sweep_of_a_bad_trace_is_one_line(tmp_path):
 
 def test_report_will_not_replace_a_directory_that_is_not_a_report(tmp_path):
     (tmp_path / "notes.txt").write_text("mine")
-    assert_refused(*_invoke(["report", "--out", str(tmp_path), "--trajectories", "8"]), "out")
+    assert_refused(*_invoke(["report", "--out", str(tmp_path), "--trajectories", "16"]), "out")
     assert (tmp_path / "notes.txt").read_text() == "mine"
 
 

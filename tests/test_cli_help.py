@@ -51,9 +51,10 @@ def test_the_policy_help_names_what_the_registry_accepts():
 
 
 def test_report_states_its_smallest_trajectories():
-    assert "[x>=8]" in flat(runner.invoke(app, ["report", "--help"]).output)
-    result = runner.invoke(app, ["report", "--out", "unused", "--trajectories", "7"])
-    assert result.exit_code == 2 and "--trajectories" in result.output and "equal to 8" in result.output
+    """At least one trajectory per batch of the 16 iterations every report run lasts."""
+    assert "[x>=16]" in flat(runner.invoke(app, ["report", "--help"]).output)
+    result = runner.invoke(app, ["report", "--out", "unused", "--trajectories", "15"])
+    assert result.exit_code == 2 and "--trajectories" in result.output and "equal to 16" in result.output
 
 
 def test_version_prints_the_installed_packages_version():

@@ -187,7 +187,7 @@ def scenarios() -> None:
 
 def report(out: Optional[Path] = typer.Option(None, "--out", "-o", help="directory for report.md, figures/, results.json"),
            quick: bool = typer.Option(False, "--quick", help="16 iterations of batch 512 per run, fewer sweep points, ablation on one pool"),
-           trajectories: Optional[int] = typer.Option(None, min=8, help="trajectories per run (batch = a sixteenth); overrides --quick's size"),
+           trajectories: Optional[int] = typer.Option(None, min=16, help="trajectories per run, at least 16 (batch = a sixteenth, rounded down); overrides --quick's size"),
            seed: Optional[int] = typer.Option(None, min=0, help="workload seed for every run (default: the scenarios' own, 0)"),
            jobs: Optional[int] = typer.Option(None, min=1, max=MAX_JOBS, help="simulations run in parallel (default: the CPU count)")) -> None:
     """Run the evaluation matrix (the paper's section 6) and write a markdown report with tables and plots."""

@@ -27,7 +27,8 @@ def stall_message(policy: str, now: float, fresh: int, pending: PendingSet, done
     return (f"policy {policy!r} stalled at t={now:.1f}s: {fresh} fresh, "
             f"{len(pending)} pending (by version {by_version}), {done}/{total} done, "
             f"trainer at version {trainer_version}, worker versions {sorted({w.version for w in workers})}, "
-            f"workers lost: {lost}; knobs eta {params.eta}, delta {params.delta} tokens, largest worker "
+            f"workers lost: {lost}; knobs eta {params.eta}, delta {params.delta} tokens, growth_ticks "
+            f"{params.growth_ticks:g}, headroom_floor {params.headroom_floor:g}, largest worker "
             f"KV {max(w.kv_capacity for w in workers)} tokens")
 
 

@@ -53,6 +53,7 @@ class Settings:
     trajectories: int | None = None
     batch_size: int | None = None
     seed: int | None = None
+    sized: bool = False             # `trajectories` was given (`--trajectories`), not the mode's
     etas: tuple[int, ...] = (1, 2, 3, 4, 6)
     deltas: tuple[int, ...] = (512, 1024, 2048, 4096)
     ablation_pools: tuple[str, ...] = ("32a", "32b", "16a16b", "16a8h", "16b8h", "16a16b8h")
@@ -60,6 +61,17 @@ class Settings:
     def __post_init__(self) -> None:
         if self.trajectories is None:  # 16 iterations of the scenarios' batch
             object.__setattr__(self, "trajectories", STEADY_ITERATIONS * (self.batch_size or 4096))
+
+    @property
+    def mode(self) -> str:
+        return "sized" if self.sized else "quick" if self.quick else "full"
+
+    @property
+    def command(self) -> str:
+        """The `cadencerl report` command that gives these settings (output folder aside)."""
+        return " ".join(["cadencerl report", *(["--quick"] if self.quick else []),
+                         *([f"--trajectories {self.trajectories}"] if self.sized else []),
+                         *([f"--seed {self.seed}"] if self.seed is not None else [])])
 
     # the sweeps run at the size of every other run (kept as fields for the sections that ask)
     @property
@@ -75,7 +87,7 @@ def make_settings(quick: bool = False, trajectories: int | None = None, seed: in
     """Full: 16 x 4096 trajectories per run. --quick: 16 x 512, three sweep points, ablation on one pool.
     `trajectories` overrides the size (batch = a sixteenth, so the iterations stay 16)."""
     if trajectories is not None:
-        sized = dict(trajectories=trajectories, batch_size=max(1, trajectories // STEADY_ITERATIONS))
+        sized = dict(trajectories=trajectories, batch_size=max(1, trajectories // STEADY_ITERATIONS), sized=True)
     elif quick:
         sized = dict(batch_size=QUICK_BATCH)
     else:
