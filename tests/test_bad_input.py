@@ -487,7 +487,7 @@ def test_a_toml_suffix_in_any_case_is_read_as_toml(tmp_path, suffix):
 def test_trace_without_response_runs_everywhere(tmp_path, monkeypatch):
     """Item 1: the README's trace workload (no `response:`) runs through sim and compare, with
     `--trajectories` honoured; the relative trace path is resolved beside the scenario file."""
-    lines = "\r\n".join(json.dumps({"prompt_len": 10 + i, "response_len": 20 + 7 * i, "group": i // 4})
+    lines = "\r\n".join(json.dumps({"prompt_len": 10 + i // 4, "response_len": 20 + 7 * i, "group": i // 4})
                         for i in range(16))
     config = tmp_path / "scenario.yaml"
     config.write_text(_trace_scenario(tmp_path, ("\ufeff" + lines + "\r\n").encode()))

@@ -68,6 +68,20 @@ def test_trace_replay(tmp_path):
     assert trajs[1].later_turns.reveal(KEY)[0].response.reveal(KEY) == 7
 
 
+def test_a_trace_line_without_a_group_is_a_group_of_its_own(tmp_path):
+    """It once took its line number as its group id, joining whichever explicit group had that id."""
+    path = tmp_path / "trace.jsonl"
+    lines = [{"prompt_len": 10, "response_len": 5, "group": 1}, {"prompt_len": 30, "response_len": 5},
+             {"prompt_len": 10, "response_len": 5, "group": 1}, {"prompt_len": 20, "response_len": 5}]
+    path.write_text("\n".join(json.dumps(r) for r in lines))
+    groups = [t.group for t in load_trace(path, KEY)]
+    assert groups[0] == groups[2] == 1 and len({groups[1], groups[3], 1}) == 3
+    lines.append({"prompt_len": 11, "response_len": 5, "group": 1})      # samples of one prompt share it
+    path.write_text("\n".join(json.dumps(r) for r in lines))
+    with pytest.raises(ConfigError, match=r"line 5: group 1 has prompt_len 10 \(line 1\), not 11"):
+        load_trace(path, KEY)
+
+
 @pytest.mark.parametrize("line, message", [
     ("{not json", "line 2: not JSON"),
     ('{"prompt_len": 10}', "line 2: field response_len: Field required"),

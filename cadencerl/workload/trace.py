@@ -47,6 +47,7 @@ def load_trace(path: str | Path, key: object, workload_class: str = "rlvr", *, l
     path = Path(path)
     text = read_text_file(path, "workload.trace", MAX_TRACE_BYTES)
     out: list[TrajectorySpec] = []
+    prompts: dict[int, tuple[int, int]] = {}      # explicit group -> (its prompt_len, the line that set it)
     for lineno, line in enumerate(text.splitlines(), start=1):
         if limit is not None and len(out) == limit:
             break
@@ -59,7 +60,7 @@ def load_trace(path: str | Path, key: object, workload_class: str = "rlvr", *, l
                               f"({', '.join(sorted(classes))}); name it under workload.classes")
         turns = SealedTurns(tuple(Turn(t.observation_len, t.tool_latency_s, HiddenLength(t.response_len, key))
                                   for t in rec.turns), key)
-        group = lineno - 1 if rec.group is None else rec.group
+        group = _group(rec, lineno, prompts, path)
         out.append(TrajectorySpec(len(out), group, rec.prompt_len, HiddenLength(rec.response_len, key), cls, turns))
     if not out:
         raise ConfigError(f"workload.trace: {path.name} has no trajectories")
@@ -67,6 +68,18 @@ def load_trace(path: str | Path, key: object, workload_class: str = "rlvr", *, l
         raise ConfigError(f"workload.trajectories: {limit}, but the trace {path.name} holds only {len(out)}; "
                           f"set workload.trajectories (or --trajectories) to at most {len(out)}")
     return out
+
+
+def _group(rec: TraceRecord, lineno: int, prompts: dict[int, tuple[int, int]], path: Path) -> int:
+    """A record's prompt group: its own `group` (samples of one prompt, so one prompt length), or,
+    without one, a group of its own, numbered past every id a line may give (no silent merge)."""
+    if rec.group is None:
+        return MAX_TRAJECTORIES + lineno
+    first = prompts.setdefault(rec.group, (rec.prompt_len, lineno))
+    if first[0] != rec.prompt_len:
+        raise ConfigError(f"workload.trace: {path.name} line {lineno}: group {rec.group} has prompt_len "
+                          f"{first[0]} (line {first[1]}), not {rec.prompt_len}: a group's samples share one prompt")
+    return rec.group
 
 
 def _record(line: str, path: Path, lineno: int) -> TraceRecord:
