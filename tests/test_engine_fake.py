@@ -457,3 +457,33 @@ def test_the_last_batch_needs_no_publish_for_the_run_to_end(pair: tuple[FakeVLLM
                 pool.publish()
         assert indices == list(range(TRAJECTORIES // 8))
         assert pool.result()["trajectories_completed"] == TRAJECTORIES and pool.backend.verify() == []
+
+
+def test_closing_the_clock_closes_a_stream_generator_left_suspended() -> None:
+    """A trainer that leaves `batches()` early closes a run whose streams' generators may sit
+    between two reads; closed only by the garbage collector once the loop is gone, they printed
+    "Task was destroyed but it is pending!" on the trainer's stderr."""
+    from cadencerl.engine.clock import WallClock
+
+    clock, closed = WallClock(), []
+
+    async def lines():
+        try:
+            while True:
+                yield b"data: x"
+        finally:
+            closed.append(True)
+
+    async def reader(gen) -> None:
+        await anext(gen)
+        await asyncio.sleep(3600)           # between two reads: the generator is suspended at its yield
+
+    gen = lines()
+
+    async def start() -> None:
+        clock.spawn(reader(gen))
+        await asyncio.sleep(0.01)
+
+    clock.run(start())
+    clock.close()
+    assert closed == [True]
