@@ -178,7 +178,8 @@ class RolloutPool:
             raise ConfigError(f"workload_class: {workload_class!r} is not in the target mix ({', '.join(mix)})")
         tid = len(self._specs)
         self._specs.append(TrajectorySpec(tid, tid if group is None else int(group), len(ids),
-                                          HiddenLength(int(max_tokens), self._key), workload_class))
+                                          HiddenLength(int(max_tokens), self._key), workload_class,
+                                          max_new_tokens=int(max_tokens)))
         self._prompts[tid] = ids
         return tid
 

@@ -607,3 +607,24 @@ def test_a_client_that_leaves_while_sending_its_body_is_counted_not_logged_as_an
         assert _settle(lambda: metric in httpx.get(f.url + "/metrics").text)
         assert not [r for r in caplog.records if "unhandled" in r.getMessage()]
         assert httpx.post(f.url + "/v1/completions", json=TOKENS).status_code == 200
+
+
+def test_a_new_session_carries_its_request_s_max_tokens_to_admission() -> None:
+    """MISA-T bounds its first reply prior by it (routing/misa_learn.py)."""
+    from cadencerl.router.requests import _route
+
+    def routed(body: dict, field: str = "prompt"):
+        return _route(json.dumps(body).encode(), {}, field, {"rlvr": 1.0}, "rlvr").max_new_tokens
+
+    assert routed({"prompt": "x", "max_tokens": 64}) == 64
+    assert routed({"messages": [{"role": "user", "content": "x"}], "max_tokens": 64,
+                   "max_completion_tokens": 32}, "messages") == 32          # vLLM takes the newer name first
+    assert routed({"input": "x", "max_output_tokens": 8.0}, "input") == 8
+    assert routed({"prompt": "x"}) is None
+    with Fleet(stubs=1) as f, httpx.Client(base_url=f.url, timeout=10) as c:
+        f.states[0].token_delay_s = 0.5
+        with ThreadPoolExecutor(1) as pool:
+            pending = pool.submit(c.post, "/v1/completions", json={**TOKENS, "max_tokens": 12})
+            assert _settle(lambda: len(f.service.state.live) == 1)
+            assert next(iter(f.service.state.live.values())).traj.spec.max_new_tokens == 12
+            assert pending.result().status_code == 200

@@ -90,6 +90,8 @@ class TrajectorySpec:
     workload_class: str = "rlvr"
     later_turns: SealedTurns = field(default=NO_TURNS)
     affinity: str | None = None  # a live request's routing key (session id, user, whole prompt); None in the simulator
+    max_new_tokens: int | None = None   # its first request's max_tokens, where a request names one (live
+                                        # and real runs; the simulator's lengths are drawn, None there)
 
 
 def total_tokens(spec: TrajectorySpec, key: object) -> int:

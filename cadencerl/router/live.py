@@ -76,11 +76,13 @@ class LiveState:
     # -- events -----------------------------------------------------------------------------------
 
     def new_session(self, key: str | None, cls: str, prompt_len: int, group: int, now: float = 0.0,
-                    affinity: str | None = None, pin: int | None = None) -> Session:
+                    affinity: str | None = None, pin: int | None = None,
+                    max_new_tokens: int | None = None) -> Session:
         """A session's first request: FRESH, held until an Admit names its worker (`pin`, if given:
         the worker that holds what the request continues, e.g. a stored response)."""
         spec = TrajectorySpec(id=next(self._ids), group=group, prompt_len=max(1, prompt_len),
-                              response=HiddenLength(0, _SEALED), workload_class=cls, affinity=affinity)
+                              response=HiddenLength(0, _SEALED), workload_class=cls, affinity=affinity,
+                              max_new_tokens=max_new_tokens)
         session = Session(key, Trajectory(spec, pin=pin), arrived_at=now)
         self.hold.push(session.traj)
         self.live[spec.id] = session

@@ -74,6 +74,7 @@ class Routed:
     remember: bool = False                    # /v1/responses, `store` left out or true (vLLM stores no other): learn its answer's id
     responses: bool = False                   # /v1/responses: a stream's tokens are its usage, not its events
     background: bool = False                  # /v1/responses, `background: true`: answered before it is generated
+    max_new_tokens: int | None = None         # max_tokens (max_completion_tokens, max_output_tokens), if given
 
 
 @dataclass(frozen=True)
@@ -118,7 +119,7 @@ def _route(raw: bytes, headers, field: str, classes: dict[str, float], default_c
     previous = body.get("previous_response_id") if field == "input" else None
     return Routed(raw, bool(body.get("stream", False)), key, affinity, cls, last, _length(prompt), group,
                   previous, field == "input" and body.get("store", True) is True, field == "input",
-                  field == "input" and body.get("background") is True)
+                  field == "input" and body.get("background") is True, _max_new_tokens(body))
 
 
 def _json_object(raw: bytes) -> dict:
@@ -189,6 +190,14 @@ def _check_fields(body: dict) -> None:
     for name in ("model", "user", "instructions", "previous_response_id"):
         if body.get(name) is not None and not isinstance(body[name], str):
             raise ApiError(400, f"{name}: must be a string or null", name)
+
+
+def _max_new_tokens(body: dict) -> int | None:
+    """The reply's bound the request names (checked by `_check_fields`), if any: chat's newer name first."""
+    for name in ("max_completion_tokens", "max_tokens", "max_output_tokens"):
+        if body.get(name) is not None:
+            return int(body[name])
+    return None
 
 
 def _integral(value: object) -> bool:

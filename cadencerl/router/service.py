@@ -218,13 +218,14 @@ class RouterService:
 
     async def acquire(self, key: str | None, cls: str, prompt_len: int, group: int,
                       affinity: str | None = None, field: str = "prompt", pin: int | None = None,
-                      held: int = 0) -> Session:
+                      held: int = 0, max_new_tokens: int | None = None) -> Session:
         """Admit (a new session) or place (a continuation) one request; waits in HOLD if it must.
         `field` names the prompt in the 400 of a request that stops fitting while it waits. `pin`:
         the server holding the stored response the request continues; it goes there alone, and its
         prompt is the new part only, added to the context the server holds: a session's
         continuation's own context (the earlier turns, counted as they went), else `held` (what
-        the server holds for the stored response, `ResponseOwners.context`)."""
+        the server holds for the stored response, `ResponseOwners.context`). `max_new_tokens`: the
+        request's max_tokens, MISA-T's bound on a new session's first reply before it measured any."""
         now = self.now()
         if not any(w.alive for w in self.state.workers):
             self.metrics.rejections.labels("no_worker").inc()
@@ -236,7 +237,7 @@ class RouterService:
         else:
             if session is not None:   # its last request is still in flight: this one is a reply of its own
                 key = None
-            session = self.state.new_session(key, cls, prompt_len + held, group, now, affinity, pin)
+            session = self.state.new_session(key, cls, prompt_len + held, group, now, affinity, pin, max_new_tokens)
             kind = "new"
         self.metrics.requests_of(session.traj.workload_class, kind).inc()
         if pin is not None and session.traj.context >= self.state.workers[pin].kv_capacity:

@@ -202,7 +202,8 @@ class MisaT:
         footprint = {}
         for cls in self.target_mix:
             head = view.fresh.peek({cls})
-            footprint[cls] = self.learner.footprint(cls, head.prompt_len if head else None)
+            footprint[cls] = self.learner.footprint(cls, head.prompt_len if head else None,
+                                                    head.spec.max_new_tokens if head else None)
         durations = {c: self.learner.duration(c) for c in self.target_mix}
         if any(d is None for d in durations.values()):
             durations = {c: 1.0 for c in self.target_mix}

@@ -81,16 +81,20 @@ class Learner:
                 held[traj.home] = held.get(traj.home, 0) + traj.context
         return held
 
-    def footprint(self, cls: str, prompt_hint: int | None) -> float:
+    def footprint(self, cls: str, prompt_hint: int | None, reply_hint: int | None = None) -> float:
         """A session's mean KV footprint: learned, or before that the larger of a prior and the mean
         context its class's running sessions have already reached. The prior is its prompt plus the
         mean footprint finished sessions of any class showed (PRIOR_REPLY before any finished): a
-        footprint, prompt included, standing in for a reply, so it errs high and the first caps low."""
+        footprint, prompt included, standing in for a reply, so it errs high and the first caps low;
+        no more than the reply its request allows (`reply_hint`: its max_tokens), where it names one
+        (a later turn's growth, which that does not bound, is what the running sessions show)."""
         st = self.stats.get(cls)
         if st is not None and st.warm:
             return st.footprint
         seen = [s.footprint for s in self.stats.values() if s.completed]
         added = sum(seen) / len(seen) if seen else PRIOR_REPLY
+        if reply_hint is not None:
+            added = min(added, reply_hint)
         prior = (prompt_hint if prompt_hint is not None else 512) + added
         live = [t.context for t in self.tracked.values() if t.workload_class == cls and t.state is not State.DONE]
         return max(prior, sum(live) / len(live)) if live else prior
