@@ -8,6 +8,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -43,6 +44,13 @@ def _closed_port() -> int:
                  marks=NEEDS_RAY),
     pytest.param(["pool", "down", "--ray", f"localhost:{_closed_port()}"], "ray: no Ray cluster answers",
                  marks=NEEDS_RAY),
+    (["pool", "up", "--workers", "1", "--state-dir", __file__], "state_dir: "),
+    (["pool", "down", "--state-dir", __file__], "state_dir: "),
+    (["pool", "up", "--workers", "1", "--state-dir", "/proc/no-such-pool"], "state_dir: cannot write"),
+    # the scenario sizes its servers: the flags were silently ignored
+    (["pool", "up", "-s", "cpu-pair", "--workers", "3", "--dtype", "float32"], "workers: the scenario sizes"),
+    # vLLM refused it after a start-up, in a message that lost its cause
+    (["pool", "up", "--workers", "1", "--kv-tokens", "10"], "kv_tokens: worker 0 has 32; a server needs at least 64"),
 ])
 def test_bad_input_is_one_line_naming_the_field(args: list[str], field: str) -> None:
     r = CliRunner().invoke(app, args)
@@ -70,6 +78,14 @@ def test_pool_up_refuses_a_state_dir_whose_servers_still_run(tmp_path, monkeypat
     assert "state_dir" not in r.output                                 # a dead pool's state is leftovers
 
 
+@pytest.mark.parametrize("text", ["{bad json", '{"servers": [{"pid": 1}]}'])
+def test_a_state_file_that_is_not_a_pool_s_is_named_not_a_bug(tmp_path, text: str) -> None:
+    (tmp_path / "pool.json").write_text(text)
+    for args in (["pool", "down"], ["pool", "up", "--workers", "1"]):
+        r = CliRunner().invoke(app, [*args, "--state-dir", str(tmp_path)])
+        assert r.exit_code == 2 and r.output.startswith("error: state_dir: ") and "pool.json" in r.output, r.output
+
+
 def test_a_ray_pool_error_is_said_once_under_ray(monkeypatch) -> None:
     """The pool's errors start with 'ray: ' already: the CLI printed 'ray: ray: Failed to look up ...'."""
     pytest.importorskip("ray")
@@ -82,6 +98,24 @@ def test_a_ray_pool_error_is_said_once_under_ray(monkeypatch) -> None:
     monkeypatch.setattr(ray_pool, "attach", attach)
     r = CliRunner().invoke(app, ["run", "-s", "cpu-hetero", "--ray", "auto", "--ray-actors", "my-engine-0"])
     assert r.exit_code == 2 and r.output.strip() == "error: ray: Failed to look up actor with name 'my-engine-0'."
+
+
+def test_a_second_ray_pool_up_leaves_the_running_pool_alone(monkeypatch, tmp_path) -> None:
+    """It failed on the taken placement-group name, and its clean-up removed the running pool's
+    servers too (every run on them lost its workers)."""
+    pytest.importorskip("ray")
+    from cadencerl.engine import ray_pool
+    from cadencerl.engine.local_pool import PoolError
+    from cadencerl.engine.server_specs import ServerSpec
+
+    removed = []
+    monkeypatch.setattr(ray_pool, "connect", lambda address, namespace=None: None)
+    monkeypatch.setattr(ray_pool, "discover", lambda *a, **k: ["cadencerl-vllm-0", "cadencerl-vllm-1"])
+    monkeypatch.setattr(ray_pool, "down", lambda *a, **k: removed.append(a) or [])
+    pool = ray_pool.RayPool([ServerSpec("cpu-fast", 1, 4096, 32)], model_dir=tmp_path, python=sys.executable)
+    with pytest.raises(PoolError, match=r"already runs this pool's servers \(cadencerl-vllm-0, cadencerl-vllm-1\)"):
+        pool.up()
+    assert removed == []
 
 
 def test_pool_down_counts_only_the_servers_it_stopped_and_removes_their_socket_dirs(tmp_path) -> None:
@@ -167,3 +201,40 @@ def test_a_server_that_fails_to_spawn_leaves_no_socket_dir(tmp_path, monkeypatch
     with pytest.raises(FileNotFoundError):
         pool.start()
     assert list((tmp_path / "tmp").iterdir()) == []
+
+
+@pytest.mark.parametrize("stop", ["SIGTERM", "SIGINT"])
+def test_a_command_s_local_pool_is_stopped_and_its_folder_removed_when_the_command_is_stopped(
+        monkeypatch, stop: str) -> None:
+    """SIGTERM (`timeout`, `kill`, a scheduler) left `run --local`'s servers running, in a
+    temporary state folder the user was never told of; Ctrl-C stopped them but left the folder."""
+    import os
+    import signal
+
+    from cadencerl.cli import engine
+    from cadencerl.engine import local_pool as lp
+
+    events, folders = [], []
+
+    class Pool:
+        def __init__(self, state, cfg):
+            folders.append(Path(state))
+            self.servers, self.urls = [], ["http://127.0.0.1:1"]
+
+        def start(self):
+            events.append("start")
+
+        def stop(self):
+            events.append("stop")
+
+    monkeypatch.setattr(lp, "LocalPool", Pool)
+    monkeypatch.setattr(engine, "pin_servers", lambda servers: None)
+    before = signal.getsignal(signal.SIGTERM)
+    with pytest.raises(SystemExit if stop == "SIGTERM" else KeyboardInterrupt) as raised:
+        with engine.local_pool(PoolConfig(num_workers=1)):
+            os.kill(os.getpid(), getattr(signal, stop))
+            time.sleep(5)                   # the handler raises in here
+    assert events == ["start", "stop"] and not folders[0].exists()
+    if stop == "SIGTERM":
+        assert raised.value.code == 143
+    assert signal.getsignal(signal.SIGTERM) is before          # the command's handler is gone with it

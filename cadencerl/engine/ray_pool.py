@@ -104,6 +104,10 @@ class RayPool:
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
         connect(self.address, self.namespace)
+        if running := discover(self.address, self.namespace, self.prefix):     # before anything is made:
+            where = self.address or "auto"                                      # a failed up removes its prefix's
+            raise PoolError(f"ray: the cluster already runs this pool's servers ({', '.join(running)}); use them "
+                            f"(`cadencerl run --ray {where}`) or stop them first (`cadencerl pool down --ray {where}`)")
         actor_cls = ray.remote(VLLMServerActor)
         try:
             actors, groups = [], []
