@@ -52,3 +52,17 @@ def test_a_hook_that_cannot_keep_kv_is_refused_before_a_run_that_updates_in_plac
     assert not updates_in_place(CacheAware(weight_update="interrupt"))
     with pytest.raises(ConfigError, match="weight_update: cache-aware updates its workers in place.*keep_kv"):
         assemble(s, router, ["http://127.0.0.1:9"], [], object(), weight_update=lambda worker, url, version: None)
+
+
+def test_a_run_puts_a_server_an_earlier_run_left_on_another_version_back_on_the_base(tmp_path, monkeypatch):
+    """Its first samples, tagged version 0, came from the earlier run's last weights."""
+    push = pusher(tmp_path)
+    reported = {"http://a": "default", "http://b": "3", "http://c": "0"}
+    posts = []
+    monkeypatch.setattr(push, "server_version", lambda url: reported[url])
+    monkeypatch.setattr(push, "_post", lambda url, route, **kw: posts.append((url, route, kw)))
+    push.start_at_base(list(reported))
+    assert {url for url, _, _ in posts} == {"http://b"}
+    assert ("http://b", "/update_weight_version", {"json": {"new_version": "0"}}) in posts
+    assert push.pushes[0].worker == 1 and push.pushes[0].version == 0
+    push.close()

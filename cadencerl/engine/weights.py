@@ -134,6 +134,18 @@ class WeightPusher:
             self._post(url, "/resume")
         self.pushes.append(WeightPush(worker, url, version, time.perf_counter() - start, reload_s))
 
+    def start_at_base(self, urls: list[str]) -> None:
+        """Before a run: a server that an earlier run left on another version gets the base weights
+        back (version 0), else the run's first samples, tagged version 0, would come from them. A
+        fresh server says "default"; one that does not answer is the run's to find."""
+        for worker, url in enumerate(urls):
+            try:
+                version = self.server_version(url)
+            except (httpx.HTTPError, ValueError):
+                continue
+            if version not in (None, "default", "0"):
+                self(worker, url, 0)
+
     def server_version(self, url: str) -> str | None:
         """What the server says it runs (`/weight_info`)."""
         response = self._http.get(f"{url.rstrip('/')}/weight_info")
