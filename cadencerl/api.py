@@ -268,6 +268,8 @@ class RolloutPool:
                 self.exporter.start()
             except OSError as exc:
                 raise ConfigError(f"metrics_port: cannot serve on {self.exporter.port}: {exc}") from None
+        if callable(getattr(self.weight_update, "start_at_base", None)):   # a WeightPusher: version 0 is the base
+            self.weight_update.start_at_base(self.urls)
         self._started_at = time.perf_counter()
         self._run = assemble(self.scenario, make_policy(self.policy, self.scenario), self.urls, self._specs, self._key, labels=self.labels,
                              kv_tokens=self.kv_tokens, prompts=self._prompts, weight_update=self.weight_update,

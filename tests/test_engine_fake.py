@@ -387,6 +387,23 @@ def test_rollout_pool_on_a_fake_pair_hands_out_every_trajectory_once(pair: tuple
     assert all(w["samples"] > 0 and w["tokens_generated"] > 0 for w in result["workers"])
 
 
+def test_a_weight_pusher_puts_the_servers_on_the_base_weights_before_the_pool_s_run(
+        pair: tuple[FakeVLLM, FakeVLLM]) -> None:
+    """An earlier run may have left them on its last version; the samples of version 0 must not."""
+    calls = []
+
+    class Pusher:
+        def __call__(self, worker, url, version):
+            calls.append(("push", worker, version))
+
+        def start_at_base(self, urls):
+            calls.append(("base", list(urls)))
+
+    result, _, _ = run_pool([f.url for f in pair], kv_tokens=1024, weight_update=Pusher())
+    assert calls[0] == ("base", [f.url for f in pair]) and ("base", [f.url for f in pair]) not in calls[1:]
+    assert result["trajectories_completed"] == TRAJECTORIES
+
+
 def test_rollout_pool_survives_a_server_dying_mid_run() -> None:
     with FakeVLLM() as a, FakeVLLM(die_after_tokens=300) as b:
         result, pool, batches = run_pool([a.url, b.url], kv_tokens=1024)

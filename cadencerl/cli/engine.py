@@ -225,11 +225,6 @@ def run(scenario: str | None = ScenarioOpt, config: Path | None = ConfigOpt,
             urls = stack.enter_context(local_pool(scenario_pool_config(s, local, kv_tokens)))
             weights = weights or default_model_dir()
         pusher = stack.enter_context(weight_pusher(weights if push else None))
-        if pusher is not None:
-            try:
-                pusher.start_at_base(urls)
-            except WeightPushError as exc:
-                fail(str(exc), code=1)
         metrics_port = announce_metrics(metrics_port, table_shown=json_out != "-")
         with live_status(f"{s.name} / {policy} (real)", json_out != "-") as status:
             def watch(pool) -> None:
