@@ -143,7 +143,10 @@ class RolloutPool:
 
     @classmethod
     def from_scenario(cls, scenario: Scenario, urls: Sequence[str], **kwargs) -> RolloutPool:
-        """A pool whose submissions are the scenario's seeded workload (synthetic prompt ids)."""
+        """A pool whose submissions are the scenario's seeded workload (synthetic prompt ids): its
+        workload is the one submitted, so a `batch_size` is checked against it."""
+        if isinstance(scenario, Scenario) and kwargs.get("batch_size") is not None:
+            scenario.with_overrides(trainer={"batch_size": kwargs["batch_size"]})      # ConfigError if larger
         pool = cls(urls, scenario=scenario, **kwargs)
         pool._specs = generate(scenario.workload, scenario.seed, pool._key)
         return pool
@@ -178,8 +181,7 @@ class RolloutPool:
             raise ConfigError(f"workload_class: {workload_class!r} is not in the target mix ({', '.join(mix)})")
         tid = len(self._specs)
         self._specs.append(TrajectorySpec(tid, tid if group is None else int(group), len(ids),
-                                          HiddenLength(int(max_tokens), self._key), workload_class,
-                                          max_new_tokens=int(max_tokens)))
+                                          HiddenLength(int(max_tokens), self._key), workload_class))
         self._prompts[tid] = ids
         return tid
 
@@ -221,6 +223,23 @@ class RolloutPool:
                 raise self._error
             self._result = summarize_real(self._run, self._ended_at - self._started_at)
         return self._result
+
+    def progress_so_far(self) -> dict:
+        """How far a run got, for the record of one that failed: what finished is not lost with it
+        (the trajectories completed and consumed, the tokens each server sent, the workers lost)."""
+        record: dict = {"scenario": self.scenario.name, "policy": self.policy, "finished": False,
+                        "trajectories_submitted": len(self._specs), "trajectories_completed": 0}
+        if self._run is None:
+            return record
+        ctl, backend = self._run.controller, self._run.backend
+        end = self._ended_at if self._thread is not None and not self._thread.is_alive() else time.perf_counter()
+        return {**record, "trajectories_completed": ctl.done, "trajectories_consumed": ctl.trainer.consumed,
+                "batches_consumed": len(ctl.trainer.batches), "wall_time_s": end - self._started_at,
+                "tokens_generated": sum(r.tokens_generated for r in backend.records),
+                "lost_workers": list(backend.lost),
+                "lost_why": {str(w): why for w, why in backend.streams.lost_reasons.items()},
+                "workers": [{"worker": r.worker, "url": r.url, "tokens_generated": r.tokens_generated}
+                            for r in backend.records]}
 
     def close(self) -> None:
         """Stop the run if it is still going, every connection and the metrics endpoint; idempotent.

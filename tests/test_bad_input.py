@@ -370,8 +370,14 @@ def _pool(**kwargs):
 
 
 def test_a_pool_takes_a_batch_larger_than_its_scenario_s_placeholder_workload():
-    """The workload is what is submitted; the default scenario's 96 trajectories are no bound."""
+    """The workload is what is submitted; the default scenario's 96 trajectories are no bound, but
+    a pool built from a scenario submits that scenario's workload, which bounds the batch."""
+    from cadencerl.api import RolloutPool
+
     assert _pool(batch_size=128).scenario.trainer.batch_size == 128
+    small_pair = builtin_scenario("cpu-pair").with_overrides(workload={"trajectories": 32}, trainer={"batch_size": 8})
+    with pytest.raises(ConfigError, match="trainer.batch_size: 64 is more than workload.trajectories"):
+        RolloutPool.from_scenario(small_pair, [DEAD_URL], batch_size=64)
 
 
 def _submit(*args, **kwargs):

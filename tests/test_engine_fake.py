@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import gc
 import inspect
+import json
 import logging
 import socket
 import time
@@ -504,3 +505,23 @@ def test_closing_the_clock_closes_a_stream_generator_left_suspended() -> None:
     clock.run(start())
     clock.close()
     assert closed == [True]
+
+
+def test_a_run_that_loses_every_worker_still_writes_what_it_got_to_its_json(tmp_path: Path) -> None:
+    """The error named the cause, but --json was never written: the completed trajectories' record
+    was lost with the run."""
+    from typer.testing import CliRunner
+
+    from cadencerl.cli.main import app
+
+    out = tmp_path / "run.json"
+    with FakeVLLM(die_after_tokens=400) as a, FakeVLLM(die_after_tokens=400) as b:
+        r = CliRunner().invoke(app, ["run", "-s", "cpu-pair", "--workers", f"{a.url},{b.url}", "--trajectories",
+                                     "32", "--batch-size", "8", "--kv-tokens", "1024", "--deadline", "60",
+                                     "--json", str(out)])
+    assert r.exit_code == 2 and "every worker is lost" in r.output, r.output
+    record = json.loads(out.read_text())
+    assert record["finished"] is False and "every worker is lost" in record["error"]
+    assert record["trajectories_submitted"] == 32 and 0 < record["tokens_generated"] <= 2 * 400 + 64
+    assert sorted(record["lost_workers"]) == [0, 1] and set(record["lost_why"]) == {"0", "1"}
+    assert record["trajectories_completed"] <= 32

@@ -44,12 +44,19 @@ def test_the_first_cap_is_the_kv_budget_over_a_sessions_footprint_not_a_slow_sta
 def test_before_any_session_finished_a_request_s_max_tokens_bounds_the_reply_prior():
     """A request that may add only 64 tokens is not sized as a 1,024-token reply (the live router's
     first rounds held most sessions of a pool under no pressure); without max_tokens the prior stays."""
-    bounded = fresh(1)
-    bounded[0].spec = dataclasses.replace(bounded[0].spec, max_new_tokens=64)
-    misa = MisaT({"rlvr": 1.0})
-    misa.observe(pool(LeastLoaded(), [worker(0, cap=100_000, seqs=10_000)], fresh=bounded).view)
-    assert misa.caps[0] == pytest.approx(INITIAL_SCALE * HIGH * 100_000 / (10 + 64))
-    assert misa.learner.footprint("rlvr", 10, reply_hint=4096) == 10 + PRIOR_REPLY     # a bound, not a guess
+    def first_cap(*hints):
+        waiting = fresh(len(hints))
+        for t, hint in zip(waiting, hints):
+            t.spec = dataclasses.replace(t.spec, max_new_tokens=hint)
+        misa = MisaT({"rlvr": 1.0})
+        misa.observe(pool(LeastLoaded(), [worker(0, cap=100_000, seqs=10_000)], fresh=waiting).view)
+        return misa.caps[0]
+
+    per_footprint = INITIAL_SCALE * HIGH * 100_000
+    assert first_cap(64) == pytest.approx(per_footprint / (10 + 64))
+    assert first_cap(64, 512) == pytest.approx(per_footprint / (10 + 512)), "the longest the class may add"
+    assert first_cap(64, None) == pytest.approx(per_footprint / (10 + PRIOR_REPLY)), "one names none"
+    assert first_cap(4096) == pytest.approx(per_footprint / (10 + PRIOR_REPLY)), "a bound, not a guess"
 
 
 def test_the_capacity_estimate_weights_each_class_by_how_long_it_holds_its_kv():

@@ -617,10 +617,14 @@ def test_a_new_session_carries_its_request_s_max_tokens_to_admission() -> None:
         return _route(json.dumps(body).encode(), {}, field, {"rlvr": 1.0}, "rlvr").max_new_tokens
 
     assert routed({"prompt": "x", "max_tokens": 64}) == 64
+    assert routed({"prompt": [1, 2], "max_tokens": 64}) == 64                  # token ids: one prompt
+    assert routed({"prompt": ["a", "b", "c"], "max_tokens": 64, "n": 2}) == 64 * 2 * 3   # every choice, every prompt
     assert routed({"messages": [{"role": "user", "content": "x"}], "max_tokens": 64,
                    "max_completion_tokens": 32}, "messages") == 32          # vLLM takes the newer name first
     assert routed({"input": "x", "max_output_tokens": 8.0}, "input") == 8
     assert routed({"prompt": "x"}) is None
+    assert routed({"prompt": "x", "max_completion_tokens": 8}) is None          # not a completion's field
+    assert routed({"input": "x", "max_tokens": 8}, "input") is None
     with Fleet(stubs=1) as f, httpx.Client(base_url=f.url, timeout=10) as c:
         f.states[0].token_delay_s = 0.5
         with ThreadPoolExecutor(1) as pool:

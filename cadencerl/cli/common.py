@@ -9,6 +9,7 @@ import contextlib
 import errno
 import functools
 import json
+import os
 import signal
 import sys
 import tempfile
@@ -177,6 +178,10 @@ def check_json_target(target: Optional[str], config: Optional[Path] = None, trac
     path = Path(target)
     if path.is_dir():
         fail(f"--json: {target!r} is a directory; give a file path")
+    if path.exists() and not path.is_file():       # /dev/null, /dev/stdout, a FIFO: written to as it is
+        if not os.access(path, os.W_OK):
+            fail(f"--json: cannot write to {target!r}: permission denied")
+        return
     for what, read in (("the --config file", config), ("the scenario's workload.trace", trace)):
         if read is not None and path.exists() and read.exists() and path.resolve() == read.resolve():
             fail(f"--json: {target!r} is {what}; give another path")

@@ -14,7 +14,7 @@ import os
 import re
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
 
@@ -204,10 +204,7 @@ def run(scenario: str | None = ScenarioOpt, config: Path | None = ConfigOpt,
         json_out: str | None = JsonOpt) -> None:
     """Run a scenario's workload with one policy on real vLLM servers; same figures as `sim`."""
     from cadencerl.api import run_real
-    from cadencerl.core.actions import ActionError
-    from cadencerl.core.controller import StallError
-    from cadencerl.engine.backend import EngineRunError
-    from cadencerl.engine.weights import WeightPushError, pause_summary
+    from cadencerl.engine.weights import pause_summary
     from cadencerl.runs.real import MAX_DEADLINE_S
 
     if not (math.isfinite(deadline) and 0 < deadline <= MAX_DEADLINE_S):
@@ -227,21 +224,9 @@ def run(scenario: str | None = ScenarioOpt, config: Path | None = ConfigOpt,
         pusher = stack.enter_context(weight_pusher(weights if push else None))
         metrics_port = announce_metrics(metrics_port, table_shown=json_out != "-")
         with live_status(f"{s.name} / {policy} (real)", json_out != "-") as status:
-            def watch(pool) -> None:
-                status.source, status.metrics_url = (lambda: pool.controller), (lambda: pool.metrics_url)
-            try:
-                result = run_real(s, policy, urls, label_list, kv_tokens=kv_tokens, deadline_s=deadline,
-                                  weight_update=pusher, metrics_port=metrics_port, on_pool=watch)
-            except ConfigError as exc:
-                fail(str(exc))
-            except StallError as exc:        # the knobs leave the policy no move: the message names them
-                fail(f"policy {policy}: {exc}")
-            except EngineRunError as exc:    # the servers failed: not bad input, not our bug
-                fail(f"policy {policy}: {exc}", code=1)
-            except WeightPushError as exc:   # a server refused a weight version: not bad input either
-                fail(str(exc), code=1)
-            except ActionError as exc:       # a policy broke the rules (a failed conservation check too: a bug)
-                bug(exc)
+            result = _run_or_fail(lambda watch: run_real(
+                s, policy, urls, label_list, kv_tokens=kv_tokens, deadline_s=deadline, weight_update=pusher,
+                metrics_port=metrics_port, on_pool=watch), status, policy, json_out)
         if pusher is not None:
             result["weights"] = pause_summary(pusher.pushes)
             console(json_out == "-").print(f"weights: {result['weights']['pushes']} pushes, pause median "
@@ -250,6 +235,38 @@ def run(scenario: str | None = ScenarioOpt, config: Path | None = ConfigOpt,
     print_tables([run_table([result], f"{s.name}: {policy} on {len(urls)} real servers"),
                   per_accelerator_table(result), engine_table(result)], json_out == "-")
     write_json(json_out, result)
+
+
+def _run_or_fail(start: Callable, status, policy: str, json_out: str | None) -> dict:
+    """`start(watch)`'s result, `watch` showing the pool's run live; a run that cannot finish exits
+    naming why, and still leaves its record in `--json` (what finished is not lost with it)."""
+    from cadencerl.core.actions import ActionError
+    from cadencerl.core.controller import StallError
+    from cadencerl.engine.backend import EngineRunError
+    from cadencerl.engine.weights import WeightPushError
+
+    pools = []
+
+    def watch(pool) -> None:
+        pools.append(pool)
+        status.source, status.metrics_url = (lambda: pool.controller), (lambda: pool.metrics_url)
+
+    def failed(message: str, code: int) -> None:
+        if pools:
+            write_json(json_out, {**pools[0].progress_so_far(), "error": message})
+        fail(message, code=code)
+    try:
+        return start(watch)
+    except ConfigError as exc:
+        fail(str(exc))
+    except StallError as exc:        # the knobs leave the policy no move: the message names them
+        failed(f"policy {policy}: {exc}", 2)
+    except EngineRunError as exc:    # the servers failed: not bad input, not our bug
+        failed(f"policy {policy}: {exc}", 1)
+    except WeightPushError as exc:   # a server refused a weight version: not bad input either
+        failed(str(exc), 1)
+    except ActionError as exc:       # a policy broke the rules (a failed conservation check too: a bug)
+        bug(exc)
 
 
 def calibrate(workers: str | None = WorkersOpt,

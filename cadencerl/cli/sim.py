@@ -175,7 +175,7 @@ def sweep(scenario: Optional[str] = ScenarioOpt, config: Optional[Path] = Config
     best, path = sw.save(s, points, results, updates)
     table = sweep_table(s.name, results)
     used = "for cache-aware-tuned " if grid == "quick" else ""
-    table.caption = f"best: {best} (saved {used}in {path})"
+    table.caption = f"best: {best} " + (f"(saved {used}in {path})" if path is not None else "(not saved: see the warning)")
     print_tables([table, weight_update_table(s.name, updates)], json_out == "-")
     write_json(json_out, {"best": best, "results": results, "weight_update_results": updates})
 

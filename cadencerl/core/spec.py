@@ -90,8 +90,9 @@ class TrajectorySpec:
     workload_class: str = "rlvr"
     later_turns: SealedTurns = field(default=NO_TURNS)
     affinity: str | None = None  # a live request's routing key (session id, user, whole prompt); None in the simulator
-    max_new_tokens: int | None = None   # its first request's max_tokens, where a request names one (live
-                                        # and real runs; the simulator's lengths are drawn, None there)
+    max_new_tokens: int | None = None   # the router's requests: the first one's bound on its reply (vLLM may
+                                        # stop earlier at EOS). None elsewhere: the simulator draws lengths, and
+                                        # the trainer API's runs decode exactly max_tokens (it is the length)
 
 
 def total_tokens(spec: TrajectorySpec, key: object) -> int:

@@ -12,7 +12,8 @@ With a mix rule (`MixRule`: a target mix and a wait bound) the batch asks for th
 the trainer waits for it, at most the rule's `wait_s` from the moment the batch could have formed by
 count; then it takes what is there, fills the missing places from the other classes' oldest
 completions, and counts them (`mix_shortfall`, and `mix_short_batches`). If the mixed batch would
-strand a straggler, the batch falls back to oldest tag first.
+strand a straggler, the batch falls back to oldest tag first, and its places off the target are
+counted the same way.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from cadencerl.core.credits import CreditModel
-from cadencerl.core.mix import MixRule, compose
+from cadencerl.core.mix import MixRule, compose, target_counts
 from cadencerl.core.trajectory import Trajectory
 
 
@@ -34,7 +35,7 @@ class TrainingBatch:
 
     index: int
     trajectory_ids: tuple[int, ...]
-    substituted: int = 0    # places a short class left that went to other classes (mix.py, rule 3)
+    substituted: int = 0    # places off the target mix: a short class's, or the staleness fallback's
 
 
 @dataclass
@@ -53,7 +54,7 @@ class Trainer:
     batch_classes: list[Counter] = field(default_factory=list)   # workload classes of each batch
     mix: MixRule | None = None        # None: batches form in completion order
     ready_since: float | None = None  # the next batch could have formed by count since then
-    mix_shortfall: int = 0            # samples substituted because their class was short at the bound
+    mix_shortfall: int = 0            # samples substituted: a class short at the bound, or the staleness fallback
     mix_short_batches: int = 0
     _wake_sent: float | None = None
     batches: list[TrainingBatch] = field(default_factory=list)   # every batch formed, in order
@@ -101,8 +102,11 @@ class Trainer:
         if picked is None:
             return None
         batch, short = picked
-        if not self._keeps_bound(Counter(t.tag for t in batch)):
-            return self._oldest(n), 0
+        if not self._keeps_bound(Counter(t.tag for t in batch)):    # the staleness bound before the mix:
+            batch = self._oldest(n)                                 # its places off the target are counted
+            want = target_counts(self.mix.target, n)
+            have = Counter(t.workload_class for t in batch)
+            short = sum(max(0, k - have[c]) for c, k in want.items())
         if short:
             self.mix_shortfall += short
             self.mix_short_batches += 1

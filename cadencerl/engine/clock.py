@@ -131,12 +131,14 @@ class WallClock:
             t.cancel()
 
         async def settle() -> None:
-            if tasks:
-                await asyncio.wait(tasks, timeout=5.0)
-            await asyncio.wait_for(asyncio.gather(*closers, return_exceptions=True), 5.0)
-            # a stream's generator a cancelled task left suspended is closed here, not by the garbage
-            # collector after the loop is gone ("Task was destroyed but it is pending!")
-            await asyncio.wait_for(self.loop.shutdown_asyncgens(), 5.0)
+            try:
+                if tasks:
+                    await asyncio.wait(tasks, timeout=5.0)
+                await asyncio.wait_for(asyncio.gather(*closers, return_exceptions=True), 5.0)
+            finally:
+                # a stream's generator a cancelled task left suspended is closed here, not by the garbage
+                # collector after the loop is gone ("Task was destroyed but it is pending!")
+                await asyncio.wait_for(self.loop.shutdown_asyncgens(), 5.0)
 
         try:
             self.loop.run_until_complete(settle())

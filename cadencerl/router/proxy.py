@@ -252,23 +252,26 @@ async def _relay(svc: RouterService, session: Session, resp: httpx.Response, chu
     ending = b""            # from the chunk that ends the stream on
     released = False
     runs = ready_runs(chunks)
+    events = framer.whole(first)
+    reader.feed(events)     # before the client can leave: a background response's id is in its first event
     try:
         yield b""               # `primed`: from here on, closing the relay releases and closes
-        run: list[bytes] | None = [first]
         deadline: float | None = None       # set once the end went by: the stream's close is awaited until then
-        while run is not None:
+        while True:
+            if deadline is None and reader.ended:       # from the chunk that ends the stream on, all is kept
+                ending, framer.partial = events + framer.partial, b""
+                deadline = asyncio.get_running_loop().time() + END_GRACE_S
+            elif deadline is None and events:
+                yield events
+            run = await _next_run(runs, deadline)
+            if run is None:
+                break
             data = b"".join(run)
             if deadline is not None:
                 ending += data
             else:
                 events = framer.whole(data)
                 reader.feed(events)         # what the client gets is what is counted
-                if reader.ended:            # from the chunk that ends the stream on, all is kept
-                    ending, framer.partial = events + framer.partial, b""
-                    deadline = asyncio.get_running_loop().time() + END_GRACE_S
-                elif events:
-                    yield events
-            run = await _next_run(runs, deadline)
         release()
         yield LastChunk(ending or framer.partial)
     except httpx.HTTPError as exc:

@@ -119,7 +119,7 @@ def _route(raw: bytes, headers, field: str, classes: dict[str, float], default_c
     previous = body.get("previous_response_id") if field == "input" else None
     return Routed(raw, bool(body.get("stream", False)), key, affinity, cls, last, _length(prompt), group,
                   previous, field == "input" and body.get("store", True) is True, field == "input",
-                  field == "input" and body.get("background") is True, _max_new_tokens(body))
+                  field == "input" and body.get("background") is True, _max_new_tokens(body, field, prompt))
 
 
 def _json_object(raw: bytes) -> dict:
@@ -192,12 +192,18 @@ def _check_fields(body: dict) -> None:
             raise ApiError(400, f"{name}: must be a string or null", name)
 
 
-def _max_new_tokens(body: dict) -> int | None:
-    """The reply's bound the request names (checked by `_check_fields`), if any: chat's newer name first."""
-    for name in ("max_completion_tokens", "max_tokens", "max_output_tokens"):
-        if body.get(name) is not None:
-            return int(body[name])
-    return None
+BOUND_FIELDS = {"prompt": ("max_tokens",), "messages": ("max_completion_tokens", "max_tokens"),
+                "input": ("max_output_tokens",)}     # per endpoint, as vLLM reads them (chat: the newer first)
+
+
+def _max_new_tokens(body: dict, field: str, prompt: object) -> int | None:
+    """The most tokens the request may generate in all (checked by `_check_fields`), if it names a
+    bound: its endpoint's field, times `n` choices, times the prompts of a batched completion."""
+    bound = next((body[name] for name in BOUND_FIELDS[field] if body.get(name) is not None), None)
+    if bound is None:
+        return None
+    prompts = len(prompt) if field == "prompt" and isinstance(prompt, list) and not isinstance(prompt[0], int) else 1
+    return int(bound) * int(body.get("n") or 1) * prompts
 
 
 def _integral(value: object) -> bool:

@@ -203,7 +203,7 @@ class MisaT:
         for cls in self.target_mix:
             head = view.fresh.peek({cls})
             footprint[cls] = self.learner.footprint(cls, head.prompt_len if head else None,
-                                                    head.spec.max_new_tokens if head else None)
+                                                    _reply_bound(view, cls, head))
         durations = {c: self.learner.duration(c) for c in self.target_mix}
         if any(d is None for d in durations.values()):
             durations = {c: 1.0 for c in self.target_mix}
@@ -370,3 +370,13 @@ def keep_home(view: PoolView) -> Iterator[Action]:
             if home.load * len(peers) <= total:    # at or under the mean load
                 yield Place(traj.id, home.id)
                 total += 1
+
+
+def _reply_bound(view: PoolView, cls: str, head: Trajectory | None) -> int | None:
+    """The longest reply a waiting session of `cls` may add (its request's max_tokens), or None when
+    one names none: the first caps, sized for all the class's waiting sessions, must hold the longest.
+    Only the router's requests name one; a queue whose head names none is never walked (the simulator's)."""
+    if head is None or head.spec.max_new_tokens is None:
+        return None
+    hints = [t.spec.max_new_tokens for t in view.fresh.in_order() if t.workload_class == cls]
+    return None if any(h is None for h in hints) else max(hints)

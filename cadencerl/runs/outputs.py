@@ -22,11 +22,12 @@ def write_atomic(path: Path, text: str) -> None:
     the mode of the one it replaces, or else gets the umask's. A link is followed (its target is
     replaced, not the link), and what is not a regular file (`/dev/null`, a FIFO) is written to as
     it is: renamed over, it would be replaced by a file."""
-    path = Path(path).resolve()
-    if path.exists() and not path.is_file():
+    path = Path(path)
+    if path.exists() and not path.is_file():      # as given: /dev/stdout resolves to a pipe's fd name
         with open(path, "w", encoding="utf-8") as f:
             f.write(text)
         return
+    path = path.resolve()
     path.parent.mkdir(parents=True, exist_ok=True)
     while True:
         tmp = _fresh_name(path.parent, f".{path.name}.", ".tmp")

@@ -121,9 +121,10 @@ def sweep_weight_update(scenario: Scenario, build: Callable[[str], Policy],
     return sorted(results, key=lambda r: -r["score_tok_s"])
 
 
-def save(scenario: Scenario, grid: dict, results: list[dict], updates: list[dict]) -> tuple[dict, Path]:
-    """Cache the best setting of a finished sweep (atomically: a reader never sees half a file). A
-    cache that cannot be written costs the next run a sweep, not this run its result: a warning."""
+def save(scenario: Scenario, grid: dict, results: list[dict], updates: list[dict]) -> tuple[dict, Path | None]:
+    """Cache the best setting of a finished sweep (atomically: a reader never sees half a file); the
+    best and where it went. A cache that cannot be written costs the next run a sweep, not this run
+    its result: a warning, and no path."""
     best = {**{k: results[0][k] for k in grid}, "weight_update": updates[0]["weight_update"]}
     path = cache_path(scenario, grid)
     text = json.dumps({"scenario": scenario.name, "grid": grid, "best": best, "results": results,
@@ -133,6 +134,7 @@ def save(scenario: Scenario, grid: dict, results: list[dict], updates: list[dict
     except OSError as exc:
         log.warning("warning: the sweep cache cannot be written (%s: %s); the result is not kept, set "
                     "CADENCERL_CACHE_DIR to a writable folder", path.parent, exc.strerror or exc)
+        return best, None
     return best, path
 
 
