@@ -525,3 +525,14 @@ def test_a_run_that_loses_every_worker_still_writes_what_it_got_to_its_json(tmp_
     assert record["trajectories_submitted"] == 32 and 0 < record["tokens_generated"] <= 2 * 400 + 64
     assert sorted(record["lost_workers"]) == [0, 1] and set(record["lost_why"]) == {"0", "1"}
     assert record["trajectories_completed"] <= 32
+
+
+def test_calibration_clips_a_prompt_to_the_server_s_longest_request() -> None:
+    """`--prompts 99999` was clipped to the KV cache only, and the request then failed its
+    max_model_len check as an internal error."""
+    from cadencerl.engine.calibrate import measure
+
+    with FakeVLLM(max_model_len=256, kv_tokens=8192) as server:
+        samples, _ = asyncio.run(measure([server.url], "tiny", batches=[1], prompts=[99_999], new_tokens=16,
+                                         repeat=1))
+    assert samples and all(s.context <= 256 for s in samples)

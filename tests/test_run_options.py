@@ -44,6 +44,7 @@ def _closed_port() -> int:
                  marks=NEEDS_RAY),
     pytest.param(["pool", "down", "--ray", f"localhost:{_closed_port()}"], "ray: no Ray cluster answers",
                  marks=NEEDS_RAY),
+    (["calibrate", "--workers", "http://127.0.0.1:1", "--batches", "1", "--prompts", "32,64"], "batches: "),
     (["pool", "up", "--workers", "1", "--state-dir", __file__], "state_dir: "),
     (["pool", "down", "--state-dir", __file__], "state_dir: "),
     (["pool", "up", "--workers", "1", "--state-dir", "/proc/no-such-pool"], "state_dir: cannot write"),

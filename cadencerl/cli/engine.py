@@ -294,6 +294,9 @@ def calibrate(workers: str | None = WorkersOpt,
     if tokens < 8:
         fail(f"tokens: need at least 8 new tokens per request, got {tokens}")
     batch_list, prompt_list = int_list("batches", batches, 1), int_list("prompts", prompts, 1)
+    if len(batch_list) * len(prompt_list) < 3:          # before minutes of measuring, not after
+        fail(f"batches: {len(batch_list)} batch sizes x {len(prompt_list)} prompt lengths measure "
+             f"{len(batch_list) * len(prompt_list)} points; the fit needs at least 3 (give more --batches or --prompts)")
     try:
         base, mdl = catalog.accelerator(accelerator, "accelerator"), catalog.model(model)
         urls = parse_urls(workers) if workers else None

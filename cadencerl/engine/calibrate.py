@@ -78,16 +78,18 @@ async def measure(urls: list[str], model: str, *, batches: list[int], prompts: l
     """Decode step time at every (batch, prompt length); all servers at once unless `together` is False.
 
     A prompt length is clipped so the batch fits in 85% of the smallest server's KV cache, whose
-    size (tokens) is returned with the samples."""
+    size (tokens) is returned with the samples, and each request in its max_model_len."""
     rng = random.Random(seed)
     clients = [VLLMClient(u, model=model) for u in urls]
     out: list[StepSample] = []
     try:
         kv = min([await _kv_tokens(c) for c in clients])
+        longest = min((c.max_model_len for c in clients if c.max_model_len), default=None)
         await asyncio.wait_for(asyncio.gather(*(_one_server(c, 1, 16, 8, vocab, rng) for c in clients)), 60)
         groups = [clients] if together else [[c] for c in clients]
         for b in batches:
-            for p in sorted({min(p, int(0.85 * kv / b) - new_tokens) for p in prompts}):
+            fit_kv = int(0.85 * kv / b) - new_tokens
+            for p in sorted({min(p, fit_kv, longest - new_tokens if longest else fit_kv) for p in prompts}):
                 if p < 1:
                     continue  # the batch alone would overflow the KV cache: vLLM would preempt
                 for group in groups:
