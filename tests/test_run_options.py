@@ -101,6 +101,24 @@ def test_a_ray_pool_error_is_said_once_under_ray(monkeypatch) -> None:
     assert r.exit_code == 2 and r.output.strip() == "error: ray: Failed to look up actor with name 'my-engine-0'."
 
 
+def test_an_actor_that_is_not_there_is_named_under_ray_actors(monkeypatch) -> None:
+    """Ray's own message ("This could because 1. You are trying to look up a named actor you
+    didn't create. 2. ...") named neither the actor's flag nor the actor plainly."""
+    pytest.importorskip("ray")
+    import ray
+
+    from cadencerl.engine import ray_pool
+
+    def get_actor(name, namespace=None):
+        raise ValueError(f"Failed to look up actor with name '{name}'. This could because 1. ...")
+
+    monkeypatch.setattr(ray_pool, "connect", lambda address, namespace=None: None)
+    monkeypatch.setattr(ray, "get_actor", get_actor)
+    r = CliRunner().invoke(app, ["run", "-s", "cpu-hetero", "--ray", "auto", "--ray-actors", "nosuch-0,nosuch-1"])
+    assert r.exit_code == 2 and r.output.strip() == ("error: ray_actors: no actor named 'nosuch-0' in the "
+                                                     "cluster's namespace 'cadencerl'"), r.output
+
+
 def test_a_second_ray_pool_up_leaves_the_running_pool_alone(monkeypatch, tmp_path) -> None:
     """It failed on the taken placement-group name, and its clean-up removed the running pool's
     servers too (every run on them lost its workers)."""

@@ -18,8 +18,10 @@ def _require_ray() -> None:
 
 
 def _fail(exc: BaseException) -> None:
-    """One line under `ray:`, which the pool's own errors already start with (not 'ray: ray: ...')."""
-    fail("ray: " + (str(exc).splitlines() or [""])[0].removeprefix("ray: "))
+    """One line under `ray:`, which the pool's own errors already start with (not 'ray: ray: ...'),
+    unless it names its own field (`ray_actors: ...`)."""
+    line = (str(exc).splitlines() or [""])[0].removeprefix("ray: ")
+    fail(line if line.startswith("ray_actors: ") else "ray: " + line)
 
 
 def ray_up(scenario: Scenario, address: str, model_dir: Path, max_model_len: int | None) -> list[str]:

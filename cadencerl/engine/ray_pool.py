@@ -174,8 +174,13 @@ def connect(address: str | None, namespace: str = NAMESPACE) -> None:
             socket.create_connection((host.strip("[]"), int(port)), timeout=10).close()
         except (OSError, OverflowError) as exc:
             raise ConnectionError(f"no Ray cluster answers at {address} ({exc})") from None
-    ray.init(address=address or "auto", namespace=namespace, log_to_driver=False,
-             runtime_env={"env_vars": {"PYTHONPATH": pythonpath()}})
+    try:
+        ray.init(address=address or "auto", namespace=namespace, log_to_driver=False,
+                 runtime_env={"env_vars": {"PYTHONPATH": pythonpath()}})
+    except ConnectionError as exc:       # Ray's own advice names its flag (--address), not ours
+        said = str(exc).split(". ")[0].rstrip(".")[:120]     # its first sentence: what it found
+        raise ConnectionError(f"no Ray cluster answers at {address or 'auto'} ({said}): start one "
+                              "(`ray start --head`), or give its address as --ray HOST:PORT") from None
 
 
 def attach(names: Sequence[str], address: str | None = None, namespace: str = NAMESPACE,
@@ -185,10 +190,14 @@ def attach(names: Sequence[str], address: str | None = None, namespace: str = NA
     import ray
 
     connect(address, namespace)
-    try:
-        return [ray.get(ray.get_actor(n, namespace=namespace).url.remote(), timeout=timeout_s) for n in names]
-    except ValueError as exc:
-        raise PoolError(f"ray: {exc}") from None
+    urls = []
+    for name in names:
+        try:
+            actor = ray.get_actor(name, namespace=namespace)
+        except ValueError:
+            raise PoolError(f"ray_actors: no actor named {name!r} in the cluster's namespace {namespace!r}") from None
+        urls.append(ray.get(actor.url.remote(), timeout=timeout_s))
+    return urls
 
 
 def discover(address: str | None = None, namespace: str = NAMESPACE, prefix: str = ACTOR_PREFIX) -> list[str]:
