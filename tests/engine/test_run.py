@@ -170,7 +170,7 @@ runner = CliRunner()
     (["run", "-s", "cpu-pair", "--local", "2", "-p", "nope"], "policy"),
     (["run", "-s", "nope", "--local", "2"], "scenario"),
     (["pool", "up", "--workers", "0"], "workers"),
-    (["pool", "up", "--kv-tokens", "1024", "--max-model-len", "2048"], "pool"),
+    (["pool", "up", "--kv-tokens", "1024", "--max-model-len", "2048"], "max_model_len"),
     (["calibrate", "--local", "1", "--batches", "1,x"], "batches"),
     (["calibrate", "--workers", "http://127.0.0.1:1", "--tokens", "4"], "tokens"),
 ])
