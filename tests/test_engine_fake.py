@@ -16,6 +16,7 @@ import json
 import logging
 import socket
 import time
+from pathlib import Path
 from collections.abc import Callable, Iterator
 
 import httpx
