@@ -253,9 +253,12 @@ async def _relay(svc: RouterService, session: Session, resp: httpx.Response, chu
     released = False
     runs = ready_runs(chunks)
     events = framer.whole(first)
-    reader.feed(events)     # before the client can leave: a background response's id is in its first event
+    if background is not None:      # before the client can leave: the response's id is in its first event
+        reader.feed(events)
     try:
         yield b""               # `primed`: from here on, closing the relay releases and closes
+        if background is None:      # what the client gets is what is counted
+            reader.feed(events)
         deadline: float | None = None       # set once the end went by: the stream's close is awaited until then
         while True:
             if deadline is None and reader.ended:       # from the chunk that ends the stream on, all is kept
