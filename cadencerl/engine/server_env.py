@@ -7,15 +7,10 @@
   server gets a directory of its own for them (short: a socket's path holds at most 107 bytes),
   which `remove_rpc_dir` deletes once the server is gone: the server itself as it exits, and
   `down` after a server it had to kill.
-- vLLM's processes meet through a file store it makes in the temp folder (`vllm_dist_<uuid>`, one a
-  start) and never removes: the server's temp folder (TMPDIR) is that same directory, so it goes
-  with it. Torch's compile cache, which a fresh temp folder would lose at every start, stays where
-  it was (TORCHINDUCTOR_CACHE_DIR).
 """
 
 from __future__ import annotations
 
-import getpass
 import os
 import shutil
 import tempfile
@@ -37,10 +32,8 @@ def new_rpc_dir() -> str:
 
 def remove_rpc_dir(path: str) -> None:
     """Delete a server's socket directory: only one this module made (in the temp folder, with its
-    prefix), so a hand-edited state file cannot name another; a state file from before has none. The
-    server itself removes its own, which is its temp folder too."""
-    temp = Path(tempfile.gettempdir())
-    if path and Path(path).name.startswith(RPC_PREFIX) and temp in (Path(path).parent, Path(path)):
+    prefix), so a hand-edited state file cannot name another; a state file from before has none."""
+    if path and Path(path).name.startswith(RPC_PREFIX) and Path(path).parent == Path(tempfile.gettempdir()):
         shutil.rmtree(path, ignore_errors=True)
 
 
@@ -54,8 +47,6 @@ def server_env(core: int, weight_routes: bool, rpc_dir: str) -> dict[str, str]:
     env.update(
         VLLM_CPU_OMP_THREADS_BIND=str(core),
         VLLM_RPC_BASE_PATH=rpc_dir,
-        TMPDIR=rpc_dir,
-        TORCHINDUCTOR_CACHE_DIR=env.get("TORCHINDUCTOR_CACHE_DIR") or _inductor_cache(),
         PYTHONPATH=pythonpath(),        # the server runs `cadencerl.engine.vllm_server`
         HF_HUB_OFFLINE="1",
         TRANSFORMERS_OFFLINE="1",
@@ -64,12 +55,3 @@ def server_env(core: int, weight_routes: bool, rpc_dir: str) -> dict[str, str]:
         PYTHONUNBUFFERED="1",
     )
     return env
-
-
-def _inductor_cache() -> str:
-    """Where torch keeps its compile cache by default (its temp folder's `torchinductor_<user>`)."""
-    try:
-        user = getpass.getuser()
-    except (KeyError, OSError):
-        user = str(os.getuid())
-    return str(Path(tempfile.gettempdir()) / f"torchinductor_{user}")
