@@ -28,7 +28,8 @@ from cadencerl.config import MAX_TOKENS, ConfigError, Scenario, builtin_scenario
 from cadencerl.core.trajectory import Trajectory
 from cadencerl.core.controller import Controller
 from cadencerl.engine.backend import EngineBackend, WeightUpdate
-from cadencerl.runs.real import MAX_DEADLINE_S, RealRun, assemble, kv_list, parse_urls, resolve_labels, summarize_real
+from cadencerl.runs.real import (MAX_DEADLINE_S, RealRun, assemble, kv_list, lost_why, parse_urls, resolve_labels,
+                                 summarize_real)
 from cadencerl.runs.registry import make_policy
 from cadencerl.engine.client import Timeouts
 from cadencerl.engine.exporter import MetricsExporter
@@ -237,7 +238,7 @@ class RolloutPool:
                 "batches_consumed": len(ctl.trainer.batches), "wall_time_s": end - self._started_at,
                 "tokens_generated": sum(r.tokens_generated for r in backend.records),
                 "lost_workers": list(backend.lost),
-                "lost_why": {str(w): why for w, why in backend.streams.lost_reasons.items()},
+                "lost_why": lost_why(backend),
                 "workers": [{"worker": r.worker, "url": r.url, "tokens_generated": r.tokens_generated}
                             for r in backend.records]}
 

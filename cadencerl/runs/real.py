@@ -146,6 +146,11 @@ def kv_list(kv_tokens: int | Sequence[int] | None, n: int) -> list[int | None]:
     return caps
 
 
+def lost_why(backend: EngineBackend) -> dict[str, str]:
+    """Why each lost worker was lost, by worker id as a JSON key."""
+    return {str(w): why for w, why in backend.streams.lost_reasons.items()}
+
+
 def summarize_real(run: RealRun, wall_s: float) -> dict:
     """`simulate`'s figures for a real run, plus wall-clock and per-server figures."""
     ctl, backend, s = run.controller, run.backend, run.scenario
@@ -158,7 +163,7 @@ def summarize_real(run: RealRun, wall_s: float) -> dict:
         makespan_wall_s=result["sim_time_s"],
         setup_wall_s=run.setup_s,
         lost_workers=list(backend.lost),
-        lost_why={str(w): why for w, why in backend.streams.lost_reasons.items()},
+        lost_why=lost_why(backend),
         resumes=backend.counts.resumes,
         resumes_accepted=backend.counts.resumes_accepted,
         aborts=backend.counts.aborts,
