@@ -37,6 +37,7 @@ from rich.table import Table  # noqa: E402
 
 from cadencerl.cli.common import scenario_from_options as scenario_of  # noqa: E402
 from cadencerl.config import ConfigError  # noqa: E402
+from cadencerl.report.plots import POLICY_COLORS  # noqa: E402
 from cadencerl.runs.registry import make_policy  # noqa: E402
 from cadencerl.runs.simulate import simulate  # noqa: E402
 
@@ -94,20 +95,29 @@ def table(runs: list[dict]) -> Table:
 
 
 def plot(runs: list[dict], title: str, out: Path) -> None:
-    fig, axes = plt.subplots(3, 1, figsize=(10, 9), sharex=True)
-    labels = ("admitted sessions per worker", "engine queue per worker", "engine KV use")
-    for ax, key, label in zip(axes, ("sessions", "queued", "kv_use"), labels):
+    """Four panels over simulated time, one line per policy in the report's colours; the steady window
+    the table summarises is shaded, and the engine's max_num_seqs is drawn only where it is in scale."""
+    fig, axes = plt.subplots(4, 1, figsize=(10, 11), sharex=True)
+    labels = ("admitted sessions\nper worker", "requests at the engine\nper worker (running + queued)",
+              "engine queue\nper worker", "engine KV use\n(fraction of capacity)")
+    for ax, key, label in zip(axes, SERIES, labels):
         for r in runs:
-            ax.plot(r["t"], r[key], label=r["policy"], linewidth=1)
+            ax.plot(r["t"], r[key], label=r["policy"], linewidth=1, color=POLICY_COLORS.get(r["policy"]))
         ax.set_ylabel(label)
         ax.grid(alpha=0.3)
-    axes[0].axhline(runs[0]["max_num_seqs"], color="grey", linestyle="--", linewidth=1, label="max_num_seqs")
-    axes[0].legend(fontsize=8)
+        for i, window in enumerate(dict.fromkeys(tuple(r["window"]) for r in runs if r["window"])):
+            ax.axvspan(*window, color="grey", alpha=0.08, lw=0, label=None if i else "steady window")
+    seqs = runs[0]["max_num_seqs"]
+    for ax, key in zip(axes[:2], SERIES[:2]):
+        if seqs <= 2 * max(max(r[key], default=0) for r in runs):
+            ax.axhline(seqs, color="grey", linestyle="--", linewidth=1, label="engine max_num_seqs")
+    axes[-1].set_ylim(0, 1.05)
+    axes[0].legend(fontsize=8, loc="lower left", bbox_to_anchor=(0, 1.02), ncol=4)
     axes[-1].set_xlabel("simulated time (s)")
     fig.suptitle(title)
     fig.tight_layout()
     out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=110)
+    fig.savefig(out, dpi=110, bbox_inches="tight")
     plt.close(fig)
 
 
@@ -139,7 +149,7 @@ def main() -> None:
         runs = list(pool.map(run_one, [args] * len(names), names))
     Console(width=160).print(table(runs))
     out = Path(args.out) if args.out else REPO / "benchmarks" / "results" / f"sessions_timeline_{scenario.name}.png"
-    plot(runs, f"{scenario.name}: admitted sessions and the engine queue", out)
+    plot(runs, f"{scenario.name}: sessions, engine load, queue and KV use per worker", out)
     print(f"plot: {out}")
 
 

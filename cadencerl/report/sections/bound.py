@@ -23,7 +23,8 @@ def physical_bound(ctx: Report) -> str:
         for n, rs in by_pool.items()]
     ref_rows = _reference_rows(ctx, pools, by_pool)
     path, rel = ctx.figure("bound")
-    plots.bound_scatter(path, [r for rs in by_pool.values() for r in rs.values()])
+    plots.bound_scatter(path, [r for rs in by_pool.values() for r in rs.values()],
+                        "Every run against the oracle's physical bound")
     derivation = bounds.__doc__.split("Derivation (also in the report):", 1)[-1].strip()
     return "\n".join([
         "## 8. Distance from the physical bound and from the clairvoyant reference\n",

@@ -35,7 +35,8 @@ def composability(ctx: Report) -> str:
             for p in HETEROGENEOUS_POLICIES])
     path, rel = ctx.figure("composability")
     plots.composability(path, {n: (r["cadence"]["throughput_tok_s"], r["cadence"]["latency_p95_s"])
-                               for n, r in results.items()}, list(COMPOSITIONS))
+                               for n, r in results.items()}, list(COMPOSITIONS),
+                        "CadenceRL as a pool is extended: each arrow adds devices of one kind")
     setups = "\n".join(f"- {n}: {ctx.setup_line(pool_scenario(n, ctx.settings))} "
                        f"Reproduce: {ctx.command('compare', pool_scenario(n, ctx.settings), HETEROGENEOUS_POLICIES)}"
                        for n in names)

@@ -25,7 +25,8 @@ def cost(ctx: Report) -> str:
         rows.append([s.name, sum(g.devices for g in s.pool), f"{price:.2f}", tok(results["cadence"]["throughput_tok_s"]),
                      f"{per['cadence']:.2f}", f"{per[best]:.2f} ({best})", ratio(per["cadence"] / per[best])])
     path, rel = ctx.figure("cost")
-    plots.metric_bars(path, groups, list(HOMOGENEOUS_POLICIES), values, "million tokens per dollar", "pool")
+    plots.metric_bars(path, groups, list(HOMOGENEOUS_POLICIES), values, "million tokens per dollar",
+                      "pool (Qwen3-8B unless the pool names its model)", "Decode tokens per dollar, per pool and policy")
     prices = ", ".join(f"{n} ${a.price_per_hour:.2f}" for n, a in ACCELERATORS.items() if a.price_per_hour is not None)
     return "\n".join([
         "## 9. Cost view\n",

@@ -64,17 +64,18 @@ def misa_t(ctx: Report) -> str:
     path, rel = ctx.figure("misa_t")
     plots.metric_bars(path, list(names), [p for p in (*MIXED_POLICIES, "misa+cadence")
                                           if any((n, p) in values for n in names)],
-                      values, "throughput relative to the tuned cache-aware router", "scenario")
+                      values, "throughput relative to the tuned cache-aware router", "scenario",
+                      "Mixed workloads: throughput relative to the sweep-tuned cache-aware router", fmt="%.2f")
     parts += [f"![misa-t]({rel})\n",
               "*Figure 10. Rollout throughput of each router and of MISA-T, relative to the sweep-tuned cache-aware "
-              "router (1.0) on each mixed scenario.*\n",
+              f"router (1.0) on {'each mixed scenario' if len(names) > 1 else 'the mixed scenario'}.*\n",
               "D_TV is the total-variation distance between each consumed batch's class mix and the target, averaged "
               "over batches, in percentage points; the steady column leaves out the first batch (only short sessions "
               "can have finished) and the last (the tail), which dominate a run of a few iterations. The trainer asks "
               "every batch for the target mix (`trainer.mix: target`): it waits at most `trainer.mix_wait_s` for a "
               "short class, then fills the places from the other classes; 'substituted samples' counts them.\n"]
     path, rel = ctx.figure("misa_t_mixture")
-    plots.mixture_over_batches(path, mixes, target)
+    plots.mixture_over_batches(path, mixes, target, f"{mixes_of}: class shares of each consumed batch")
     parts += [f"![misa-t mixture]({rel})\n",
               f"*Figure 10b. {mixes_of}: each consumed batch's class shares (solid) against the trainer's target "
               "(dashed), for MISA-T and the tuned router.*\n"]

@@ -16,9 +16,6 @@ def non_resident(ctx: Report) -> str:
              pct(PAPER_NON_RESIDENT_P95[s.name]) if s.name in PAPER_NON_RESIDENT_P95 else "",
              f"{r['evictions']} ({pct(r['evictions'] / r['trajectories_completed'])})",
              ctx.command("sim", s, "cadence")] for s, r in zip(pools, runs)]
-    path, rel = ctx.figure("non_resident")
-    plots.non_resident(path, [s.name for s in pools], [r["non_resident_p50"] for r in runs],
-                       [r["non_resident_p95"] for r in runs])
     by = {s.name: r for s, r in zip(pools, runs)}
     order = "lower" if by["32a"]["non_resident_p95"] < by["32b"]["non_resident_p95"] else "not lower"
     if order != "lower":
@@ -40,14 +37,26 @@ def non_resident(ctx: Report) -> str:
         md_table(["pool", "model", "non-resident P50", "non-resident P95", "paper P95 (2nd-hand)",
                   "evictions (per trajectory)", "reproduce"], rows),
         "",
-        *(["All P50 and P95 values are 0: CadenceRL evicts only a few percent of the trajectories here (fewer than "
-           "the 5% a P95 would see) and most evicted ones are placed again at the same decision tick, so almost no "
-           "trajectory spends measurable time off every worker. The paper's large non-resident fractions do not "
-           "appear in this simulation.\n"] if all(r["non_resident_p95"] == 0 for r in runs) else []),
         f"Measured: the 32a P95 non-resident fraction is {order} than 32b's "
         f"({pct(by['32a']['non_resident_p95'])} vs {pct(by['32b']['non_resident_p95'])}).\n",
-        f"![non-resident]({rel})\n",
-        "*Figure 7. CadenceRL: median (P50) and 95th percentile (P95) over trajectories of the share of each "
-        "trajectory's life spent not resident on any worker (percent), per pool; the P95 value is printed above "
-        "each pair" + (" (all 0% here, so no bars are visible)" if all(r["non_resident_p95"] == 0 for r in runs)
-                       else "") + ".*\n"])
+        _figure_or_why(ctx, pools, runs)])
+
+
+def _figure_or_why(ctx: Report, pools: list, runs: list[dict]) -> str:
+    """The per-pool figure, or, when every P95 is 0 (an empty plot), what the eviction counts say instead."""
+    if any(r["non_resident_p95"] > 0 for r in runs):
+        path, rel = ctx.figure("non_resident")
+        plots.non_resident(path, [s.name for s in pools], [r["non_resident_p50"] for r in runs],
+                           [r["non_resident_p95"] for r in runs], "CadenceRL: time off every worker, per pool")
+        return (f"![non-resident]({rel})\n\n*Figure 7. CadenceRL: median (P50) and 95th percentile (P95) over "
+                "trajectories of the share of each trajectory's life spent not resident on any worker (percent), per "
+                "pool; the P95 value is printed above each pair.*\n")
+    evicted = sum(r["evictions"] for r in runs)
+    done = sum(r["trajectories_completed"] for r in runs)
+    pool, share = max(((s.name, r["evictions"] / r["trajectories_completed"]) for s, r in zip(pools, runs)),
+                      key=lambda ps: ps[1])
+    why = ("fewer than the 5% a P95 would see" if share < 0.05 else
+           "more than 5%, so most evicted trajectories were placed again before any simulated time passed")
+    return (f"Every P50 and P95 is 0, so there is no figure: CadenceRL evicted {evicted:,} of the {done:,} trajectories "
+            f"these runs completed ({pct(evicted / done)}), at most {pct(share)} of a pool's ({pool}): {why}. The "
+            "paper's large non-resident fractions do not appear in this simulation.\n")

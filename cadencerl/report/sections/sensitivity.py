@@ -31,11 +31,11 @@ def sensitivity(ctx: Report) -> str:
     delta_rows, delta_runs = _sweep_rows(ctx, s, "delta", deltas)
     eta_path, eta_rel = ctx.figure("eta_sweep")
     plots.sweep(eta_path, etas, [r["throughput_tok_s"] for r in eta_runs], [r["latency_p95_s"] for r in eta_runs],
-                "eta (admission budget, iteration-batches ahead)")
+                "eta (admission budget, iteration-batches ahead)", f"CadenceRL on {DETAIL_POOL}: the eta sweep")
     delta_path, delta_rel = ctx.figure("delta_sweep")
     plots.sweep(delta_path, deltas, [r["throughput_tok_s"] for r in delta_runs],
-                [r["latency_p95_s"] for r in delta_runs], "delta (decode reserve, tokens)")
-    best_eta = etas[max(range(len(etas)), key=lambda i: eta_runs[i]["throughput_tok_s"])]
+                [r["latency_p95_s"] for r in delta_runs], "delta (decode reserve, tokens)",
+                f"CadenceRL on {DETAIL_POOL}: the delta sweep")
     p95s = [r["latency_p95_s"] for r in eta_runs]
     monotone = all(b >= a for a, b in zip(p95s, p95s[1:]))
     dtp = [r["throughput_tok_s"] for r in delta_runs]
@@ -48,7 +48,8 @@ def sensitivity(ctx: Report) -> str:
     if dp95[-1] <= dp95[0]:
         ctx.mismatches.append(f"delta sweep on {DETAIL_POOL}: raising delta from {deltas[0]} to {deltas[-1]} does not "
                               f"raise P95 ({change(dp95[-1], dp95[0])} from admission, "
-                              f"{change(dsub[-1], dsub[0])} from submission).")
+                              f"{change(dsub[-1], dsub[0])} from submission"
+                              f"{'; no trajectory was evicted at any delta' if not any(devict) else ''}).")
     iterations = s.workload.trajectories // s.trainer.batch_size
     saturated = [e for e in etas if e + 1 >= iterations]
     saturation_note = "" if len(saturated) < 2 else (
@@ -65,7 +66,8 @@ def sensitivity(ctx: Report) -> str:
         f"time, the other at its default.{size_note}\n",
         ctx.setup_line(s, eta="swept", delta=s.policy.delta), "",
         "### eta\n", md_table(["eta", *headers[1:]], eta_rows), "",
-        f"Measured: throughput peaks at eta = {best_eta}; P95 {'rises monotonically' if monotone else 'does not rise monotonically'} "
+        f"Measured: {_peak('eta', etas, [r['throughput_tok_s'] for r in eta_runs])}; P95 "
+        f"{'rises monotonically' if monotone else 'does not rise monotonically'} "
         f"with eta ({', '.join(sec(v) for v in p95s)} s).{saturation_note}\n",
         f"![eta sweep]({eta_rel})\n",
         f"*Figure 6a. CadenceRL on {DETAIL_POOL}: aggregate decode throughput (left, thousands of tokens/s) and P95 "
@@ -73,10 +75,36 @@ def sensitivity(ctx: Report) -> str:
         f"{s.policy.delta} tokens).*\n",
         "### delta\n", ctx.setup_line(s, delta="swept"), "", md_table(["delta", *headers[1:]], delta_rows), "",
         f"Measured: from delta = {deltas[0]} to {deltas[-1]} throughput changes {change(dtp[-1], dtp[0])} and P95 "
-        f"changes {change(dp95[-1], dp95[0])} from admission, {change(dsub[-1], dsub[0])} from submission; evictions "
-        f"change {change(devict[-1], devict[0])}. By design a larger reserve widens the band between the fill (floor + "
-        "delta) and the shed line (the floor): fewer sheds, and each evicted trajectory waits longer for room for its context "
-        "+ delta; why the two offset: README, 'The decode reserve delta' (`benchmarks/delta_trace.py`).\n",
+        f"changes {change(dp95[-1], dp95[0])} from admission, {change(dsub[-1], dsub[0])} from submission; "
+        f"{_delta_reading(devict, delta_runs)}\n",
         f"![delta sweep]({delta_rel})\n",
         f"*Figure 6b. CadenceRL on {DETAIL_POOL}: aggregate decode throughput (left, thousands of tokens/s) and P95 "
         f"trajectory latency (right, seconds) against the decode reserve delta in tokens (eta = {s.policy.eta}).*\n"])
+
+
+def _peak(knob: str, values: list, throughput: list[float]) -> str:
+    """Where throughput is highest over a sweep, said as the points show it: a peak only when it has a
+    point on each side."""
+    best = max(range(len(values)), key=lambda i: throughput[i])
+    rising = all(b > a for a, b in zip(throughput, throughput[1:]))
+    if best == len(values) - 1 and len(values) > 1:
+        shape = "rises over the whole range" if rising else "is highest at the largest value tried"
+        return f"throughput {shape} ({knob} = {values[best]}; no peak at {knob} <= {values[best]})"
+    if best == 0 and len(values) > 1:
+        return f"throughput is highest at the smallest value tried ({knob} = {values[0]})"
+    return f"throughput peaks at {knob} = {values[best]}"
+
+
+def _delta_reading(evictions: list[int], runs: list[dict]) -> str:
+    """What the evictions say about the reserve, which acts through placement (a worker takes a trajectory
+    only while its headroom clears floor + delta) and sheds (evictions)."""
+    if not any(evictions):
+        same = len({(r["throughput_tok_s"], r["latency_p95_s"]) for r in runs}) == 1
+        return ("no trajectory was evicted at any delta" + (
+            " and every run is the same to the token: the reserve never came into play on this pool." if same else
+            ": what differs comes from placement alone (a worker takes a trajectory only while its headroom clears "
+            "the floor plus delta)."))
+    return (f"evictions go from {evictions[0]:,} to {evictions[-1]:,}. By design a larger reserve widens the band "
+            "between the fill (floor + delta) and the shed line (the floor): fewer sheds, and each evicted trajectory "
+            "waits longer for room for its context + delta; why the two offset: README, 'The decode reserve delta' "
+            "(`benchmarks/delta_trace.py`).")

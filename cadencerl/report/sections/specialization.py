@@ -26,8 +26,10 @@ def specialization(ctx: Report) -> str:
         t += dt
         publish.append(t)
     path, rel = ctx.figure("context_timeline")
-    plots.context_timeline(path, me["context_timeline"], accels, publish)
     window = {p: _window_context(r, accels) for p, r in results.items()}
+    plots.context_timeline(path, me["context_timeline"], accels, publish,
+                           f"CadenceRL on {DETAIL_POOL}: mean resident context per accelerator type",
+                           busy_until=window["cadence"][1])
     rows = [[acc] + [f"{tok(results[p]['per_accelerator'][acc]['mean_context'])} / {tok(window[p][0][acc])}"
                      for p in HETEROGENEOUS_POLICIES] for acc in accels]
     top_run = {p: max(accels, key=lambda a: r["per_accelerator"][a]["mean_context"]) for p, r in results.items()}
@@ -54,4 +56,6 @@ def specialization(ctx: Report) -> str:
         f"![context timeline]({rel})\n",
         f"*Figure 4. CadenceRL on {DETAIL_POOL}: mean context (tokens) of the trajectories resident on each "
         "accelerator type, sampled over simulated time (seconds). Dotted vertical lines mark when the trainer "
-        "published a new policy version.*\n"])
+        "published a new policy version; where the next batch was already complete when a training step ended, the "
+        "next iteration lasts only that step, so those lines come in pairs. The shaded tail is after the last time "
+        "every type held work.*\n"])

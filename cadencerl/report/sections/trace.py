@@ -38,7 +38,8 @@ def kv_share_trace(ctx: Report) -> str:
         traces[p] = ctx.runner.run(s, p, trace=(tid,))["traces"][str(tid)]
         stats[p] = _trace_stats(traces[p])
     path, rel = ctx.figure("kv_share")
-    plots.kv_share(path, traces, {p: st["done"] for p, st in stats.items()})
+    plots.kv_share(path, traces, {p: st["done"] for p, st in stats.items()},
+                   f"Trajectory {tid} on {DETAIL_POOL}: its share of its worker's KV, CadenceRL vs Laminar")
     rows = [[p, tok(st["context"]), sec(st["admitted"]), sec(st["done"]), sec(st["life"]), pct(st["resident"]),
              st["stints"], st["type_moves"], f"{st['mean_share']:.3f}", f"{st['max_share']:.3f}",
              ", ".join(st["accels"])]
