@@ -154,3 +154,11 @@ def test_a_cached_best_without_a_known_weight_update_is_swept_again(scenario):
     best = sw.tuned_thresholds(scenario, GRID)
     assert best["weight_update"] in sw.WEIGHT_UPDATES
     assert json.loads(path.read_text())["best"] == best
+
+
+@pytest.mark.parametrize("grid", [sw.QUICK_GRID, sw.FULL_GRID], ids=["quick", "full"])
+def test_both_grids_hold_both_of_vllm_routers_documented_defaults(grid):
+    """Its CLI's 0.3 / 64 / 1.5 and its docs' 0.5 / 32 / 1.1 (they disagree): the sweep starts where a
+    user of either would."""
+    for default in sw.DOCUMENTED_DEFAULTS:
+        assert all(value in grid[knob] for knob, value in default.items()), default

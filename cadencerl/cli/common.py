@@ -1,6 +1,7 @@
 """What every command shares: the one-line error (exit code 2), scenario loading, progress bars, JSON output.
 
-The command modules (`sim.py`, `engine.py`) import from here; `main.py` assembles them into the app.
+The command modules (`sim.py`, `engine.py`, `pool.py`, `ray_pool.py`, `router.py`) import from here; `main.py`
+assembles them into the app.
 """
 
 from __future__ import annotations
@@ -159,7 +160,8 @@ def build_scenario(name: Optional[str], config: Optional[Path], overrides: dict)
 def scenario_from_options(options: object) -> Scenario:
     """`build_scenario` from a benchmark script's parsed options (`scenario`, `config` and the
     overrides `compare` takes), so each script builds the scenario `compare` would."""
-    overrides = {k: getattr(options, k, None) for k in ("trajectories", "batch_size", "eta", "trainer_cluster")}
+    overrides = {k: getattr(options, k, None) for k in ("seed", "trajectories", "batch_size", "eta", "delta",
+                                                        "trainer_cluster")}
     config = getattr(options, "config", None)
     return build_scenario(getattr(options, "scenario", None), Path(config) if config else None, overrides)
 

@@ -181,7 +181,8 @@ def _check_run_input(scenario: str | None, config: Path | None, policy: str, wor
 def run(scenario: str | None = ScenarioOpt, config: Path | None = ConfigOpt,
         policy: str = typer.Option("cadence", "--policy", "-p", help=POLICY_HELP),
         workers: str | None = WorkersOpt,
-        labels: str | None = typer.Option(None, "--labels", help="catalog accelerator per URL (default cpu-tiny)",
+        labels: str | None = typer.Option(None, "--labels", help="catalog accelerator per URL (default: the scenario's "
+                                          "pool when it has one worker per URL, else cpu-tiny)",
                                           callback=given("labels", "give a catalog accelerator per URL, "
                                                                    "comma-separated, not an empty string")),
         local: int | None = typer.Option(None, "--local", help="start N local servers for this run"),

@@ -1,7 +1,7 @@
 """CPU affinity for local vLLM servers started by the CLI.
 
-It belongs next to `engine/local_pool.py` (which starts the servers); it lives here for now because
-the CLI is its only caller and engine/ is reorganised separately.
+`engine/local_pool.py` starts the servers on the cores it is given; which cores those are is the
+command's choice (the CLI's `pool up` and `run --local` are the only callers), so it lives here.
 """
 
 from __future__ import annotations

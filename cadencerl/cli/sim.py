@@ -185,7 +185,7 @@ def scenarios() -> None:
     print_tables([scenarios_table()], False)
 
 
-def report(out: Optional[Path] = typer.Option(None, "--out", "-o", help="directory for report.md, figures/, results.json"),
+def report(out: Optional[Path] = typer.Option(None, "--out", "-o", help="directory for report.md, figures/, results.json (required)"),
            quick: bool = typer.Option(False, "--quick", help="16 iterations of batch 512 per run, fewer sweep points, ablation on one pool"),
            trajectories: Optional[int] = typer.Option(None, min=16, help="trajectories per run, at least 16 (batch = a sixteenth, rounded down); overrides --quick's size"),
            seed: Optional[int] = typer.Option(None, min=0, help="workload seed for every run (default: the scenarios' own, 0)"),

@@ -50,7 +50,6 @@ class Trainer:
     completed_count: int = 0
     staleness: Counter = field(default_factory=Counter)
     publish_times: list[float] = field(default_factory=list)
-    batch_tokens: list[int] = field(default_factory=list)
     batch_classes: list[Counter] = field(default_factory=list)   # workload classes of each batch
     mix: MixRule | None = None        # None: batches form in completion order
     ready_since: float | None = None  # the next batch could have formed by count since then
@@ -173,7 +172,6 @@ class Trainer:
             self.credits.consumed(traj.tag)
             tokens += traj.tokens
         self.consumed += len(batch)
-        self.batch_tokens.append(tokens)
         self.batch_classes.append(Counter(t.workload_class for t in batch))
         self.batches.append(TrainingBatch(k, tuple(t.id for t in batch), substituted))
         self.busy_until = now + self.train_time_s + self.train_time_per_token_s * tokens

@@ -167,7 +167,9 @@ class WeightPusher:
 
 
 def pause_summary(pushes: list[WeightPush]) -> dict:
-    """The pause per update of a run, for its figures."""
+    """The pause per update of a run, and the `reload_weights` call inside it, for its figures."""
     pauses = sorted(1000 * p.pause_s for p in pushes)
+    reloads = [1000 * p.reload_s for p in pushes]
     return {"pushes": len(pauses), "pause_median_ms": float(np.median(pauses)) if pauses else 0.0,
-            "pause_max_ms": pauses[-1] if pauses else 0.0}
+            "pause_max_ms": pauses[-1] if pauses else 0.0,
+            "reload_median_ms": float(np.median(reloads)) if reloads else 0.0}

@@ -197,9 +197,9 @@ LINKS: dict[str, Link] = {
 
 # Late-bound KV preparation (CadenceRL section 4.4): departed KV is staged on relay nodes of the source's
 # cluster and fetched with fan-in from all of them. Each relay has one NIC of the intra-cluster link.
+# Source: est.: the paper varies the relay count (Fig. 18: tails shrink as relays are added, with diminishing
+# returns) and its digest gives no default; 4 per cluster assumed.
 KV_RELAYS_PER_CLUSTER = 4
-KV_RELAYS_SOURCE = ("est.: the paper varies the relay count (Fig. 18: tails shrink as relays are added, with "
-                    "diminishing returns) and its digest gives no default; 4 per cluster assumed")
 # Training runs on H800 (CadenceRL setup, 2nd-hand): the trainer sits in the H800 cluster when the pool
 # has one, else in a cluster of its own reached over the cross-cluster link.
 TRAINER_ACCELERATOR = "H800"

@@ -71,7 +71,8 @@ Where the paper is silent (each a named option in `PolicySpec`):
   changes, 1.003x -> 1.068x). Steady 16a16b8h (batch 4,096, seeds 0-2): 34,685 -> 35,512 tok/s, P95
   513 -> 490 s on average; the home rule still counts every shed (counted only while pacing there
   too: seed 2 lost 2.8% of its throughput).
-* `drain_needs_fresh_ahead` and `drain_whole_source` add the gates an earlier version had.
+* `drain_needs_fresh_ahead` (on by default) and `drain_whole_source` (off: the earlier whole-source
+  gate) add gates beyond the paper's "pending set is empty".
 """
 
 from __future__ import annotations

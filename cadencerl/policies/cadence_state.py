@@ -2,7 +2,7 @@
 (where each prompt's samples went is `policies.base.PromptHomes`, which the baselines' group
 affinity keeps too).
 
-Both cost O(workers) or O(1) per decision, never a scan of every resident; with the room index
+It costs O(1) per worker asked about, never a scan of every resident; with the room index
 (cadence_rooms.py), a decision costs O(workers) plus a few microseconds per action it takes
 (benchmarks/decision_latency.py measures it at 64 workers x 256 residents).
 """

@@ -38,12 +38,11 @@ def _common_setup(ctx: Report) -> str:
             if ctx.settings.quick and not ctx.settings.sized else
             f"sized (`--trajectories {w.trajectories}`): smaller runs than the full report's; quote the full "
             "report's numbers" if ctx.settings.sized else "full")
-    sweep_note = "."
     return "\n".join([
         "## Setup common to every experiment\n",
         f"- Mode: {mode}. Every run: {w.trajectories} trajectories, trainer batch {t.batch_size} "
         f"({w.trajectories // t.batch_size} iterations), train time {t.train_time_s:g} s per iteration, seed {s.seed} "
-        f"(the same seed gives the same workload under every policy){sweep_note}",
+        f"(the same seed gives the same workload under every policy).",
         f"- Workload: groups of {w.group_size} samples per prompt; prompt log-normal median {w.prompt.median:g}, "
         f"sigma {w.prompt.sigma:g}, cap {w.prompt.cap}; response log-normal median {w.response.median:g}, sigma "
         f"{w.response.sigma:g}, cap {w.response.cap} tokens; prompt difficulty sigma {w.prompt_difficulty_sigma:g}; "

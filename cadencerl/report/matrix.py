@@ -73,15 +73,6 @@ class Settings:
                          *([f"--trajectories {self.trajectories}"] if self.sized else []),
                          *([f"--seed {self.seed}"] if self.seed is not None else [])])
 
-    # the sweeps run at the size of every other run (kept as fields for the sections that ask)
-    @property
-    def sweep_trajectories(self) -> int | None:
-        return self.trajectories
-
-    @property
-    def sweep_batch_size(self) -> int | None:
-        return self.batch_size
-
 
 def make_settings(quick: bool = False, trajectories: int | None = None, seed: int | None = None) -> Settings:
     """Full: 16 x 4096 trajectories per run. --quick: 16 x 512, three sweep points, ablation on one pool.
@@ -97,9 +88,8 @@ def make_settings(quick: bool = False, trajectories: int | None = None, seed: in
     return Settings(quick=quick, seed=seed, **sized, **sweeps, **pools)
 
 
-def _scaled(s: Scenario, settings: Settings, sweep: bool = False) -> Scenario:
-    trajectories = settings.sweep_trajectories if sweep else settings.trajectories
-    batch = settings.sweep_batch_size if sweep else settings.batch_size
+def _scaled(s: Scenario, settings: Settings) -> Scenario:
+    trajectories, batch = settings.trajectories, settings.batch_size
     changes: dict = {}
     if trajectories is not None:
         changes["workload"] = {"trajectories": trajectories}
@@ -120,7 +110,7 @@ def homogeneous_scenario(model: str, tp: int, settings: Settings) -> Scenario:
     return _scaled(base, settings)
 
 
-def pool_scenario(name: str, settings: Settings, sweep: bool = False) -> Scenario:
+def pool_scenario(name: str, settings: Settings) -> Scenario:
     """A built-in pool, or one of EXTRA_POOLS built from the same workload as DETAIL_POOL."""
     if name in EXTRA_POOLS:
         groups = [dict(_GROUPS[g], devices=n) for g, n in EXTRA_POOLS[name]]
@@ -129,14 +119,14 @@ def pool_scenario(name: str, settings: Settings, sweep: bool = False) -> Scenari
             name=name, pool=groups, description=f"{text}, Qwen3-8B; the built-in pools' workload and knobs.")
     else:
         base = builtin_scenario(name)
-    return _scaled(base, settings, sweep)
+    return _scaled(base, settings)
 
 
 def planned_runs(settings: Settings) -> list[tuple[Scenario, str]]:
     """Every (scenario, policy) run of the matrix, for the progress bar (the two traced runs come on top)."""
     runs = [(homogeneous_scenario(m, tp, settings), p) for m, tp in HOMOGENEOUS_MODELS for p in HOMOGENEOUS_POLICIES]
     runs += [(pool_scenario(n, settings), p) for n in (*HETEROGENEOUS_POOLS, *EXTRA_POOLS) for p in HETEROGENEOUS_POLICIES]
-    detail = pool_scenario(DETAIL_POOL, settings, sweep=True)
+    detail = pool_scenario(DETAIL_POOL, settings)
     runs += [(detail.with_overrides(policy={"eta": e}), "cadence") for e in settings.etas]
     runs += [(detail.with_overrides(policy={"delta": d}), "cadence") for d in settings.deltas]
     for name in settings.ablation_pools:

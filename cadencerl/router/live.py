@@ -111,7 +111,7 @@ class LiveState:
         traj.pin = None
         session.parked_at = now
         self.parked[traj.id] = session
-        self._bound_parked(now)
+        self._bound_parked()
 
     def finished(self, session: Session, generated: int, now: float) -> None:
         """The session's last reply is complete."""
@@ -272,7 +272,7 @@ class LiveState:
         if session.key is not None and self.by_key.get(session.key) is session:
             del self.by_key[session.key]
 
-    def _bound_parked(self, now: float) -> None:
+    def _bound_parked(self) -> None:
         while len(self.parked) > self.max_sessions:
             self.end_parked(next(iter(self.parked.values())))
 

@@ -4,7 +4,7 @@ A router places every request (a new session's first turn, or a continuation) on
 arrives and never moves it afterwards; the engine queues what it cannot run yet. Load is the
 router's own in-flight count per worker: it sees no KV or token figures.
 
-* `round-robin`, `least-loaded` (fewest in flight), `consistent-hash` (on the request's affinity
+* `round-robin`, `least-loaded-router` (fewest in flight; `least-loaded` is the controller policy), `consistent-hash` (on the request's affinity
   key, with virtual nodes), `sticky-least-loaded` (first turn least-loaded, then back to the same worker);
 * `cache-aware` (vLLM Router / SGLang router): if the pool is imbalanced, least-loaded; else the
   worker holding the longest prefix of the request when the match rate clears `cache_threshold`,

@@ -34,7 +34,6 @@ class KvMoves:
     staged: dict[int, tuple[int, float]] = field(default_factory=dict)   # traj -> (source worker, staged at)
     snapshots: dict[int, tuple[int, float]] = field(default_factory=dict)  # traj -> (source worker, on host at)
     fallbacks: int = 0
-    transfer_s: float = 0.0
 
     def depart(self, traj: int, worker: int, tokens: int, now: float) -> None:
         """Late-bound preparation starts as the trajectory departs: a host snapshot, then the relays.
@@ -65,9 +64,7 @@ class KvMoves:
         if transfer_finish(start, nbytes, *legs) - now > reprefill:
             self.fallbacks += 1
             return None
-        delay = transfer(start, nbytes, *legs) - now
-        self.transfer_s += delay
-        return delay
+        return transfer(start, nbytes, *legs) - now
 
     def _relays(self, cluster: str) -> list[LinkQueue]:
         return [self.links.get(f"relay:{cluster}:{i}", LINKS["intra-cluster"], report=f"intra-cluster:{cluster}")

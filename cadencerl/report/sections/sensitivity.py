@@ -19,14 +19,8 @@ def _sweep_rows(ctx: Report, s: Scenario, knob: str, values) -> tuple[list, list
 
 def sensitivity(ctx: Report) -> str:
     """Section 6: eta sweep (throughput and P95) and delta sweep (P95) for CadenceRL on DETAIL_POOL."""
-    s = pool_scenario(DETAIL_POOL, ctx.settings, sweep=True)
+    s = pool_scenario(DETAIL_POOL, ctx.settings)
     etas, deltas = list(ctx.settings.etas), list(ctx.settings.deltas)
-    main = pool_scenario(DETAIL_POOL, ctx.settings)
-    size_note = "" if main == s else (
-        f" The sweeps run at {s.workload.trajectories} trajectories (batch {s.trainer.batch_size}), not the "
-        f"{main.workload.trajectories} of the other sections: with only {main.workload.trajectories // main.trainer.batch_size} "
-        "iterations every eta >= 1 would admit the whole workload at once, so the eta = 1 / delta = 1024 point here "
-        "differs from section 2's CadenceRL run.")
     eta_rows, eta_runs = _sweep_rows(ctx, s, "eta", etas)
     delta_rows, delta_runs = _sweep_rows(ctx, s, "delta", deltas)
     eta_path, eta_rel = ctx.figure("eta_sweep")
@@ -63,7 +57,7 @@ def sensitivity(ctx: Report) -> str:
         "Paper (section 6.3): raising eta from 1 to 3 improves throughput, further increases reduce it, and latency "
         "rises monotonically with eta; raising delta from 512 to 4096 tokens (on Qwen3-14B) leaves throughput stable "
         f"but substantially raises P95. Here both sweeps run CadenceRL on {DETAIL_POOL} (Qwen3-8B), one knob at a "
-        f"time, the other at its default.{size_note}\n",
+        "time, the other at its default.\n",
         ctx.setup_line(s, eta="swept", delta=s.policy.delta), "",
         "### eta\n", md_table(["eta", *headers[1:]], eta_rows), "",
         f"Measured: {_peak('eta', etas, [r['throughput_tok_s'] for r in eta_runs])}; P95 "
