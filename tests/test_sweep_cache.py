@@ -162,3 +162,14 @@ def test_both_grids_hold_both_of_vllm_routers_documented_defaults(grid):
     user of either would."""
     for default in sw.DOCUMENTED_DEFAULTS:
         assert all(value in grid[knob] for knob, value in default.items()), default
+
+
+def test_the_first_documented_default_is_what_the_router_runs_untuned():
+    """vLLM Router's CLI defaults are what `cache-aware` (simulated) and `cadencerl router` run untuned."""
+    from cadencerl.router.settings import RouterSettings
+    from cadencerl.routing.routers import CacheAware
+
+    cli_default = sw.DOCUMENTED_DEFAULTS[0]
+    simulated = CacheAware()
+    assert {k: getattr(simulated, k) for k in cli_default} == cli_default
+    assert {k: RouterSettings.model_fields[k].default for k in cli_default} == cli_default

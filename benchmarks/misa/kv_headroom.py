@@ -140,6 +140,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     where.add_argument("-c", "--config")
     p.add_argument("--kv-scale", type=float, required=True, help="KV capacity multiplier for the ceiling (> 1)")
     p.add_argument("--trajectories", type=int)
+    p.add_argument("--seed", type=int, help="workload seed (default: the scenario's)")
     p.add_argument("--batch-size", type=int)
     p.add_argument("--eta", type=int)
     p.add_argument("--trainer-cluster")

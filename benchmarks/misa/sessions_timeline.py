@@ -37,7 +37,7 @@ from rich.table import Table  # noqa: E402
 
 from cadencerl.cli.common import scenario_from_options as scenario_of  # noqa: E402
 from cadencerl.config import ConfigError  # noqa: E402
-from cadencerl.report.plots import POLICY_COLORS  # noqa: E402
+from cadencerl.report.plots import policy_color  # noqa: E402
 from cadencerl.runs.registry import make_policy  # noqa: E402
 from cadencerl.runs.simulate import simulate  # noqa: E402
 
@@ -101,8 +101,8 @@ def plot(runs: list[dict], title: str, out: Path) -> None:
     labels = ("admitted sessions\nper worker", "requests at the engine\nper worker (running + queued)",
               "engine queue\nper worker", "engine KV use\n(fraction of capacity)")
     for ax, key, label in zip(axes, SERIES, labels):
-        for r in runs:
-            ax.plot(r["t"], r[key], label=r["policy"], linewidth=1, color=POLICY_COLORS.get(r["policy"]))
+        for i, r in enumerate(runs):
+            ax.plot(r["t"], r[key], label=r["policy"], linewidth=1, color=policy_color(r["policy"], i))
         ax.set_ylabel(label)
         ax.grid(alpha=0.3)
         for i, window in enumerate(dict.fromkeys(tuple(r["window"]) for r in runs if r["window"])):
@@ -112,7 +112,8 @@ def plot(runs: list[dict], title: str, out: Path) -> None:
         if seqs <= 2 * max(max(r[key], default=0) for r in runs):
             ax.axhline(seqs, color="grey", linestyle="--", linewidth=1, label="engine max_num_seqs")
     axes[-1].set_ylim(0, 1.05)
-    axes[0].legend(fontsize=8, loc="lower left", bbox_to_anchor=(0, 1.02), ncol=4)
+    handles = {h.get_label(): h for ax in axes for h in ax.get_legend_handles_labels()[0]}   # every panel's, once
+    axes[0].legend(handles.values(), handles.keys(), fontsize=8, loc="lower left", bbox_to_anchor=(0, 1.02), ncol=4)
     axes[-1].set_xlabel("simulated time (s)")
     fig.suptitle(title)
     fig.tight_layout()
@@ -127,6 +128,7 @@ def main() -> None:
     src.add_argument("-s", "--scenario")
     src.add_argument("-c", "--config")
     ap.add_argument("--trajectories", type=int)
+    ap.add_argument("--seed", type=int, help="workload seed (default: the scenario's)")
     ap.add_argument("--batch-size", type=int)
     ap.add_argument("--eta", type=int)
     ap.add_argument("--trainer-cluster")

@@ -81,6 +81,7 @@ def main() -> None:
     source.add_argument("-c", "--config", help="a scenario file")
     source.add_argument("-s", "--scenario", help="a built-in scenario")
     parser.add_argument("--trajectories", type=int, help="sessions per run")
+    parser.add_argument("--seed", type=int, help="workload seed (default: the scenario's)")
     parser.add_argument("--batch-size", type=int, help="trainer batch (with --trajectories)")
     parser.add_argument("--trainer-cluster", help="put the trainer in this cluster of the pool")
     parser.add_argument("--jobs", type=int, default=2)

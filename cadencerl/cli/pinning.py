@@ -1,7 +1,8 @@
 """CPU affinity for local vLLM servers started by the CLI.
 
 `engine/local_pool.py` starts the servers on the cores it is given; which cores those are is the
-command's choice (the CLI's `pool up` and `run --local` are the only callers), so it lives here.
+command's choice (the CLI's `pool up`, `run --local` and `calibrate --local` are the only callers), so
+it lives here.
 """
 
 from __future__ import annotations

@@ -28,7 +28,8 @@ def pool_up(workers: int | None = typer.Option(None, "--workers", help="servers 
                                                     "once [default: 32]"),
             max_model_len: int | None = typer.Option(None, "--max-model-len", help="longest request a server "
                                                      "takes (default: 4096, or its KV tokens less one block; "
-                                                     "with --ray 2048; with -s/-c the scenario sizes it)"),
+                                                     "--ray: 2048 unless given; local with -s/-c: set by the "
+                                                     "scenario, the flag refused)"),
             dtype: str | None = typer.Option(None, "--dtype", help="bfloat16 or float32 [default: bfloat16]"),
             state_dir: Path = StateDirOpt,
             ray: str | None = typer.Option(None, "--ray", help="Ray cluster address ('auto': the running one): "

@@ -26,8 +26,16 @@ ACCEL_COLORS = {"H800": "#1b9e77", "A910X": "#d95f02", "BI-V150": "#7570b3"}    
 EXTENSION_STYLES = {"high-bandwidth": ("black", "-"), "cost-efficient": ("#666666", "--")}
 
 
+OTHER_COLORS = ("#393b79", "#637939", "#8c6d31", "#843c39", "#7b4173", "#3182bd")    # none of the above
+
+
+def policy_color(policy: str, i: int = 0) -> str:
+    """A policy's colour; one not in the table takes the i-th of colours no known policy has."""
+    return POLICY_COLORS.get(policy) or OTHER_COLORS[i % len(OTHER_COLORS)]
+
+
 def _color(policy: str) -> str:
-    return POLICY_COLORS.get(policy, "#17becf")
+    return policy_color(policy)
 
 
 def _save(fig, path: Path, title: str) -> Path:
@@ -50,7 +58,7 @@ def _bars(ax, groups: list[str], policies: list[str], values: dict[tuple[str, st
         present = [p for p in policies if (group, p) in values]
         for i, p in enumerate(present):
             xs[p].append(g + width * (i - (len(present) - 1) / 2))
-    for p in policies:
+    for p in (p for p in policies if xs[p]):        # one that ran nowhere gets no legend entry either
         ys = [values[(group, p)] for group in groups if (group, p) in values]
         bars = ax.bar(xs[p], ys, width, label=p, color=_color(p),
                       edgecolor="black" if p == "cadence" else "none", linewidth=0.8)
@@ -117,6 +125,7 @@ def composability(path: Path, points: dict[str, tuple[float, float]],
         ax.plot([], [], color=color, ls=style, label=f"adds {kind} devices")
     ax.set_xlabel("CadenceRL decode throughput (k tokens/s)")
     ax.set_ylabel("CadenceRL P95 trajectory latency (s)")
+    ax.margins(x=0.08, y=0.1)       # the labels, set below and right of their points, stay inside the frame
     ax.grid(alpha=0.3)
     ax.legend(loc="lower left", bbox_to_anchor=(0, 1.02), ncol=2, fontsize=8)
     return _save(fig, path, title)

@@ -135,6 +135,6 @@ def _policy_bars(path, groups: list[str], policies: list[str], ran: dict[tuple[s
                  title: str) -> None:
     """Figures 1 and 2 from the runs, keyed (group, policy)."""
     def metric(key: str) -> dict:
-        return {k: r.get(key, 0.0) for k, r in ran.items()}
+        return {k: r[key] for k, r in ran.items() if key in r}
     plots.policy_bars(path, groups, policies, metric("throughput_tok_s"), metric("latency_p95_s"),
                       metric("latency_from_submit_p95_s"), group_label, title)

@@ -44,12 +44,6 @@ def sensitivity(ctx: Report) -> str:
                               f"raise P95 ({change(dp95[-1], dp95[0])} from admission, "
                               f"{change(dsub[-1], dsub[0])} from submission"
                               f"{'; no trajectory was evicted at any delta' if not any(devict) else ''}).")
-    iterations = s.workload.trajectories // s.trainer.batch_size
-    saturated = [e for e in etas if e + 1 >= iterations]
-    saturation_note = "" if len(saturated) < 2 else (
-        f" With {iterations} iterations, eta >= {saturated[0]} already lets the whole workload be in flight "
-        "(the credit model bounds it to about (eta + 1) batches), so the points for eta = "
-        f"{', '.join(map(str, saturated))} can only coincide.")
     headers = ["value", "throughput tok/s", "P95 s (from admission)", "P95 s (from submission)", "P99 s",
                "non-resident P95", "evictions (whole run)", "reproduce"]
     return "\n".join([
@@ -62,7 +56,7 @@ def sensitivity(ctx: Report) -> str:
         "### eta\n", md_table(["eta", *headers[1:]], eta_rows), "",
         f"Measured: {_peak('eta', etas, [r['throughput_tok_s'] for r in eta_runs])}; P95 "
         f"{'rises monotonically' if monotone else 'does not rise monotonically'} "
-        f"with eta ({', '.join(sec(v) for v in p95s)} s).{saturation_note}\n",
+        f"with eta ({', '.join(sec(v) for v in p95s)} s).\n",
         f"![eta sweep]({eta_rel})\n",
         f"*Figure 6a. CadenceRL on {DETAIL_POOL}: aggregate decode throughput (left, thousands of tokens/s) and P95 "
         "trajectory latency (right, seconds) against the admission budget eta (delta = "
@@ -70,35 +64,53 @@ def sensitivity(ctx: Report) -> str:
         "### delta\n", ctx.setup_line(s, delta="swept"), "", md_table(["delta", *headers[1:]], delta_rows), "",
         f"Measured: from delta = {deltas[0]} to {deltas[-1]} throughput changes {change(dtp[-1], dtp[0])} and P95 "
         f"changes {change(dp95[-1], dp95[0])} from admission, {change(dsub[-1], dsub[0])} from submission; "
-        f"{_delta_reading(devict, delta_runs)}\n",
+        f"{_delta_reading(deltas, delta_runs)}\n",
         f"![delta sweep]({delta_rel})\n",
         f"*Figure 6b. CadenceRL on {DETAIL_POOL}: aggregate decode throughput (left, thousands of tokens/s) and P95 "
         f"trajectory latency (right, seconds) against the decode reserve delta in tokens (eta = {s.policy.eta}).*\n"])
 
 
 def _peak(knob: str, values: list, throughput: list[float]) -> str:
-    """Where throughput is highest over a sweep, said as the points show it: a peak only when it has a
-    point on each side."""
-    best = max(range(len(values)), key=lambda i: throughput[i])
-    rising = all(b > a for a, b in zip(throughput, throughput[1:]))
-    if best == len(values) - 1 and len(values) > 1:
+    """Where throughput is highest over a sweep, said as the points show it: a peak only where one
+    interior point is above both of its neighbours."""
+    if len(values) < 2:
+        return f"one point only ({knob} = {values[0]})" if values else "no point"
+    top = max(throughput)
+    best = [i for i, v in enumerate(throughput) if v == top]
+    if len(best) > 1:
+        return f"throughput is highest, and level, at {knob} = {', '.join(str(values[i]) for i in best)}"
+    b = best[0]
+    if b == len(values) - 1:
+        rising = all(y > x for x, y in zip(throughput, throughput[1:]))
         shape = "rises over the whole range" if rising else "is highest at the largest value tried"
-        return f"throughput {shape} ({knob} = {values[best]}; no peak at {knob} <= {values[best]})"
-    if best == 0 and len(values) > 1:
+        return f"throughput {shape} ({knob} = {values[b]}; no peak at {knob} <= {values[b]})"
+    if b == 0:
         return f"throughput is highest at the smallest value tried ({knob} = {values[0]})"
-    return f"throughput peaks at {knob} = {values[best]}"
+    return f"throughput peaks at {knob} = {values[b]}"
 
 
-def _delta_reading(evictions: list[int], runs: list[dict]) -> str:
-    """What the evictions say about the reserve, which acts through placement (a worker takes a trajectory
-    only while its headroom clears floor + delta) and sheds (evictions)."""
+# what a run's record says it did; two runs equal on all of them did the same work at the same pace
+_SAME_RUN = ("throughput_tok_s", "tokens_generated", "sim_time_s", "latency_p50_s", "latency_p95_s",
+             "evictions", "migrations")
+
+
+def _delta_reading(deltas: list[int], runs: list[dict]) -> str:
+    """What the runs say about the reserve, which acts through placement (a worker takes a trajectory only
+    while its headroom clears floor + delta) and sheds (evictions)."""
+    evictions = [r["evictions"] for r in runs]
     if not any(evictions):
-        same = len({(r["throughput_tok_s"], r["latency_p95_s"]) for r in runs}) == 1
+        same = len({tuple(r.get(k) for k in _SAME_RUN) for r in runs}) == 1
         return ("no trajectory was evicted at any delta" + (
-            " and every run is the same to the token: the reserve never came into play on this pool." if same else
+            " and every run's figures are identical (tokens, time, latency, migrations): the reserve never came "
+            "into play on this pool." if same else
             ": what differs comes from placement alone (a worker takes a trajectory only while its headroom clears "
             "the floor plus delta)."))
-    return (f"evictions go from {evictions[0]:,} to {evictions[-1]:,}. By design a larger reserve widens the band "
-            "between the fill (floor + delta) and the shed line (the floor): fewer sheds, and each evicted trajectory "
-            "waits longer for room for its context + delta; why the two offset: README, 'The decode reserve delta' "
-            "(`benchmarks/delta_trace.py`).")
+    counts = ", ".join(f"{e:,} at {d}" for d, e in zip(deltas, evictions))
+    if evictions[-1] < evictions[0]:
+        why = (" As designed, a larger reserve widens the band between the fill (floor + delta) and the shed line "
+               "(the floor): fewer sheds, and each evicted trajectory waits longer for room for its context + delta; "
+               "why the two offset: README, 'The decode reserve delta' (`benchmarks/delta_trace.py`).")
+    else:
+        why = (" Not the fewer sheds a wider band between the fill (floor + delta) and the shed line (the floor) "
+               "should give.")
+    return f"evictions (whole run): {counts}.{why}"

@@ -8,11 +8,12 @@ from cadencerl.report.markdown import md_table, tok
 from cadencerl.report.matrix import DETAIL_POOL, HETEROGENEOUS_POLICIES, pool_scenario
 
 
-def _window_context(result: dict, accels: list[str]) -> tuple[dict[str, float], float]:
-    """Mean context per type over the samples where every type has residents, and the end of that window (s)."""
+def _window_context(result: dict, accels: list[str]) -> tuple[dict[str, float], float | None]:
+    """Mean context per type over the samples where every type has residents, and the end of that window (s);
+    None when no sample has every type busy."""
     both = [p for p in result["context_timeline"] if all(a in p for a in accels)]
     means = {a: sum(p[a] for p in both) / len(both) if both else 0.0 for a in accels}
-    return means, (both[-1]["t"] if both else 0.0)
+    return means, (both[-1]["t"] if both else None)
 
 
 def specialization(ctx: Report) -> str:
@@ -33,11 +34,15 @@ def specialization(ctx: Report) -> str:
     rows = [[acc] + [f"{tok(results[p]['per_accelerator'][acc]['mean_context'])} / {tok(window[p][0][acc])}"
                      for p in HETEROGENEOUS_POLICIES] for acc in accels]
     top_run = {p: max(accels, key=lambda a: r["per_accelerator"][a]["mean_context"]) for p, r in results.items()}
-    top_win = {p: max(accels, key=lambda a: window[p][0][a]) for p in results}
-    verdict = (f"while every type holds work (up to t = {window['cadence'][1]:.0f} s) the longest mean context under "
+    top_win = {p: max(accels, key=lambda a: window[p][0][a]) if window[p][1] is not None else "- (never all busy)"
+               for p in results}
+    end = window["cadence"][1]
+    verdict = (f"while every type holds work (up to t = {end:.0f} s) the longest mean context under "
                f"CadenceRL is on {top_win['cadence']}; averaged over the whole run (the tail included, when only "
-               f"some types still hold work) it is on {top_run['cadence']}.")
-    if top_win["cadence"] != "H800":
+               f"some types still hold work) it is on {top_run['cadence']}." if end is not None else
+               "no sample has every type holding work under CadenceRL, so the types cannot be compared over one "
+               f"period; averaged over the whole run the longest mean context is on {top_run['cadence']}.")
+    if end is not None and top_win["cadence"] != "H800":
         ctx.mismatches.append(f"specialization on {DETAIL_POOL}: H800 does not carry the longest mean context under "
                               f"CadenceRL while all types are busy ({top_win['cadence']} does).")
     return "\n".join([
@@ -56,6 +61,6 @@ def specialization(ctx: Report) -> str:
         f"![context timeline]({rel})\n",
         f"*Figure 4. CadenceRL on {DETAIL_POOL}: mean context (tokens) of the trajectories resident on each "
         "accelerator type, sampled over simulated time (seconds). Dotted vertical lines mark when the trainer "
-        "published a new policy version; where the next batch was already complete when a training step ended, the "
-        "next iteration lasts only that step, so those lines come in pairs. The shaded tail is after the last time "
+        "published a new policy version (an iteration whose batch was already complete when the training step before "
+        "it ended lasts only its own step, so its line sits close to the one before). Shaded: after the last time "
         "every type held work.*\n"])
