@@ -43,9 +43,10 @@ def every_scenario(policy: str) -> None:
         s = builtin_scenario(name)
         if name != "cpu-pair":
             n = 48 if name.startswith("mixed") else 96
-            s = s.with_overrides(workload={"trajectories": n, "group_size": 4,
-                                           "response": {"median": 768, "sigma": 1.0, "cap": 1024 if n == 48 else 2048}},
-                                 trainer={"batch_size": n // 3, "train_time_s": 5.0})
+            workload: dict = {"trajectories": n}
+            if s.workload.classes is None:      # a mixed workload's classes keep their own shapes
+                workload.update(group_size=4, response={"median": 768, "sigma": 1.0, "cap": 2048})
+            s = s.with_overrides(workload=workload, trainer={"batch_size": n // 3, "train_time_s": 5.0})
         t0 = time.perf_counter()
         closed = simulate(s, make_policy(policy, s))
         t1 = time.perf_counter()

@@ -42,6 +42,9 @@ Seconds = Annotated[float, Field(ge=0, le=MAX_SECONDS)]
 Sigma = Annotated[float, Field(ge=0, le=MAX_SIGMA)]
 
 
+MAX_WORKERS = 4096     # a pool's workers in all; past it a simulated run takes minutes per hundred trajectories
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
 
@@ -133,7 +136,12 @@ class WorkloadSpec(_Shape):
         if self.classes is not None and not self.classes:
             raise ValueError("classes: give at least one class")
         if self.trace is not None:
+            _unused_shape(self, "", "workload.trace gives the lengths")
+            for name, cls in (self.classes or {}).items():
+                _unused_shape(cls, f"classes.{name}.", "workload.trace gives the lengths")
             return self
+        if self.classes is not None:
+            _unused_shape(self, "", "each of workload.classes has its own; set it there")
         if self.classes is None and self.response is None:
             raise ValueError("response: required unless classes or a trace are given")
         for name, cls in (self.classes or {}).items():
@@ -154,6 +162,15 @@ class WorkloadSpec(_Shape):
             return {"rlvr": 1.0}
         total = math.fsum(c.share for c in self.classes.values())
         return {name: c.share / total for name, c in self.classes.items()}
+
+
+def _unused_shape(spec: _Shape, where: str, why: str) -> None:
+    """A shape field given where nothing reads it is refused, not silently dropped (a value equal to
+    its default says nothing and passes)."""
+    for name in _Shape.model_fields:
+        default = type(spec).model_fields[name].default
+        if getattr(spec, name) != default:
+            raise ValueError(f"{where}{name}: not used here ({why})")
 
 
 class TrainerSpec(_Strict):
@@ -253,6 +270,9 @@ class Scenario(_Strict):
     @model_validator(mode="after")
     def _check_catalog(self) -> "Scenario":
         model = catalog.model(self.model)
+        if (workers := sum(g.workers for g in self.pool)) > MAX_WORKERS:
+            raise ValueError(f"pool: {workers:,} workers in all, more than {MAX_WORKERS:,} (every decision looks at "
+                             "every worker: a run's wall time grows with the pool); use a larger tp or fewer devices")
         for i, g in enumerate(self.pool):
             acc = catalog.accelerator(g.accelerator, f"pool.{i}.accelerator")
             try:
@@ -312,11 +332,27 @@ def _check_affinity(affinity: list[str], pool_types: set[str]) -> None:
 
 
 def format_validation_error(exc: ValidationError) -> str:
-    """The first error as `field.path: message`, one line."""
-    err = exc.errors()[0]
+    """One error as `field.path: message`, one line: a key the model does not know first (a misspelt
+    key is otherwise reported as the field it meant being missing), and the value that was refused."""
+    errors = exc.errors()
+    err = next((e for e in errors if e["type"] == "extra_forbidden"), errors[0])
     loc = ".".join(str(p) for p in err["loc"])
+    if err["type"] == "extra_forbidden":
+        return f"{loc}: unknown key (misspelt, or not a field here)"
     msg = " ".join(err["msg"].removeprefix("Value error, ").split())
+    if err["type"].endswith(("_type", "_parsing")) and isinstance(err.get("input"), (str, int, float, bool)):
+        msg += f", got {_shown(err['input'])}"
+    if loc and _FIELD_FIRST.match(msg):     # a model's own check names its field: `workload.classes: ...`
+        return f"{loc}.{msg}"
     return f"{loc}: {msg}" if loc else msg
+
+
+_FIELD_FIRST = re.compile(r"^[a-z_][a-z0-9_]*(\.[\w]+)*: ")
+
+
+def _shown(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
 def load_scenario_dict(data: dict) -> Scenario:

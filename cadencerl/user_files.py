@@ -8,6 +8,7 @@ re-exports it for everything above)."""
 
 from __future__ import annotations
 
+import re
 import tomllib
 from pathlib import Path
 
@@ -40,6 +41,12 @@ def _unique_mapping(loader: _UniqueKeyLoader, node: yaml.MappingNode, deep: bool
 
 
 _UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _unique_mapping)
+# YAML 1.2 floats that YAML 1.1 (PyYAML) reads as strings: an exponent without a dot or without a sign
+# (`1e-6`, `1e3`, `2.5e6`); only in this loader, after the standard resolvers (an int stays an int).
+_UniqueKeyLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9_]+)[eE][-+]?[0-9]+$"),
+    list("-+0123456789."))
 
 
 def parse_scenario_file(path: Path, text: str) -> object:

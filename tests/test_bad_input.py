@@ -25,7 +25,7 @@ WALL_BOUND_S = 30.0  # generous for a busy 2-core machine; a refusal itself take
 
 GOOD = CLI_GOOD + "policy:\n  tick_s: 0.5\n"
 
-MIXED = GOOD.replace("  response: {median: 200, sigma: 0.5, cap: 1000}\n", """\
+MIXED = GOOD.replace("  group_size: 4\n", "").replace("  response: {median: 200, sigma: 0.5, cap: 1000}\n", """\
   classes:
     a: {share: 1, response: {median: 200, cap: 1000}}
     b: {share: 2, response: {median: 100, cap: 1000}}
@@ -56,6 +56,18 @@ def sub(text: str, old: str, new: str) -> str:
 
 # (id, scenario text, the field the one line must name)
 YAML_CASES = [
+    ("shape-beside-classes", sub(MIXED, "  classes:\n", "  response: {median: 50, cap: 100}\n  classes:\n"),
+     "workload.response: not used here"),
+    ("group-beside-classes", sub(MIXED, "  classes:\n", "  group_size: 4\n  classes:\n"), "workload.group_size"),
+    ("shape-beside-trace", sub(GOOD, "  response: {median: 200, sigma: 0.5, cap: 1000}\n", "  trace: t.jsonl\n"),
+     "workload.group_size: not used here"),
+    ("class-shape-beside-trace", sub(sub(GOOD, "  group_size: 4\n", ""), "  response: {median: 200, sigma: 0.5, cap: 1000}\n",
+                                     "  trace: t.jsonl\n  classes: {a: {share: 1, turns: {turns_max: 3}}}\n"),
+     "workload.classes.a.turns: not used here"),
+    ("misspelt-key", sub(GOOD, "{accelerator: H800,", "{accelerater: H800,"), "pool.0.accelerater: unknown key"),
+    ("misspelt-count", sub(GOOD, "trajectories: 16", "trajectorys: 16"), "workload.trajectorys: unknown key"),
+    ("refused-value-shown", sub(GOOD, "train_time_s: 1", "train_time_s: one"), "got 'one'"),
+    ("too-many-workers", sub(GOOD, "devices: 2, tp: 1", "devices: 8192, tp: 1"), "pool: 8,192 workers"),
     ("train-time-inf", sub(GOOD, "train_time_s: 1", "train_time_s: .inf"), "trainer.train_time_s"),
     ("train-time-nan", sub(GOOD, "train_time_s: 1", "train_time_s: .nan"), "trainer.train_time_s"),
     ("train-time-absurd", sub(GOOD, "train_time_s: 1", "train_time_s: 1e12"), "trainer.train_time_s"),
@@ -220,7 +232,7 @@ TRACE_CASES = [
 
 def _trace_scenario(tmp_path: Path, lines: bytes, trajectories: int = 16) -> str:
     (tmp_path / "t.jsonl").write_bytes(lines)
-    text = sub(GOOD, "  response: {median: 200, sigma: 0.5, cap: 1000}\n", "  trace: t.jsonl\n")
+    text = sub(GOOD, "  group_size: 4\n  response: {median: 200, sigma: 0.5, cap: 1000}\n", "  trace: t.jsonl\n")
     return sub(text, "trajectories: 16", f"trajectories: {trajectories}")
 
 
@@ -513,7 +525,29 @@ def test_trace_without_response_runs_everywhere(tmp_path, monkeypatch):
 def test_trace_classes_inside_the_mix_run(tmp_path):
     lines = "\n".join(json.dumps({"prompt_len": 10, "response_len": 30, "class": "ab"[i % 2]}) for i in range(16))
     (tmp_path / "t.jsonl").write_text(lines)
-    text = sub(GOOD, "  response: {median: 200, sigma: 0.5, cap: 1000}\n",
+    text = sub(GOOD, "  group_size: 4\n  response: {median: 200, sigma: 0.5, cap: 1000}\n",
                "  trace: t.jsonl\n  classes: {a: {share: 1}, b: {share: 1}}\n")
     result, wall = _run_config(tmp_path, text, args=("--json", "-"))
     _runs(result, wall)
+
+
+def test_yaml_1_2_floats_are_numbers(tmp_path):
+    """`1e-6` and `2e0` are numbers in YAML 1.2 (PyYAML's YAML 1.1 read them as strings, then refused them)."""
+    path = tmp_path / "s.yaml"
+    path.write_text(sub(GOOD, "train_time_s: 1", "train_time_s: 2e0\n  train_time_per_token_s: 1e-6"))
+    s = load_scenario_file(path)
+    assert s.trainer.train_time_s == 2.0 and s.trainer.train_time_per_token_s == 1e-6
+    path.write_text(sub(GOOD, "train_time_s: 1", "train_time_s: '2e0'"))      # quoted: a string, refused
+    with pytest.raises(ConfigError, match="trainer.train_time_s: .*got '2e0'"):
+        load_scenario_file(path)
+
+
+def test_a_trajectory_too_long_for_the_smallest_worker_names_its_class_and_worker(tmp_path):
+    text = MIXED.replace("pool:\n  - {accelerator: H800, devices: 2, tp: 1}\n",
+                         "pool:\n  - {accelerator: H800, devices: 2, tp: 1}\n  - {accelerator: L40S, devices: 2, tp: 2}\n")
+    text = sub(text, "    b: {share: 2, response: {median: 100, cap: 1000}}",
+               "    b: {share: 2, response: {median: 100, cap: 1000},\n"
+               "        turns: {turns_min: 1, turns_max: 64, observation: {median: 100, cap: 20000}}}")
+    result, wall = _run_config(tmp_path, text)
+    assert_refused(result, wall, "workload.classes.b")
+    assert "H800 TP=1 worker (363,498 tokens)" in result.output and "turns_max" in result.output   # the smaller

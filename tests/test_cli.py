@@ -80,7 +80,8 @@ def test_model_that_does_not_fit_says_so(tmp_path):
 
 def test_malformed_trace_line_names_the_line(tmp_path):
     trace = write(tmp_path, '{"prompt_len": 5, "response_len": 9}\n{"prompt_len": 5}\n', "t.jsonl")
-    cfg = GOOD.replace("  response:", f"  trace: {trace}\n  response:")
+    cfg = GOOD.replace("  group_size: 4\n", "").replace("  response: {median: 200, sigma: 0.5, cap: 1000}\n",
+                                                         f"  trace: {trace}\n")
     r = run("sim", "--config", write(tmp_path, cfg), "-p", "least-loaded")
     assert r.exit_code == 2
     assert "line 2" in r.output and "response_len" in r.output

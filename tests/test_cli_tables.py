@@ -48,3 +48,13 @@ def test_a_lost_workers_reason_keeps_its_url():
     out = Console(width=400, record=True)
     out.print(engine_table(result))
     assert f"worker 1 lost: {why}" in " ".join(out.export_text().split())   # the caption wraps to the table
+
+
+def test_a_mixed_workload_shows_what_the_trainer_got_against_its_target():
+    """Prefix hits and the mix distance were only in --json: a batch with a class missing went unseen."""
+    mixed = runner.invoke(app, ["compare", "-s", "mixed-h200", "--trajectories", "128", "--policies",
+                                "misa+cache-aware,cache-aware"])
+    assert mixed.exit_code == 0, mixed.output
+    assert "prefix hits" in mixed.output and "mix D_TV pp (steady)" in mixed.output
+    plain = compare_output(None)
+    assert "mix D_TV" not in plain           # one class: nothing to compare against

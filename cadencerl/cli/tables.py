@@ -41,6 +41,10 @@ def run_table(results: list[dict], title: str) -> Table:
                 "steady P95 s", "steady P95 from submit s", "preempt", "evict", "migr", "non-res P95", "sim s",
                 "wall s"):
         table.add_column(col, justify="right")
+    mixed = any(len(r.get("per_class", {})) > 1 for r in results)
+    if mixed:       # a mixed workload: what the trainer got against its target, and the prefix cache
+        for col in ("prefix hits", "mix D_TV pp (steady)"):
+            table.add_column(col, justify="right")
     for r in results:
         table.add_row(r["policy"], f"{r['throughput_tok_s']:,.0f}", _share(r, "throughput_fraction_of_bound"),
                       _share(r, "throughput_fraction_of_reference"), f"{r['latency_p50_s']:.1f}",
@@ -48,8 +52,15 @@ def run_table(results: list[dict], title: str) -> Table:
                       _steady(r, "latency_p95_s"), _steady(r, "latency_from_submit_p95_s"), str(r["preemptions"]),
                       str(r.get("evictions", 0)), str(r.get("migrations", 0)),
                       f"{100 * r.get('non_resident_p95', 0):.0f}%", f"{r['sim_time_s']:.0f}",
-                      f"{r['wall_time_s']:.2f}")
+                      f"{r['wall_time_s']:.2f}", *(_mix_cells(r) if mixed else ()))
     return table
+
+
+def _mix_cells(r: dict) -> tuple[str, str]:
+    """Prefix hit rate, and the consumed batches' distance from the target mix (whole run, steady window)."""
+    whole, steady = r.get("mixture_dtv_pp"), r.get("mixture_dtv_steady_pp")
+    dtv = "-" if whole is None else f"{whole:.1f}" + ("" if steady is None else f" ({steady:.1f})")
+    return _share(r, "prefix_hit_rate"), dtv
 
 
 def distance_note(results: list[dict], reference: dict | None) -> str:

@@ -41,18 +41,28 @@ def build_pool(scenario: Scenario) -> tuple[list[Worker], list[WorkerPerf]]:
             workers.append(Worker(len(workers), g.accelerator, g.cluster_name, g.tp, cap,
                                   g.max_num_seqs, rank[g.accelerator]))
             perfs.append(perf)
-    longest = 0
     if scenario.workload.trace is None:
-        for cls in scenario.workload.class_specs().values():
-            n = cls.prompt.cap + cls.response.cap
-            if cls.turns is not None:
-                n += (cls.turns.turns_max - 1) * (cls.turns.observation.cap + cls.response.cap)
-            longest = max(longest, n)
-    smallest = min(w.kv_capacity for w in workers)
-    if longest > smallest and scenario.workload.trace is None:
-        raise ConfigError(f"workload: the longest possible trajectory ({longest} tokens) exceeds the smallest "
-                          f"worker's KV capacity ({smallest} tokens)")
+        _check_longest_fits_every_worker(scenario, workers)
     return workers, perfs
+
+
+def _check_longest_fits_every_worker(scenario: Scenario, workers: list[Worker]) -> None:
+    """The longest trajectory the caps allow fits on every worker: a policy may place a trajectory on any
+    worker and keep it there (the routers never move one), so the smallest worker bounds it."""
+    small = min(workers, key=lambda w: w.kv_capacity)
+    plain = scenario.workload.classes is None
+    for name, cls in scenario.workload.class_specs().items():
+        n = cls.prompt.cap + cls.response.cap
+        if cls.turns is not None:
+            n += (cls.turns.turns_max - 1) * (cls.turns.observation.cap + cls.response.cap)
+        if n > small.kv_capacity:
+            where = "workload" if plain else f"workload.classes.{name}"
+            how = ("prompt.cap + response.cap" if cls.turns is None else
+                   "prompt.cap + turns_max x response.cap + (turns_max - 1) x observation.cap")
+            raise ConfigError(f"{where}: its longest possible trajectory ({how} = {n:,} tokens) does not fit the "
+                              f"KV of a {small.accelerator} TP={small.tp} worker ({small.kv_capacity:,} tokens), and "
+                              "a policy may place it on any worker; lower those caps or give that pool group a "
+                              "larger tp")
 
 
 def check_fits_somewhere(specs: list[TrajectorySpec], workers: list[Worker], key: object,
