@@ -551,3 +551,4 @@ def test_a_trajectory_too_long_for_the_smallest_worker_names_its_class_and_worke
     result, wall = _run_config(tmp_path, text)
     assert_refused(result, wall, "workload.classes.b")
     assert "H800 TP=1 worker (363,498 tokens)" in result.output and "turns_max" in result.output   # the smaller
+    assert not result.output.endswith("\n\n")      # no blank line after it (a progress bar closing off a terminal)

@@ -21,7 +21,6 @@ from typing import Optional
 import typer
 from rich.console import Console
 from rich.text import Text
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from cadencerl.config import ConfigError, Scenario, builtin_scenario, load_scenario_file
 from cadencerl.runs.outputs import write_atomic
@@ -164,12 +163,6 @@ def scenario_from_options(options: object) -> Scenario:
                                                         "trainer_cluster")}
     config = getattr(options, "config", None)
     return build_scenario(getattr(options, "scenario", None), Path(config) if config else None, overrides)
-
-
-def progress_bar(enabled: bool) -> Progress:
-    """A transient bar on stderr, so stdout stays clean for `--json -`."""
-    return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                    console=Console(stderr=True), transient=True, disable=not enabled)
 
 
 def check_json_target(target: Optional[str], config: Optional[Path] = None, trace: Optional[Path] = None) -> None:

@@ -12,7 +12,7 @@ import typer
 
 from cadencerl.cli.common import ADMISSION_FORMS, POLICY_HELP, BatchOpt, ConfigOpt, DeltaOpt, EtaOpt, JsonOpt
 from cadencerl.cli.common import ScenarioOpt, SeedOpt, TrainerClusterOpt
-from cadencerl.cli.common import TrajectoriesOpt, bug, distinct, fail, int_list, load_scenario, progress_bar
+from cadencerl.cli.common import TrajectoriesOpt, bug, distinct, fail, int_list, load_scenario
 from cadencerl.cli.common import write_json
 from cadencerl.cli.tables import (
     comparison_table,
@@ -27,6 +27,7 @@ from cadencerl.cli.tables import (
     weight_update_table,
 )
 from cadencerl.config import ConfigError, Scenario
+from cadencerl.report.runner import progress_bar
 
 REFERENCE_HELP = ("also simulate the clairvoyant reference (an oracle that sees every length) and show each run's "
                   "throughput as a % of it")

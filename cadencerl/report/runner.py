@@ -112,5 +112,8 @@ class Runner:
 
 
 def progress_bar(enabled: bool) -> Progress:
+    """A transient bar on stderr, so stdout stays clean for `--json -`; off where stderr is not a terminal
+    (a log file or a pipe would get no bar, only the blank line rich writes as it closes one)."""
+    console = Console(stderr=True)
     return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                    console=Console(stderr=True), transient=True, disable=not enabled)
+                    console=console, transient=True, disable=not (enabled and console.is_terminal))
