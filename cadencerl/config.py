@@ -311,9 +311,9 @@ class Scenario(_Strict):
     def resized(self, trajectories: int, batch_size: int | None = None) -> "Scenario":
         """A copy with `trajectories`; the trainer batch scales with it (the run keeps the scenario's
         number of batches, so the same regime) unless `batch_size` is given."""
-        if batch_size is None:
-            scaled = self.trainer.batch_size * trajectories / self.workload.trajectories
-            batch_size = max(1, min(trajectories, round(scaled)))
+        if batch_size is None:      # the scenario's number of batches, the last no larger than the others
+            batches = -(-self.workload.trajectories // self.trainer.batch_size)
+            batch_size = max(1, min(trajectories, -(-trajectories // batches)))
         return self.with_overrides(workload={"trajectories": trajectories}, trainer={"batch_size": batch_size})
 
 

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from cadencerl.config import builtin_scenario
 from cadencerl.runs.steady import steady_view, steady_window, submitted_at, tokens_between
+from tests.conftest import sim
 
 
 def test_the_window_leaves_out_the_first_and_the_last_iteration():
@@ -38,3 +40,24 @@ def test_the_steady_view_swaps_in_the_window_and_keeps_the_run():
     assert view["throughput_fraction_of_bound"] == 0.5 and view["p95_multiple_of_bound"] == pytest.approx(102 / 5)
     assert steady_view({"steady_window_s": None, "throughput_tok_s": 1.0}) == {"steady_window_s": None,
                                                                               "throughput_tok_s": 1.0}
+
+
+@pytest.mark.parametrize("name, trajectories", [("16a16b8h", 509), ("16a16b8h", 777), ("mixed-16a8h", 512),
+                                                ("mixed-h200", 301)])
+def test_a_resized_run_keeps_the_scenarios_number_of_batches(name, trajectories):
+    """`--trajectories N` scaled the batch by rounding: 509 on 16a16b8h gave batches of 127 and a fifth
+    batch of 1, whose iteration then sat in the steady window."""
+    s = builtin_scenario(name)
+    batches = -(-s.workload.trajectories // s.trainer.batch_size)
+    r = s.resized(trajectories)
+    assert -(-trajectories // r.trainer.batch_size) == batches
+    assert trajectories - (batches - 1) * r.trainer.batch_size <= r.trainer.batch_size
+
+
+def test_the_window_ends_with_the_pools_work_where_the_trainer_is_slower():
+    """On a small mixed run the trainer publishes version n-1 after the last completion: the window
+    ended there, taking in the trainer's time with an idle pool (steady 20% under the whole run)."""
+    s = builtin_scenario("mixed-16a8h").resized(256)
+    r = sim(s, "misa+cadence")
+    start, end = r["steady_window_s"]
+    assert start < end <= r["sim_time_s"]

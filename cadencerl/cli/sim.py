@@ -48,13 +48,17 @@ def run_policies(scenario: Scenario, names: list[str], exact: bool, show_progres
     from cadencerl.runs.registry import make_policy
     from cadencerl.runs.simulate import simulate
 
-    for n in names:
-        try:
-            make_policy(n, scenario)
-        except ConfigError as exc:
-            fail(str(exc))
     results = []
     with progress_bar(show_progress) as progress:
+        for n in names:     # every name checked before any run; a tuned router tunes here (its sweep is cached)
+            tuning = progress.add_task(f"{scenario.name} / {n}: tuning the router (a sweep, cached for later runs)",
+                                       total=None) if n.endswith("cache-aware-tuned") else None
+            try:
+                make_policy(n, scenario)
+            except ConfigError as exc:
+                fail(str(exc))
+            if tuning is not None:
+                progress.remove_task(tuning)
         for n in names:
             task = progress.add_task(f"{scenario.name} / {n}", total=scenario.workload.trajectories)
             try:
@@ -92,7 +96,7 @@ def sim(scenario: Optional[str] = ScenarioOpt, config: Optional[Path] = ConfigOp
         policy: str = PolicyOpt,
         admission: Optional[str] = AdmissionOpt,
         json_out: Optional[str] = JsonOpt,
-        exact: bool = typer.Option(False, "--exact", help="step every decode iteration (reference mode)"),
+        exact: bool = typer.Option(False, "--exact", help="step every decode iteration instead of the closed form (to check it; not --reference)"),
         reference: bool = typer.Option(REFERENCE_BY_DEFAULT, "--reference/--no-reference", help=REFERENCE_HELP),
         seed: Optional[int] = SeedOpt, trajectories: Optional[int] = TrajectoriesOpt,
         batch_size: Optional[int] = BatchOpt, eta: Optional[int] = EtaOpt, delta: Optional[int] = DeltaOpt,
@@ -160,7 +164,8 @@ def sensitivity(scenario: Optional[str] = ScenarioOpt, config: Optional[Path] = 
 def sweep(scenario: Optional[str] = ScenarioOpt, config: Optional[Path] = ConfigOpt,
           grid: str = typer.Option("quick", "--grid", help="quick (16 points) or full (75 points)"),
           json_out: Optional[str] = JsonOpt) -> None:
-    """Tune the cache-aware router's thresholds and weight update on a scenario; the best becomes `cache-aware-tuned`."""
+    """Tune the cache-aware router's thresholds and weight update on a scenario; the quick grid's best is what
+    `cache-aware-tuned` runs on it (a full grid's is shown and saved apart)."""
     from cadencerl.runs import sweep as sw
 
     if grid not in ("quick", "full"):
@@ -169,7 +174,8 @@ def sweep(scenario: Optional[str] = ScenarioOpt, config: Optional[Path] = Config
     points = sw.QUICK_GRID if grid == "quick" else sw.FULL_GRID
     with progress_bar(True) as progress:
         grid_task = progress.add_task(f"{s.name} / cache-aware sweep", total=None)
-        update_task = progress.add_task(f"{s.name} / weight update, {sw.UPDATE_TUNE_BATCHES} batches", total=None)
+        batches = min(sw.UPDATE_TUNE_BATCHES, -(-s.workload.trajectories // s.trainer.batch_size))
+        update_task = progress.add_task(f"{s.name} / weight update, {batches} batches", total=None)
         results, updates = sw.tune(
             s, points, lambda done, total: progress.update(grid_task, completed=done, total=total),
             lambda done, total: progress.update(update_task, completed=done, total=total))

@@ -4,6 +4,8 @@ The steady window is from the end of the first training iteration to the start o
 (the publish of version 1 .. the publish of version n-1, n batches in all), so the first iteration
 (the pool filling from empty) and the last (the pool draining with no fresh work) are left out; it
 needs at least three. (A run ends when its last batch is consumed, before version n is published.)
+Where the trainer is the slower side, the pool can finish its last trajectory before version n-1 is
+published: the window then ends at that completion, not in the trainer's time after it.
 
 Latency is reported from admission (what the pool did with a trajectory) and from submission (when
 the trajectory became available to the controller: the eta budget let it start), since holding
@@ -69,6 +71,11 @@ def steady_figures(trajs: Sequence[Trajectory], order: dict[int, int], batch_siz
     if window is None:
         return out
     start, end = window
+    end = min(end, max((t.completed_at for t in trajs), default=end))    # the pool's work ends there
+    if end <= start:
+        out["steady_window_s"] = None
+        return out
+    out["steady_window_s"] = [start, end]
     inside = [t for t in trajs if start <= t.completed_at <= end]
     lat = np.array([t.completed_at - t.admitted_at for t in inside])
     sub = np.array([t.completed_at - submit[t.id] for t in inside])
