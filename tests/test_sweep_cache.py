@@ -173,3 +173,18 @@ def test_the_first_documented_default_is_what_the_router_runs_untuned():
     simulated = CacheAware()
     assert {k: getattr(simulated, k) for k in cli_default} == cli_default
     assert {k: RouterSettings.model_fields[k].default for k in cli_default} == cli_default
+
+
+def test_sweep_takes_compares_sizing_so_a_resized_comparison_finds_its_tuning():
+    """`compare -s X --trajectories N --policies cache-aware-tuned` tunes on the resized scenario: a
+    `sweep` without the same options could not make that tuning ahead of it."""
+    from typer.testing import CliRunner
+
+    from cadencerl.cli.main import app
+    from cadencerl.config import builtin_scenario
+
+    resized = builtin_scenario("h800-16").resized(64)
+    assert not sw.cache_path(resized, sw.QUICK_GRID).exists()
+    result = CliRunner().invoke(app, ["sweep", "-s", "h800-16", "--trajectories", "64"])
+    assert result.exit_code == 0, result.output
+    assert sw.cache_path(resized, sw.QUICK_GRID).exists()

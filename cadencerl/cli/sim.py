@@ -163,14 +163,19 @@ def sensitivity(scenario: Optional[str] = ScenarioOpt, config: Optional[Path] = 
 
 def sweep(scenario: Optional[str] = ScenarioOpt, config: Optional[Path] = ConfigOpt,
           grid: str = typer.Option("quick", "--grid", help="quick (16 points) or full (75 points)"),
-          json_out: Optional[str] = JsonOpt) -> None:
+          json_out: Optional[str] = JsonOpt, seed: Optional[int] = SeedOpt,
+          trajectories: Optional[int] = TrajectoriesOpt, batch_size: Optional[int] = BatchOpt,
+          eta: Optional[int] = EtaOpt, delta: Optional[int] = DeltaOpt,
+          trainer_cluster: Optional[str] = TrainerClusterOpt) -> None:
     """Tune the cache-aware router's thresholds and weight update on a scenario; the quick grid's best is what
-    `cache-aware-tuned` runs on it (a full grid's is shown and saved apart)."""
+    `cache-aware-tuned` runs on it (a full grid's is shown and saved apart). The sizing options are
+    `compare`'s, so a resized comparison can be swept ahead of it."""
     from cadencerl.runs import sweep as sw
 
     if grid not in ("quick", "full"):
         fail(f"grid: expected quick or full, got {grid!r}")
-    s = load_scenario(scenario, config, {}, json_out)
+    s = load_scenario(scenario, config, dict(seed=seed, trajectories=trajectories, batch_size=batch_size, eta=eta,
+                                             delta=delta, trainer_cluster=trainer_cluster), json_out)   # as compare
     points = sw.QUICK_GRID if grid == "quick" else sw.FULL_GRID
     with progress_bar(True) as progress:
         grid_task = progress.add_task(f"{s.name} / cache-aware sweep", total=None)
