@@ -384,8 +384,17 @@ def builtin_names() -> list[str]:
 
 
 def builtin_scenario(name: str) -> Scenario:
+    with resources.as_file(resources.files("cadencerl") / "scenarios" / f"{_builtin(name)}.yaml") as path:
+        return load_scenario_file(path)
+
+
+def builtin_text(name: str) -> str:
+    """A built-in scenario's file as written (its comments too): the start of a user's own."""
+    return (resources.files("cadencerl") / "scenarios" / f"{_builtin(name)}.yaml").read_text(encoding="utf-8")
+
+
+def _builtin(name: str) -> str:
     names = builtin_names()
     if name not in names:
         raise ConfigError(f"scenario: unknown scenario {name!r} (built-in: {', '.join(names)})")
-    with resources.as_file(resources.files("cadencerl") / "scenarios" / f"{name}.yaml") as path:
-        return load_scenario_file(path)
+    return name

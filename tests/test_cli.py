@@ -173,3 +173,14 @@ def test_ctrl_c_says_interrupted_and_exits_130(monkeypatch, tmp_path):
     monkeypatch.setattr(local_pool, "down", interrupted)
     result = CliRunner().invoke(app, ["pool", "down", "--state-dir", str(tmp_path)])
     assert result.exit_code == 130 and result.output.strip() == "interrupted", result.output
+
+
+def test_a_built_in_scenarios_file_is_printed_to_start_ones_own(tmp_path):
+    """`scenarios NAME` prints the file as written; saved, it is the same scenario."""
+    r = run("scenarios", "mixed-h200")
+    assert r.exit_code == 0, r.output
+    path = write(tmp_path, r.output, "mine.yaml")
+    from cadencerl.config import builtin_scenario, load_scenario_file
+    assert load_scenario_file(path) == builtin_scenario("mixed-h200")
+    bad = run("scenarios", "nope")
+    assert bad.exit_code == 2 and "unknown scenario 'nope'" in bad.output

@@ -192,9 +192,16 @@ def sweep(scenario: Optional[str] = ScenarioOpt, config: Optional[Path] = Config
     write_json(json_out, {"best": best, "results": results, "weight_update_results": updates})
 
 
-def scenarios() -> None:
-    """List the built-in scenarios."""
-    print_tables([scenarios_table()], False)
+def scenarios(name: Optional[str] = typer.Argument(None, help="print this one's file (YAML), to start your own from")) -> None:
+    """List the built-in scenarios, or print one's file."""
+    if name is None:
+        print_tables([scenarios_table()], False)
+        return
+    from cadencerl.config import builtin_text
+    try:
+        typer.echo(builtin_text(name), nl=False)
+    except ConfigError as exc:
+        fail(str(exc))
 
 
 def report(out: Optional[Path] = typer.Option(None, "--out", "-o", help="directory for report.md, figures/, results.json (required)"),
