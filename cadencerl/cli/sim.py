@@ -179,8 +179,7 @@ def sweep(scenario: Optional[str] = ScenarioOpt, config: Optional[Path] = Config
     points = sw.QUICK_GRID if grid == "quick" else sw.FULL_GRID
     with progress_bar(True) as progress:
         grid_task = progress.add_task(f"{s.name} / cache-aware sweep", total=None)
-        batches = min(sw.UPDATE_TUNE_BATCHES, -(-s.workload.trajectories // s.trainer.batch_size))
-        update_task = progress.add_task(f"{s.name} / weight update, {batches} batches", total=None)
+        update_task = progress.add_task(f"{s.name} / weight update, {sw.update_tune_batches(s)} batches", total=None)
         results, updates = sw.tune(
             s, points, lambda done, total: progress.update(grid_task, completed=done, total=total),
             lambda done, total: progress.update(update_task, completed=done, total=total))

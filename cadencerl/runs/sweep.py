@@ -101,14 +101,18 @@ def sweep(scenario: Scenario, grid: dict | None = None,
     return sorted(results, key=lambda r: -r["throughput_tok_s"])
 
 
+def update_tune_batches(scenario: Scenario) -> int:
+    """Trainer batches the weight-update stage runs: `UPDATE_TUNE_BATCHES`, or the scenario's if fewer."""
+    return min(UPDATE_TUNE_BATCHES, -(-scenario.workload.trajectories // scenario.trainer.batch_size))
+
+
 def sweep_weight_update(scenario: Scenario, build: Callable[[str], Policy],
                         progress: Callable[[int, int], None] | None = None) -> list[dict]:
     """`build(weight_update)` under each weight update, over `UPDATE_TUNE_BATCHES` batches; best
     steady throughput first (the whole run's where the run is too short for a steady window)."""
-    batch = scenario.trainer.batch_size
     tune = scenario
-    if scenario.workload.trajectories > UPDATE_TUNE_BATCHES * batch:
-        tune = scenario.with_overrides(workload={"trajectories": UPDATE_TUNE_BATCHES * batch})
+    if update_tune_batches(scenario) < -(-scenario.workload.trajectories // scenario.trainer.batch_size):
+        tune = scenario.with_overrides(workload={"trajectories": UPDATE_TUNE_BATCHES * scenario.trainer.batch_size})
     results = []
     for i, update in enumerate(WEIGHT_UPDATES):
         r = simulate(tune, build(update))
