@@ -48,7 +48,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from router_overhead import cadencerl_router, free_port, vllm_router, vllm_router_binary  # noqa: E402
 
-from cadencerl.engine.local_pool import LocalPool, PoolConfig  # noqa: E402
+from cadencerl.devpool.local_pool import LocalPool, PoolConfig  # noqa: E402
 from cadencerl.runs.summary import mixture_dtv_pp  # noqa: E402
 
 MIX = {"agent": 0.486, "rlvr": 0.331, "rlhf": 0.182}

@@ -62,7 +62,7 @@ def between(old: str, new: str) -> dict:
     """What else changed from `old` to `new`: commits, merges, the simulator's commits, and the policy
     and routing files that changed (a policy's move is not the simulator's alone if its code changed)."""
     lines = lambda *a: [x for x in git("log", "--format=%h %s", *a).splitlines() if x]  # noqa: E731
-    files = git("diff", "--name-only", old, new, "--", "cadencerl/policies", "cadencerl/routing").splitlines()
+    files = git("diff", "--name-only", old, new, "--", "cadencerl/policies", "cadencerl/admission").splitlines()
     return {"commits": len(lines(f"{old}..{new}")), "merges": lines("--merges", f"{old}..{new}"),
             "simulator_commits": lines("--no-merges", f"{old}..{new}", "--", "cadencerl/sim", "cadencerl/hardware"),
             "policy_files": [f for f in files if f]}

@@ -77,7 +77,7 @@ class RolloutPool:
     pass `scenario=` for other ones, `batch_size=`/`eta=` to override just those. `metrics_port`
     (off by default; 0 picks a free port) serves the controller's state for Prometheus at
     `metrics_url` while the run goes on; `weight_update=WeightPusher(...)` pushes each version's
-    weights into the servers (`cadencerl.engine.weights`).
+    weights into the servers (`cadencerl.devpool.weights`).
     """
 
     def __init__(self, urls: Sequence[str], *, policy: str = "cadence", scenario: Scenario | None = None,

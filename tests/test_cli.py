@@ -165,7 +165,7 @@ def test_sensitivity_cells_show_p95_from_admission_and_from_submission():
 def test_ctrl_c_says_interrupted_and_exits_130(monkeypatch, tmp_path):
     """Ctrl-C in a command (here `pool down`) ends it with 'interrupted', not silently: typer turns
     KeyboardInterrupt into a bare exit 130, which left main()'s own message unreachable."""
-    from cadencerl.engine import local_pool
+    from cadencerl.devpool import local_pool
 
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt

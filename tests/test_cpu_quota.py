@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from cadencerl.engine.cpu_quota import CpuQuota, QuotaError
+from cadencerl.devpool.cpu_quota import CpuQuota, QuotaError
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -36,7 +36,7 @@ from cadencerl.core.controller import StallError
 from cadencerl.engine.backend import EngineBackend
 from cadencerl.engine.clock import EngineRunError
 from cadencerl.engine.streams import Streams
-from cadencerl.engine.weights import WeightPushError
+from cadencerl.devpool.weights import WeightPushError
 from cadencerl.engine import client as client_module
 from cadencerl.engine.client import VLLMClient
 from cadencerl.engine.errors import EngineError, EngineHTTPError

@@ -12,9 +12,9 @@ from cadencerl.config import builtin_scenario
 from cadencerl.core.actions import ActionError, Admit, Advance, Place
 from cadencerl.policies.cadence import Cadence
 from cadencerl.policies.least_loaded import LeastLoaded
-from cadencerl.routing.gated import PLACEMENT_TRAITS
-from cadencerl.routing.misa import Admitted, MisaT
-from cadencerl.routing.routers import LeastLoadedRouter
+from cadencerl.admission.gated import PLACEMENT_TRAITS
+from cadencerl.admission.misa import Admitted, MisaT
+from cadencerl.policies.routers import LeastLoadedRouter
 from cadencerl.runs.registry import make_policy
 from tests.pools import PARAMS, pool, traj, worker
 

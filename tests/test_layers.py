@@ -18,13 +18,13 @@ ROOT = Path(__file__).resolve().parents[1] / "cadencerl"
 LAYER = {
     "hardware": 0, "config": 0, "user_files": 0,
     "core": 1,
-    "workload": 2, "policies": 2, "routing": 2, "sim": 2, "engine": 2,
+    "workload": 2, "policies": 2, "admission": 2, "sim": 2, "engine": 2, "devpool": 2,
     "runs": 3,
     "api": 4, "cli": 4, "report": 4, "router": 4,
 }
 # Within one layer, a unit may import another only along these (importer, imported) edges: a router
 # may use a policy helper, never the reverse; the backends never see each other.
-SIDEWAYS = {("config", "hardware"), ("config", "user_files"), ("routing", "policies"), ("cli", "api"), ("cli", "report"), ("cli", "router")}
+SIDEWAYS = {("config", "hardware"), ("config", "user_files"), ("admission", "policies"), ("devpool", "engine"), ("cli", "api"), ("cli", "report"), ("cli", "router")}
 MAX_MODULE_LINES = 400
 MAX_FUNCTION_LINES = 80
 

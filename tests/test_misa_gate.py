@@ -12,9 +12,9 @@ from cadencerl.core.actions import Admit, Place
 from cadencerl.core.trajectory import State
 from cadencerl.policies.least_loaded import LeastLoaded
 from cadencerl.policies.cadence import Cadence
-from cadencerl.routing.misa import DECREASE, HIGH, INITIAL_SCALE, MAX_CAP_FACTOR, SHARE_EWMA, Admitted, MisaT
-from cadencerl.routing.misa_learn import WARMUP, ClassStats, PRIOR_REPLY
-from cadencerl.routing.routers import LeastLoadedRouter
+from cadencerl.admission.misa import DECREASE, HIGH, INITIAL_SCALE, MAX_CAP_FACTOR, SHARE_EWMA, Admitted, MisaT
+from cadencerl.admission.misa_learn import WARMUP, ClassStats, PRIOR_REPLY
+from cadencerl.policies.routers import LeastLoadedRouter
 from tests.pools import PARAMS, pool, traj, worker
 
 MIX = {"agent": 0.5, "rlhf": 0.5}

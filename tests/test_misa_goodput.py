@@ -8,9 +8,9 @@ import pytest
 
 from cadencerl.core.trajectory import State
 from cadencerl.policies.least_loaded import LeastLoaded
-from cadencerl.routing.misa import DECREASE, HIGH, MisaT
-from cadencerl.routing.misa_goodput import DEADBAND, MAX_BOOST, STEP, GoodputClimb, next_direction
-from cadencerl.routing.misa_learn import WARMUP, ClassStats, Learner
+from cadencerl.admission.misa import DECREASE, HIGH, MisaT
+from cadencerl.admission.misa_goodput import DEADBAND, MAX_BOOST, STEP, GoodputClimb, next_direction
+from cadencerl.admission.misa_learn import WARMUP, ClassStats, Learner
 from tests.pools import pool, traj, worker
 
 
@@ -111,8 +111,8 @@ def test_misa_goodput_is_a_named_admission_layer():
 
 def test_in_front_of_a_policy_that_never_overcommits_the_climber_is_refused_by_name():
     from cadencerl.config import ConfigError, builtin_scenario
-    from cadencerl.routing.misa import Admitted
-    from cadencerl.routing.routers import CacheAware
+    from cadencerl.admission.misa import Admitted
+    from cadencerl.policies.routers import CacheAware
     from cadencerl.runs.registry import make_policy
 
     with pytest.raises(ConfigError, match="admission: misa-goodput .* least-loaded never over-commits"):

@@ -13,8 +13,8 @@ from hypothesis import strategies as st
 from cadencerl.core.credits import CreditModel
 from cadencerl.core.mix import MixRule, compose, target_counts
 from cadencerl.core.trainer import Trainer
-from cadencerl.routing.misa import MAX_AHEAD, MisaT
-from cadencerl.routing.misa_learn import WARMUP, ClassStats
+from cadencerl.admission.misa import MAX_AHEAD, MisaT
+from cadencerl.admission.misa_learn import WARMUP, ClassStats
 from cadencerl.runs.summary import mixture_dtv_pp
 from tests.pools import pool, traj, worker
 from cadencerl.policies.least_loaded import LeastLoaded

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from cadencerl.routing.prefix_tree import PrefixTree
+from cadencerl.policies.prefix_tree import PrefixTree
 from cadencerl.config import builtin_scenario
 from cadencerl.core.actions import Admit, Place
 from cadencerl.core.controller import StallError

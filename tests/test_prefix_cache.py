@@ -100,7 +100,7 @@ def test_an_update_in_place_freezes_the_engine_then_resumes_its_requests_on_thei
     from cadencerl.core.controller import Controller
     from cadencerl.core.spec import HiddenLength, TrajectorySpec
     from cadencerl.core.trajectory import Trajectory
-    from cadencerl.routing.routers import CacheAware
+    from cadencerl.policies.routers import CacheAware
 
     workers, perfs = build_pool(small())
     sim = SimBackend(perfs, KEY, exact=exact, weights=FixedPause(5.0))
@@ -154,7 +154,7 @@ def test_a_request_arriving_while_the_engine_is_frozen_starts_no_prefill_before_
     from cadencerl.core.controller import Controller
     from cadencerl.core.spec import HiddenLength, TrajectorySpec
     from cadencerl.core.trajectory import Trajectory
-    from cadencerl.routing.routers import CacheAware
+    from cadencerl.policies.routers import CacheAware
 
     workers, perfs = build_pool(small())
     sim = SimBackend(perfs, KEY, weights=FixedPause(5.0))

@@ -610,7 +610,7 @@ def test_a_client_that_leaves_while_sending_its_body_is_counted_not_logged_as_an
 
 
 def test_a_new_session_carries_its_request_s_max_tokens_to_admission() -> None:
-    """MISA-T bounds its first reply prior by it (routing/misa_learn.py)."""
+    """MISA-T bounds its first reply prior by it (admission/misa_learn.py)."""
     from cadencerl.router.requests import _route
 
     def routed(body: dict, field: str = "prompt"):

@@ -1,5 +1,5 @@
 """One recorded event sequence, fed to the simulator's controller and to the live router's adapter,
-gives the same decisions: the router runs routing/'s decision code, not a second implementation.
+gives the same decisions: the router runs admission/'s decision code, not a second implementation.
 
 The sequence is recorded once from a controller (sessions arrive, turns end, tools return, sessions
 finish, the engines report KV use, waiting and preemptions), then replayed on a fresh controller and

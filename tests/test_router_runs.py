@@ -7,7 +7,7 @@ import asyncio
 
 import pytest
 
-from cadencerl.router.runs import ready_runs
+from cadencerl.router.coalesce import ready_runs
 
 
 class Feed:

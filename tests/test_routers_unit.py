@@ -6,9 +6,9 @@ import pytest
 
 from cadencerl.config import ConfigError
 from cadencerl.core.actions import Admit, Advance, Interrupt, Place, UpdateInPlace
-from cadencerl.routing.gated import Gated
-from cadencerl.routing.misa import Admitted, MisaT
-from cadencerl.routing.routers import CacheAware, ConsistentHash, LeastLoadedRouter, RoundRobin, StickyLeastLoaded
+from cadencerl.admission.gated import Gated
+from cadencerl.admission.misa import Admitted, MisaT
+from cadencerl.policies.routers import CacheAware, ConsistentHash, LeastLoadedRouter, RoundRobin, StickyLeastLoaded
 from cadencerl.policies.least_loaded import LeastLoaded
 from tests.pools import pool, traj, worker
 

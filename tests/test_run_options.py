@@ -15,9 +15,9 @@ import pytest
 from typer.testing import CliRunner
 
 from cadencerl.cli.main import app
-from cadencerl.engine.local_pool import LocalPool, PoolConfig, PoolState, SpawnedServer
-from cadencerl.engine.processes import start_ticks
-from cadencerl.engine.server_env import new_rpc_dir, remove_rpc_dir, server_env
+from cadencerl.devpool.local_pool import LocalPool, PoolConfig, PoolState, SpawnedServer
+from cadencerl.devpool.processes import start_ticks
+from cadencerl.devpool.server_env import new_rpc_dir, remove_rpc_dir, server_env
 
 pytestmark = pytest.mark.timeout(60)
 NEEDS_RAY = pytest.mark.skipif(importlib.util.find_spec("ray") is None, reason="ray is not installed "
@@ -90,8 +90,8 @@ def test_a_state_file_that_is_not_a_pool_s_is_named_not_a_bug(tmp_path, text: st
 def test_a_ray_pool_error_is_said_once_under_ray(monkeypatch) -> None:
     """The pool's errors start with 'ray: ' already: the CLI printed 'ray: ray: Failed to look up ...'."""
     pytest.importorskip("ray")
-    from cadencerl.engine import ray_pool
-    from cadencerl.engine.local_pool import PoolError
+    from cadencerl.devpool import ray_pool
+    from cadencerl.devpool.local_pool import PoolError
 
     def attach(names, address=None):
         raise PoolError(f"ray: Failed to look up actor with name '{names[0]}'.")
@@ -107,7 +107,7 @@ def test_an_actor_that_is_not_there_is_named_under_ray_actors(monkeypatch) -> No
     pytest.importorskip("ray")
     import ray
 
-    from cadencerl.engine import ray_pool
+    from cadencerl.devpool import ray_pool
 
     def get_actor(name, namespace=None):
         raise ValueError(f"Failed to look up actor with name '{name}'. This could because 1. ...")
@@ -123,9 +123,9 @@ def test_a_second_ray_pool_up_leaves_the_running_pool_alone(monkeypatch, tmp_pat
     """It failed on the taken placement-group name, and its clean-up removed the running pool's
     servers too (every run on them lost its workers)."""
     pytest.importorskip("ray")
-    from cadencerl.engine import ray_pool
-    from cadencerl.engine.local_pool import PoolError
-    from cadencerl.engine.server_specs import ServerSpec
+    from cadencerl.devpool import ray_pool
+    from cadencerl.devpool.local_pool import PoolError
+    from cadencerl.devpool.server_specs import ServerSpec
 
     removed = []
     monkeypatch.setattr(ray_pool, "connect", lambda address, namespace=None: None)
@@ -189,7 +189,7 @@ def test_a_server_removes_its_socket_dir_as_it_exits_on_sigterm(tmp_path, monkey
     rpc_dir = new_rpc_dir()
     try:
         env = {**server_env(0, False, rpc_dir), "ARGV_FILE": str(tmp_path / "argv"), "LOADED": str(int(loaded))}
-        cmd = [sys.executable, "-m", "cadencerl.engine.vllm_server", "--model", "m", "--port", "1"]
+        cmd = [sys.executable, "-m", "cadencerl.devpool.vllm_server", "--model", "m", "--port", "1"]
         r = subprocess.run(cmd, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=30)
         if loaded:      # vLLM's shutdown, as a KeyboardInterrupt
             assert r.returncode != 0 and "KeyboardInterrupt" in r.stderr, r.stderr
@@ -231,7 +231,7 @@ def test_a_command_s_local_pool_is_stopped_and_its_folder_removed_when_the_comma
     import signal
 
     from cadencerl.cli import engine
-    from cadencerl.engine import local_pool as lp
+    from cadencerl.devpool import local_pool as lp
 
     events, folders = [], []
 

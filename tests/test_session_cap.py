@@ -1,4 +1,4 @@
-"""The rollout driver's fixed cap on sessions in flight (`cap<N>+<policy>`, routing/session_cap.py)."""
+"""The rollout driver's fixed cap on sessions in flight (`cap<N>+<policy>`, admission/session_cap.py)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 
 from cadencerl.config import ConfigError
 from cadencerl.core.actions import Admit
-from cadencerl.routing.session_cap import SessionCap
+from cadencerl.admission.session_cap import SessionCap
 from cadencerl.runs.registry import make_policy
 from cadencerl.runs.simulate import simulate
 from tests.test_misa_routers import mixed

@@ -192,7 +192,7 @@ def test_token_budgets_follow_vllm_defaults():
 
 def test_the_cpu_pair_chunks_prefill_like_its_real_servers():
     from cadencerl.config import builtin_scenario
-    from cadencerl.engine.local_pool import PoolConfig
+    from cadencerl.devpool.local_pool import PoolConfig
     from cadencerl.runs.assemble import build_pool
 
     workers, perfs = build_pool(builtin_scenario("cpu-pair"))

@@ -106,7 +106,7 @@ def test_the_fingerprint_follows_every_simulating_source(tmp_path):
 
 
 def test_the_weight_update_is_tuned_over_several_batches_for_each_system(monkeypatch):
-    from cadencerl.routing.routers import CacheAware
+    from cadencerl.policies.routers import CacheAware
     from cadencerl.runs import registry
 
     long = small("h800-16", trajectories=400, batch=16)
@@ -167,7 +167,7 @@ def test_both_grids_hold_both_of_vllm_routers_documented_defaults(grid):
 def test_the_first_documented_default_is_what_the_router_runs_untuned():
     """vLLM Router's CLI defaults are what `cache-aware` (simulated) and `cadencerl router` run untuned."""
     from cadencerl.router.settings import RouterSettings
-    from cadencerl.routing.routers import CacheAware
+    from cadencerl.policies.routers import CacheAware
 
     cli_default = sw.DOCUMENTED_DEFAULTS[0]
     simulated = CacheAware()

@@ -8,9 +8,9 @@ import pytest
 
 from cadencerl.config import ConfigError, builtin_scenario
 from cadencerl.engine.backend import EngineBackend, takes_keep_kv
-from cadencerl.engine.weights import WeightPusher, WeightVersions
-from cadencerl.routing.misa import Admitted, MisaT
-from cadencerl.routing.routers import CacheAware, updates_in_place
+from cadencerl.devpool.weights import WeightPusher, WeightVersions
+from cadencerl.admission.misa import Admitted, MisaT
+from cadencerl.policies.routers import CacheAware, updates_in_place
 from cadencerl.runs.real import assemble
 
 

@@ -3,7 +3,7 @@
 `cadencerl compare` gives each side the weight update its sweep's second stage picked from an
 8-batch tuning run (`runs/sweep.py`). Over 50 batches the order of the three can differ, so a
 ratio taken at the tuned picks may flatter either side. This runs both systems under each weight
-update (`when-idle`, `interrupt`, `in-place`; `routing/routers.py`) on the whole scenario, at the
+update (`when-idle`, `interrupt`, `in-place`; `policies/routers.py`) on the whole scenario, at the
 router's tuned thresholds, and prints each side's best and the ratio of the bests.
 
 Usage: python benchmarks/misa/weight_updates.py -c benchmarks/misa/mixed-h200-50.yaml [--jobs 2]
@@ -31,7 +31,7 @@ from rich.table import Table  # noqa: E402
 
 from cadencerl.cli.common import scenario_from_options as scenario_of  # noqa: E402
 from cadencerl.config import ConfigError  # noqa: E402
-from cadencerl.routing.routers import WEIGHT_UPDATES  # noqa: E402
+from cadencerl.policies.routers import WEIGHT_UPDATES  # noqa: E402
 from cadencerl.runs.registry import make_policy  # noqa: E402
 from cadencerl.runs.simulate import simulate  # noqa: E402
 from cadencerl.runs.sweep import tuned_thresholds  # noqa: E402

@@ -51,7 +51,7 @@ def positive(name: str, value: int | None) -> None:
 
 def pool_config(workers: int, kv_tokens: int, max_num_seqs: int, max_model_len: int | None, dtype: str):
     """A validated PoolConfig for local servers, or a one-line error (also when vllm is missing)."""
-    from cadencerl.engine.local_pool import PoolConfig, longest_model_len, vllm_available, vllm_python
+    from cadencerl.devpool.local_pool import PoolConfig, longest_model_len, vllm_available, vllm_python
 
     for name, value in (("workers", workers), ("kv_tokens", kv_tokens), ("max_num_seqs", max_num_seqs),
                         ("max_model_len", max_model_len)):
@@ -79,7 +79,7 @@ def pool_config(workers: int, kv_tokens: int, max_num_seqs: int, max_model_len: 
 def scenario_pool_config(scenario, local: int, kv_tokens: int | None):
     """Local servers as the scenario's pool describes them (KV per catalog type, CPU quota for the slow
     stand-ins) when `local` is its worker count; else `local` alike servers as before."""
-    from cadencerl.engine.server_specs import server_specs
+    from cadencerl.devpool.server_specs import server_specs
 
     specs = server_specs(scenario)
     seqs = min(max(sp.max_num_seqs for sp in specs), 256)
@@ -95,7 +95,7 @@ def local_pool(cfg) -> Iterator[list[str]]:
     """A pool for the length of one command, in a fresh state dir; always stopped, on SIGTERM too
     (`timeout`, `kill`, a job scheduler: it would leave the servers running, in a folder the user
     was never told of). The folder is kept, with the servers' logs, only when something failed."""
-    from cadencerl.engine.local_pool import LocalPool, PoolError
+    from cadencerl.devpool.local_pool import LocalPool, PoolError
 
     state = Path(tempfile.mkdtemp(prefix="cadencerl-pool-"))
     pool = LocalPool(state, cfg)
@@ -122,7 +122,7 @@ def local_pool(cfg) -> Iterator[list[str]]:
 @contextlib.contextmanager
 def weight_pusher(model_dir: Path | None):
     """A hook pushing version N of `model_dir`'s weights into each advancing server (None: no hook)."""
-    from cadencerl.engine.weights import WeightPusher, WeightVersions
+    from cadencerl.devpool.weights import WeightPusher, WeightVersions
 
     if model_dir is None:
         yield None
@@ -205,7 +205,7 @@ def run(scenario: str | None = ScenarioOpt, config: Path | None = ConfigOpt,
         json_out: str | None = JsonOpt) -> None:
     """Run a scenario's workload with one policy on real vLLM servers; same figures as `sim`."""
     from cadencerl.api import run_real
-    from cadencerl.engine.weights import pause_summary
+    from cadencerl.devpool.weights import pause_summary
     from cadencerl.runs.real import MAX_DEADLINE_S
 
     if not (math.isfinite(deadline) and 0 < deadline <= MAX_DEADLINE_S):
@@ -244,7 +244,7 @@ def _run_or_fail(start: Callable, status, policy: str, json_out: str | None) -> 
     from cadencerl.core.actions import ActionError
     from cadencerl.core.controller import StallError
     from cadencerl.engine.backend import EngineRunError
-    from cadencerl.engine.weights import WeightPushError
+    from cadencerl.devpool.weights import WeightPushError
 
     pools = []
 

@@ -1,6 +1,6 @@
 """CPU affinity for local vLLM servers started by the CLI.
 
-`engine/local_pool.py` starts the servers on the cores it is given; which cores those are is the
+`devpool/local_pool.py` starts the servers on the cores it is given; which cores those are is the
 command's choice (the CLI's `pool up`, `run --local` and `calibrate --local` are the only callers), so
 it lives here.
 """
@@ -20,7 +20,7 @@ def pin_servers(servers) -> None:
     the whole server on its core: 48 ms together vs 42-44 ms alone, so servers are independent as
     the simulator assumes, and the pair decodes ~1.6x faster. Children inherit the binding.
     """
-    from cadencerl.engine.local_pool import group_members
+    from cadencerl.devpool.local_pool import group_members
 
     for server in servers:
         for pid in group_members(server.pid):

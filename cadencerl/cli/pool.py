@@ -38,7 +38,7 @@ def pool_up(workers: int | None = typer.Option(None, "--workers", help="servers 
     """Build the tiny model and start vLLM CPU servers (local, or Ray actors); prints their URLs.
 
     With a scenario, one server per worker of its pool, sized (KV, CPU quota) per accelerator type."""
-    from cadencerl.engine.local_pool import LocalPool, PoolError
+    from cadencerl.devpool.local_pool import LocalPool, PoolError
 
     sizing = {"--workers": workers, "--kv-tokens": kv_tokens, "--max-num-seqs": max_num_seqs, "--dtype": dtype,
               **({} if ray is not None else {"--max-model-len": max_model_len})}
@@ -95,8 +95,8 @@ def make_state_dir(state_dir: Path) -> None:
 
 def running_servers(state_dir: Path) -> list[str]:
     """URLs of the servers an earlier `pool up` left running in `state_dir` (none after `pool down`)."""
-    from cadencerl.engine.local_pool import PoolState
-    from cadencerl.engine.processes import pid_alive, same_process
+    from cadencerl.devpool.local_pool import PoolState
+    from cadencerl.devpool.processes import pid_alive, same_process
 
     state = PoolState.read(state_dir)
     return [s.url for s in state.servers if pid_alive(s.pid) and same_process(s.pid, s.start_ticks)] if state else []
@@ -110,7 +110,7 @@ def server_count(n: int) -> str:
 def pool_down(state_dir: Path = StateDirOpt,
               ray: str | None = typer.Option(None, "--ray", help="Ray cluster address: remove its server actors")) -> None:
     """Stop exactly the servers `pool up` started in this state dir (or in that Ray cluster)."""
-    from cadencerl.engine.local_pool import PoolError, down
+    from cadencerl.devpool.local_pool import PoolError, down
 
     if ray is not None:
         console(True).print(f"removed {len(ray_down(ray))} Ray server actors")

@@ -1,4 +1,4 @@
-"""`pool up --ray`, `pool down --ray` and `run --ray`: vLLM servers as Ray actors (engine/ray_pool.py).
+"""`pool up --ray`, `pool down --ray` and `run --ray`: vLLM servers as Ray actors (devpool/ray_pool.py).
 
 Ray is an optional extra: without it these options fail with one line saying how to install it.
 """
@@ -27,9 +27,9 @@ def _fail(exc: BaseException) -> None:
 def ray_up(scenario: Scenario, address: str, model_dir: Path, max_model_len: int | None) -> list[str]:
     """One server per worker of the scenario's pool, placed by accelerator type; their URLs."""
     _require_ray()
-    from cadencerl.engine.local_pool import PoolError
-    from cadencerl.engine.ray_pool import RayPool
-    from cadencerl.engine.server_specs import server_specs
+    from cadencerl.devpool.local_pool import PoolError
+    from cadencerl.devpool.ray_pool import RayPool
+    from cadencerl.devpool.server_specs import server_specs
 
     try:
         pool = RayPool(server_specs(scenario), model_dir=model_dir, address=address or None,
@@ -42,7 +42,7 @@ def ray_up(scenario: Scenario, address: str, model_dir: Path, max_model_len: int
 def ray_down(address: str) -> list[str]:
     """Remove every server actor (and placement group) `ray_up` made in that cluster."""
     _require_ray()
-    from cadencerl.engine.ray_pool import down
+    from cadencerl.devpool.ray_pool import down
 
     try:
         return down(address or None)
@@ -53,8 +53,8 @@ def ray_down(address: str) -> list[str]:
 def ray_urls(address: str, actors: str | None) -> list[str]:
     """The URLs of the named actors' servers (comma-separated names), else of every pool actor."""
     _require_ray()
-    from cadencerl.engine.local_pool import PoolError
-    from cadencerl.engine.ray_pool import attach, discover
+    from cadencerl.devpool.local_pool import PoolError
+    from cadencerl.devpool.ray_pool import attach, discover
 
     try:
         names = [n.strip() for n in actors.split(",") if n.strip()] if actors else discover(address or None)

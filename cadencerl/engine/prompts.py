@@ -8,15 +8,16 @@ from __future__ import annotations
 
 import numpy as np
 
-from cadencerl.engine.tiny_model import TINY_ARCH
+VOCAB = 4096   # ids 1..VOCAB-1; the tiny model (devpool/tiny_model.py) is built with this vocabulary
 
 
-def synthetic_prompt(seed: int, group: int, length: int, vocab: int = TINY_ARCH.vocab_size) -> list[int]:
+
+def synthetic_prompt(seed: int, group: int, length: int, vocab: int = VOCAB) -> list[int]:
     """Seeded random prompt ids; every sample of a group shares them (a longer one extends them)."""
     return np.random.default_rng([seed, group]).integers(1, vocab, length).tolist()
 
 
 def synthetic_observation(seed: int, traj_id: int, turn: int, length: int,
-                          vocab: int = TINY_ARCH.vocab_size) -> list[int]:
+                          vocab: int = VOCAB) -> list[int]:
     """The ids a tool returns to trajectory `traj_id` before turn `turn`."""
     return np.random.default_rng([seed, 1, traj_id, turn]).integers(1, vocab, length).tolist()

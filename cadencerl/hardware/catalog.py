@@ -235,10 +235,10 @@ def numeric_fields(entry: Accelerator | Model | Link) -> list[str]:
 # KV capacity equals the pool's default 8,192 tokens (16 MiB at 2,048 B/token) plus the weights.
 _CAL = ("fitted by `cadencerl calibrate` on 2026-11-29, this machine (2 vCPU AVX2, bf16; the two servers of "
         "`cadencerl pool up` loaded together, each pinned to its core; 8 points, rms error 4.6%)")
-_TINY_PARAMS = 3_412_224  # cadencerl/engine/tiny_model.py TINY_ARCH.num_params (= the safetensors count)
+_TINY_PARAMS = 3_412_224  # cadencerl/devpool/tiny_model.py TINY_ARCH.num_params (= the safetensors count)
 
 MODELS["tiny"] = Model("tiny", 4, 256, 4, 2, 64, _TINY_PARAMS, _TINY_PARAMS, sources={
-    "*": "cadencerl/engine/tiny_model.py TINY_ARCH (random-init Qwen2-style, bf16, served as 'tiny')"})
+    "*": "cadencerl/devpool/tiny_model.py TINY_ARCH (random-init Qwen2-style, bf16, served as 'tiny')"})
 
 
 def _cpu_server(name: str, kv_tokens: int, bw: float, tflops: float, overhead: float, src: str,
@@ -253,9 +253,9 @@ def _cpu_server(name: str, kv_tokens: int, bw: float, tflops: float, overhead: f
             "compute_efficiency": "1.0: bf16_tflops is already the fitted effective rate",
             "memory_utilization": "1.0: the KV size is set exactly by --kv-cache-memory-bytes",
             "activation_reserve_gb": "0: activations are outside the KV budget on vLLM CPU",
-            "max_num_batched_tokens": "cadencerl/engine/local_pool.py passes no --max-num-batched-tokens, so vLLM "
+            "max_num_batched_tokens": "cadencerl/devpool/local_pool.py passes no --max-num-batched-tokens, so vLLM "
                                       "0.32.0's CPU API-server default applies: 2048 x world size 1 (" + _VLLM_BUDGET + ")",
-            "kv_block_tokens": "cadencerl/engine/local_pool.py PoolConfig.block_size = 32 (--block-size; vLLM CPU "
+            "kv_block_tokens": "cadencerl/devpool/local_pool.py PoolConfig.block_size = 32 (--block-size; vLLM CPU "
                                "needs a multiple of 32)"},
         bw_efficiency=1.0, compute_efficiency=1.0, step_overhead_s=overhead, memory_utilization=1.0,
         activation_reserve_gb=0.0, max_num_batched_tokens=vllm_token_budget(name, 0.0, cpu=True), kv_block_tokens=32)

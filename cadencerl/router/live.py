@@ -1,4 +1,4 @@
-"""The live router's state in the controller's terms, so routing/'s decision code runs unchanged.
+"""The live router's state in the controller's terms, so admission/'s decision code runs unchanged.
 
 A live request is one of the events the simulator's controller sees: a new session arrives FRESH
 and waits in the hold queue; a Place or Admit sends its turn to a worker; the turn's reply ends and

@@ -28,7 +28,7 @@ from cadencerl.router.background import running_id
 from cadencerl.router.framing import EventFramer
 from cadencerl.router.live import Session
 from cadencerl.router.requests import ApiError, Routed
-from cadencerl.router.runs import ready_runs
+from cadencerl.router.coalesce import ready_runs
 from cadencerl.router.service import RouterService
 from cadencerl.router.stored import ResponseStream
 

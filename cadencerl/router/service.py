@@ -27,8 +27,8 @@ from cadencerl.router.settings import RouterSettings
 from cadencerl.router.stored import ResponseOwners
 from cadencerl.router.transport import ShardedTransport
 from cadencerl.router.upstream import Upstream, probe, scrape
-from cadencerl.routing.misa import Admitted, MisaT
-from cadencerl.routing.routers import CacheAware, ConsistentHash, LeastLoadedRouter, RoundRobin, StickyLeastLoaded
+from cadencerl.admission.misa import Admitted, MisaT
+from cadencerl.policies.routers import CacheAware, ConsistentHash, LeastLoadedRouter, RoundRobin, StickyLeastLoaded
 
 GROUPS_PER_WORKER = 4096    # prompt groups remembered per server, for the router's own hit count
 
@@ -56,7 +56,7 @@ def too_long(tokens: int, field: str, largest: int) -> ApiError:
 
 
 def build_policy(settings: RouterSettings) -> Policy:
-    """The routing/ decision code the settings name (the simulator runs the very same objects)."""
+    """The admission/ decision code the settings name (the simulator runs the very same objects)."""
     admission, _, placement = settings.policy.rpartition("+")
     if placement == "cache-aware":
         inner = CacheAware(cache_threshold=settings.cache_threshold,

@@ -26,7 +26,7 @@ from cadencerl.engine.urls import check_server_url
 from cadencerl.hardware import catalog
 from cadencerl.hardware.perf import WorkerPerf
 from cadencerl.runs.summary import summarize
-from cadencerl.routing.routers import updates_in_place
+from cadencerl.policies.routers import updates_in_place
 from cadencerl.runs.assemble import build_pool, check_fits_somewhere, check_model_len
 from cadencerl.core.spec import TrajectorySpec
 

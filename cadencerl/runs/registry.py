@@ -21,10 +21,10 @@ from cadencerl.policies.dora import dora_for
 from cadencerl.policies.laminar import Laminar
 from cadencerl.policies.least_loaded import LeastLoaded
 from cadencerl.policies.sync import Synchronous
-from cadencerl.routing.misa import Admitted, MisaT
-from cadencerl.routing.misa_goodput import GoodputClimb
-from cadencerl.routing.session_cap import Capped, SessionCap, parse_cap
-from cadencerl.routing.routers import (WEIGHT_UPDATES, CacheAware, ConsistentHash, LeastLoadedRouter, RoundRobin,
+from cadencerl.admission.misa import Admitted, MisaT
+from cadencerl.admission.misa_goodput import GoodputClimb
+from cadencerl.admission.session_cap import Capped, SessionCap, parse_cap
+from cadencerl.policies.routers import (WEIGHT_UPDATES, CacheAware, ConsistentHash, LeastLoadedRouter, RoundRobin,
                                        StickyLeastLoaded)
 
 
@@ -84,7 +84,7 @@ FACTORIES: dict[str, Callable[[Scenario], Policy]] = {
     "cache-aware-tuned": _tuned_cache_aware,
 }
 ADMISSIONS = ("misa", "misa-goodput")   # misa-goodput: MISA-T with the goodput climber (misa_goodput.py)
-# and cap<N>: a fixed cap of N sessions in flight (routing/session_cap.py)
+# and cap<N>: a fixed cap of N sessions in flight (admission/session_cap.py)
 
 
 def policy_names() -> list[str]:

@@ -10,7 +10,7 @@ its CLI parser's 0.3 / 64 / 1.5 (what `cache-aware` runs untuned, and where a us
 load-balancing docs' 0.5 / 32 / 1.1.
 
 A second stage tunes how the router's workers take new weights (`weight_update`, see
-`routing/routers.py`) at the best thresholds. Which pays depends on the load (interrupting at
+`policies/routers.py`) at the best thresholds. Which pays depends on the load (interrupting at
 publish wins under KV pressure, where waiting for a worker to empty idles it; it loses on a light
 load, where it throws away prefixes; updating in place keeps the workers busy and the KV, at the
 price of tokens decoded on KV computed under the old weights), and it only shows across publishes,
@@ -33,7 +33,7 @@ from pathlib import Path
 
 from cadencerl.config import Scenario
 from cadencerl.core.view import Policy
-from cadencerl.routing.routers import WEIGHT_UPDATES as ROUTER_WEIGHT_UPDATES, CacheAware
+from cadencerl.policies.routers import WEIGHT_UPDATES as ROUTER_WEIGHT_UPDATES, CacheAware
 from cadencerl.runs.outputs import write_atomic
 from cadencerl.runs.simulate import simulate
 
@@ -53,7 +53,7 @@ def cache_dir() -> Path:
     return Path(os.environ.get("CADENCERL_CACHE_DIR", Path.home() / ".cache" / "cadencerl")) / "sweeps"
 
 
-SIMULATED_BY = ("hardware", "core", "workload", "policies", "routing", "sim", "runs")   # packages a sweep's result depends on
+SIMULATED_BY = ("hardware", "core", "workload", "policies", "admission", "sim", "runs")   # packages a sweep's result depends on
 
 
 def source_fingerprint(root: Path, packages: tuple[str, ...] = SIMULATED_BY) -> str:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from cadencerl.engine.local_pool import LocalPool, PoolConfig, vllm_available
+from cadencerl.devpool.local_pool import LocalPool, PoolConfig, vllm_available
 
 
 @pytest.hookimpl(hookwrapper=True)

@@ -19,10 +19,10 @@ import pytest
 
 from cadencerl.api import RolloutPool
 from cadencerl.config import builtin_scenario
-from cadencerl.engine.processes import group_members
-from cadencerl.engine.ray_pool import RayPool, accelerator_resource, attach, discover
-from cadencerl.engine.server_env import RPC_PREFIX
-from cadencerl.engine.server_specs import server_specs
+from cadencerl.devpool.processes import group_members
+from cadencerl.devpool.ray_pool import RayPool, accelerator_resource, attach, discover
+from cadencerl.devpool.server_env import RPC_PREFIX
+from cadencerl.devpool.server_specs import server_specs
 
 ray = pytest.importorskip("ray")
 pytestmark = [pytest.mark.engine, pytest.mark.timeout(900)]

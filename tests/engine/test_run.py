@@ -27,8 +27,8 @@ from cadencerl.core.actions import Evict
 from cadencerl.engine.prompts import synthetic_prompt
 from cadencerl.engine.server_metrics import kv_tokens_from_metrics
 from cadencerl.engine.calibrate import StepSample, fit
-from cadencerl.engine.local_pool import LocalPool, PoolConfig
-from cadencerl.engine.processes import group_members
+from cadencerl.devpool.local_pool import LocalPool, PoolConfig
+from cadencerl.devpool.processes import group_members
 from cadencerl.runs.real import parse_urls, resolve_labels
 from cadencerl.runs.registry import make_policy
 from cadencerl.hardware import catalog

@@ -20,15 +20,15 @@ from typing import Any, TypeVar
 import httpx
 import pytest
 
-from cadencerl.engine.local_pool import (
+from cadencerl.devpool.local_pool import (
     STATE_FILE,
     LocalPool,
     PoolConfig,
     PoolError,
     down,
 )
-from cadencerl.engine.processes import group_members, pid_alive
-from cadencerl.engine.tiny_model import FORMAT_VERSION, MARKER, TINY_ARCH, build_tiny_model
+from cadencerl.devpool.processes import group_members, pid_alive
+from cadencerl.devpool.tiny_model import FORMAT_VERSION, MARKER, TINY_ARCH, build_tiny_model
 from cadencerl.engine.client import Timeouts, VLLMClient
 from cadencerl.engine.errors import EngineConnectionError, EngineHTTPError, EngineTimeoutError, ModelMismatchError
 from cadencerl.engine.server_metrics import parse_metrics

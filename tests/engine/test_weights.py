@@ -21,8 +21,8 @@ import pytest
 from cadencerl.api import RolloutPool
 from cadencerl.config import builtin_scenario
 from cadencerl.engine.client import GenerationOutcome, VLLMClient
-from cadencerl.engine.local_pool import SERVED_MODEL_NAME, LocalPool
-from cadencerl.engine.weights import WeightPusher, WeightVersions, perturb_safetensors
+from cadencerl.devpool.local_pool import SERVED_MODEL_NAME, LocalPool
+from cadencerl.devpool.weights import WeightPusher, WeightVersions, perturb_safetensors
 from tests.engine.waits import poll_metrics
 
 pytestmark = pytest.mark.timeout(420)

@@ -89,9 +89,9 @@ from cadencerl.core.mix import target_counts
 from cadencerl.core.trajectory import Trajectory
 from cadencerl.core.view import Policy, PoolView
 from cadencerl.core.worker import Worker
-from cadencerl.routing.gated import Gated
-from cadencerl.routing.misa_goodput import GoodputClimb
-from cadencerl.routing.misa_learn import Learner
+from cadencerl.admission.gated import Gated
+from cadencerl.admission.misa_goodput import GoodputClimb
+from cadencerl.admission.misa_learn import Learner
 
 HIGH, LOW, TARGET = 0.90, 0.70, 0.80   # KV use bands: decrease above HIGH, grow toward TARGET below LOW
 DECREASE = 0.8                        # multiplicative decrease; its inverse bounds one growth step

@@ -1,6 +1,6 @@
 """vLLM's OpenAI server, run in this process, that removes its socket folder when it exits.
 
-`LocalPool` starts each server as `python -m cadencerl.engine.vllm_server <vLLM's arguments>` with
+`LocalPool` starts each server as `python -m cadencerl.devpool.vllm_server <vLLM's arguments>` with
 the vLLM interpreter. vLLM leaves its ZMQ socket files behind when it is stopped by a signal
 (`server_env.py`); `pool down` removes the folder, but a server that ends without it (its Ray actor
 lost with its node: the server is told to die with its parent, `processes.term_with_parent`) would
@@ -17,7 +17,7 @@ import runpy
 import signal
 import sys
 
-from cadencerl.engine.server_env import remove_rpc_dir
+from cadencerl.devpool.server_env import remove_rpc_dir
 
 VLLM_SERVER = "vllm.entrypoints.openai.api_server"
 

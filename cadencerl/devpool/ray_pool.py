@@ -26,9 +26,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from cadencerl.engine.local_pool import LocalPool, PoolConfig, PoolError, longest_model_len, vllm_python
-from cadencerl.engine.server_env import pythonpath
-from cadencerl.engine.server_specs import ServerSpec
+from cadencerl.devpool.local_pool import LocalPool, PoolConfig, PoolError, longest_model_len, vllm_python
+from cadencerl.devpool.server_env import pythonpath
+from cadencerl.devpool.server_specs import ServerSpec
 
 RESOURCE_PREFIX = "accelerator_type:"
 NAMESPACE = "cadencerl"

@@ -7,7 +7,7 @@ token, decode cost), and `TINY_ARCH` exposes that shape to the simulator without
 torch, transformers and tokenizers are imported lazily, inside `build_tiny_model`, so that this
 module (and `TINY_ARCH`) can be imported from an environment without them.
 
-Run as a script to build into a folder: `python -m cadencerl.engine.tiny_model OUT_DIR [--seed N]`.
+Run as a script to build into a folder: `python -m cadencerl.devpool.tiny_model OUT_DIR [--seed N]`.
 """
 
 from __future__ import annotations
@@ -21,6 +21,8 @@ import sysconfig
 import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
+
+from cadencerl.engine.prompts import VOCAB
 
 MARKER = "cadencerl-tiny-model.json"
 """Written last, so its presence means the folder is complete."""
@@ -91,7 +93,7 @@ TINY_ARCH = ModelArch(
     num_kv_heads=2,
     head_dim=64,
     intermediate_size=512,
-    vocab_size=4096,
+    vocab_size=VOCAB,
     max_position_embeddings=8192,
     tie_word_embeddings=True,
 )

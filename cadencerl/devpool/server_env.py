@@ -47,7 +47,7 @@ def server_env(core: int, weight_routes: bool, rpc_dir: str) -> dict[str, str]:
     env.update(
         VLLM_CPU_OMP_THREADS_BIND=str(core),
         VLLM_RPC_BASE_PATH=rpc_dir,
-        PYTHONPATH=pythonpath(),        # the server runs `cadencerl.engine.vllm_server`
+        PYTHONPATH=pythonpath(),        # the server runs `cadencerl.devpool.vllm_server`
         HF_HUB_OFFLINE="1",
         TRANSFORMERS_OFFLINE="1",
         VLLM_NO_USAGE_STATS="1",

@@ -27,7 +27,7 @@ from bisect import bisect_right
 from collections.abc import Iterator
 
 from cadencerl.config import ConfigError
-from cadencerl.routing.prefix_tree import PrefixTree
+from cadencerl.policies.prefix_tree import PrefixTree
 from cadencerl.core.actions import Action, Admit, Place
 from cadencerl.core.trajectory import Trajectory
 from cadencerl.core.view import PoolView

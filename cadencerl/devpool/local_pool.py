@@ -33,12 +33,12 @@ from typing import Literal, Self
 
 import httpx
 
-from cadencerl.engine.cpu_quota import CpuQuota, QuotaError
-from cadencerl.engine.processes import (free_port, group_members, same_process, start_ticks, term_with_parent,
+from cadencerl.devpool.cpu_quota import CpuQuota, QuotaError
+from cadencerl.devpool.processes import (free_port, group_members, same_process, start_ticks, term_with_parent,
                                          wait_groups_gone)
-from cadencerl.engine.server_env import new_rpc_dir, pythonpath, remove_rpc_dir, server_env
-from cadencerl.engine.server_logs import last_error, log_tail
-from cadencerl.engine.tiny_model import TINY_ARCH, ModelArch, is_built
+from cadencerl.devpool.server_env import new_rpc_dir, pythonpath, remove_rpc_dir, server_env
+from cadencerl.devpool.server_logs import last_error, log_tail
+from cadencerl.devpool.tiny_model import TINY_ARCH, ModelArch, is_built
 
 SERVED_MODEL_NAME = "tiny"
 STATE_FILE = "pool.json"
@@ -95,14 +95,14 @@ class PoolConfig:
     arch: ModelArch = TINY_ARCH
     weight_routes: bool = True
     """Serve vLLM's dev-mode routes (`VLLM_SERVER_DEV_MODE=1`: /pause, /collective_rpc, /weight_info,
-    ...) that `engine.weights` pushes new policy versions through, on `host` like every route."""
+    ...) that `devpool.weights` pushes new policy versions through, on `host` like every route."""
     host: str = HOST
     """The address servers bind (a Ray actor binds its node's address so other nodes reach it)."""
     die_with_parent: bool = False
     """Servers get SIGTERM when the process that spawned them dies (a Ray actor whose node is lost)."""
     cpu_shares: tuple[float, ...] | None = None
     """Per worker, the share of one core it may use (1.0: no cap): a cgroup CPU quota, applied once
-    the server is healthy and removed by `down` (engine/cpu_quota.py). Makes a server slower."""
+    the server is healthy and removed by `down` (devpool/cpu_quota.py). Makes a server slower."""
 
     def kv_tokens_of(self, index: int) -> int:
         """KV tokens of worker `index`, rounded up to whole blocks."""
@@ -262,7 +262,7 @@ class LocalPool:
         cmd = [
             vllm_python(self.config.python),
             "-m",
-            "cadencerl.engine.tiny_model",
+            "cadencerl.devpool.tiny_model",
             str(self.model_dir),
             "--seed",
             str(self.config.seed),
@@ -299,7 +299,7 @@ class LocalPool:
         }
         switches = ["--enable-prefix-caching", "--enable-scale-out"]
         switches += ["--enforce-eager"] if cfg.enforce_eager else []
-        cmd = [vllm_python(cfg.python), "-m", "cadencerl.engine.vllm_server"]    # removes its socket folder
+        cmd = [vllm_python(cfg.python), "-m", "cadencerl.devpool.vllm_server"]    # removes its socket folder
         cmd += [item for pair in options.items() for item in pair] + switches
         cmd += list(cfg.extra_args)
         rpc_dir = new_rpc_dir()

@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from cadencerl.config import ConfigError
 from cadencerl.core.actions import Action
 from cadencerl.core.view import Policy, PoolView
-from cadencerl.routing.gated import Gated
+from cadencerl.admission.gated import Gated
 from cadencerl.core.worker import Worker
 
 LABEL = re.compile(r"cap(\d+)")
