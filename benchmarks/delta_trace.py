@@ -38,12 +38,12 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from cadencerl.config import Scenario, builtin_scenario  # noqa: E402
-from cadencerl.core.trajectory import State  # noqa: E402
-from cadencerl.policies import cadence as cadence_module  # noqa: E402
 from cadencerl.core.actions import Batch, Evict, Place  # noqa: E402
+from cadencerl.core.trajectory import State  # noqa: E402
+from cadencerl.core.worker import Worker  # noqa: E402
+from cadencerl.policies import cadence as cadence_module  # noqa: E402
 from cadencerl.policies.cadence import Cadence  # noqa: E402
 from cadencerl.policies.cadence_rooms import RoomIndex  # noqa: E402
-from cadencerl.core.worker import Worker  # noqa: E402
 from cadencerl.runs.registry import make_policy  # noqa: E402
 from cadencerl.runs.simulate import simulate  # noqa: E402
 from cadencerl.runs.steady import steady_view, steady_window  # noqa: E402

@@ -38,7 +38,13 @@ from cadencerl.runs.reference import REFERENCE, clairvoyant_reference  # noqa: E
 from cadencerl.runs.registry import make_policy  # noqa: E402
 from cadencerl.runs.simulate import simulate  # noqa: E402
 from cadencerl.runs.steady import steady_view, steady_window  # noqa: E402
-from cadencerl.runs.tail import batch_within, best_split, decode_seconds, observed_batch, tail_breakdown  # noqa: E402
+from cadencerl.runs.tail import (  # noqa: E402
+    batch_within,
+    best_split,
+    decode_seconds,
+    observed_batch,
+    tail_breakdown,
+)
 
 DEFAULT_SCENARIO = REPO / "benchmarks" / "scenarios" / "16a16b8h-steady.yaml"
 DEFAULT_OUT = REPO / "benchmarks" / "results" / "headline_ceiling.json"

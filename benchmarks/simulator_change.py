@@ -114,7 +114,9 @@ def print_table(data: dict) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    from cadencerl.report.markdown import change   # the report's own "+x.y%" of one figure against another
+    from cadencerl.report.markdown import (
+        change,  # the report's own "+x.y%" of one figure against another
+    )
 
     old, new = data["old"], data["new"]
     table = Table(title=f"{data['scenario']}: {old['revision'][:8]} (old) -> {new['revision'][:8]} (new)")

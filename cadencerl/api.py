@@ -25,15 +25,15 @@ from dataclasses import dataclass
 from typing import Self
 
 from cadencerl.config import MAX_TOKENS, ConfigError, Scenario, builtin_scenario
-from cadencerl.core.trajectory import Trajectory
 from cadencerl.core.controller import Controller
+from cadencerl.core.spec import HiddenLength, TrajectorySpec
+from cadencerl.core.trajectory import Trajectory
 from cadencerl.engine.backend import EngineBackend, WeightUpdate
+from cadencerl.engine.client import Timeouts
+from cadencerl.engine.exporter import MetricsExporter
 from cadencerl.runs.real import (MAX_DEADLINE_S, RealRun, assemble, kv_list, lost_why, parse_urls, resolve_labels,
                                  summarize_real)
 from cadencerl.runs.registry import make_policy
-from cadencerl.engine.client import Timeouts
-from cadencerl.engine.exporter import MetricsExporter
-from cadencerl.core.spec import HiddenLength, TrajectorySpec
 from cadencerl.workload.generate import generate
 
 _END = object()

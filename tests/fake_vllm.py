@@ -24,12 +24,11 @@ import asyncio
 import json
 from dataclasses import dataclass, field
 
+from server_thread import ServerThread
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
-
-from server_thread import ServerThread
 
 PREFIX = "generate-tokens-"
 VOCAB = 4096

@@ -13,9 +13,10 @@ from dataclasses import dataclass, field
 from cadencerl.config import PolicySpec
 from cadencerl.core.actions import Action, Batch
 from cadencerl.core.controller import Controller
+from cadencerl.core.policy import Policy
 from cadencerl.core.spec import HiddenLength, TrajectorySpec
 from cadencerl.core.trajectory import State, Trajectory
-from cadencerl.core.view import Policy, PoolView
+from cadencerl.core.view import PoolView
 from cadencerl.core.worker import Worker
 
 KEY = object()

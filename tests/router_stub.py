@@ -31,12 +31,11 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 import uvicorn
+from server_thread import ServerThread
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
-
-from server_thread import ServerThread
 
 # uvloop and httptools, as the router is served in production (cadencerl/router/serve.py)
 FAST = dict(lifespan="on", loop="uvloop", http="httptools", backlog=4096, timeout_keep_alive=75)

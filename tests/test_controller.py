@@ -9,15 +9,15 @@ from __future__ import annotations
 import pytest
 
 from cadencerl.core.actions import ActionError, Admit, Advance, Batch, Evict, Interrupt, Place, UpdateInPlace
+from cadencerl.core.policy import Policy
 from cadencerl.core.trajectory import State
 from tests.pools import pool, traj, worker
 
 
-class Passive:
+class Passive(Policy):
     """A policy that proposes nothing: these tests hand the controller actions themselves."""
 
     name = "passive"
-    kv_transfer = False
 
     def __init__(self, queues_at_engine: bool = False) -> None:
         self.queues_at_engine = queues_at_engine

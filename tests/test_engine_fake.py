@@ -16,8 +16,8 @@ import json
 import logging
 import socket
 import time
-from pathlib import Path
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import httpx
 import pytest
@@ -29,18 +29,18 @@ from starlette.routing import Route
 from cadencerl.api import RolloutPool
 from cadencerl.config import builtin_scenario
 from cadencerl.core.backend import Backend, Finished, Restore, ToolReturned, TurnEnded, WorkerLost
+from cadencerl.core.controller import StallError
 from cadencerl.core.spec import NO_TURNS, HiddenLength, SealedTurns, TrajectorySpec, Turn
 from cadencerl.core.trajectory import Trajectory
 from cadencerl.core.worker import Worker
-from cadencerl.core.controller import StallError
-from cadencerl.engine.backend import EngineBackend
-from cadencerl.engine.clock import EngineRunError
-from cadencerl.engine.streams import Streams
 from cadencerl.devpool.weights import WeightPushError
 from cadencerl.engine import client as client_module
+from cadencerl.engine.backend import EngineBackend
 from cadencerl.engine.client import VLLMClient
+from cadencerl.engine.clock import EngineRunError
 from cadencerl.engine.errors import EngineError, EngineHTTPError
 from cadencerl.engine.prompts import synthetic_observation, synthetic_prompt
+from cadencerl.engine.streams import Streams
 from tests.fake_vllm import PREFIX, FakeVLLM, reference
 from tests.server_thread import ServerThread
 

@@ -128,3 +128,23 @@ def test_functions_stay_short(module: str) -> None:
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
             lines = node.end_lineno - node.lineno + 1
             assert lines <= MAX_FUNCTION_LINES, f"{module}.{node.name} has {lines} lines (at most {MAX_FUNCTION_LINES})"
+
+
+def _policy_traits() -> set[str]:
+    """Every name the policy contract (core/policy.py) declares on `Policy`, plus `inner` (an
+    admission layer's placement policy, reached through `placement_of`)."""
+    tree = ast.parse((ROOT / "core" / "policy.py").read_text())
+    cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "Policy")
+    names = {n.target.id for n in cls.body if isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name)}
+    return names | {n.name for n in cls.body if isinstance(n, ast.FunctionDef)} | {"inner"}
+
+
+@pytest.mark.parametrize("module", sorted(GRAPH))
+def test_no_policy_trait_is_read_through_getattr(module: str) -> None:
+    """A trait read with `getattr(policy, "trait", default)` is a second contract with its own default."""
+    traits = _policy_traits()
+    for node in ast.walk(ast.parse(modules()[module].read_text())):
+        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("getattr", "hasattr")
+                and len(node.args) >= 2 and isinstance(node.args[1], ast.Constant) and node.args[1].value in traits):
+            pytest.fail(f"{module}:{node.lineno} reads the policy trait {node.args[1].value!r} with {node.func.id}; "
+                        "declare it on core.policy.Policy and read it directly")

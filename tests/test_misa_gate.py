@@ -8,12 +8,12 @@ import dataclasses
 
 import pytest
 
+from cadencerl.admission.misa import DECREASE, HIGH, INITIAL_SCALE, MAX_CAP_FACTOR, SHARE_EWMA, Admitted, MisaT
+from cadencerl.admission.misa_learn import PRIOR_REPLY, WARMUP, ClassStats
 from cadencerl.core.actions import Admit, Place
 from cadencerl.core.trajectory import State
-from cadencerl.policies.least_loaded import LeastLoaded
 from cadencerl.policies.cadence import Cadence
-from cadencerl.admission.misa import DECREASE, HIGH, INITIAL_SCALE, MAX_CAP_FACTOR, SHARE_EWMA, Admitted, MisaT
-from cadencerl.admission.misa_learn import WARMUP, ClassStats, PRIOR_REPLY
+from cadencerl.policies.least_loaded import LeastLoaded
 from cadencerl.policies.routers import LeastLoadedRouter
 from tests.pools import PARAMS, pool, traj, worker
 

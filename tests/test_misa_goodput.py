@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import pytest
 
-from cadencerl.core.trajectory import State
-from cadencerl.policies.least_loaded import LeastLoaded
 from cadencerl.admission.misa import DECREASE, HIGH, MisaT
 from cadencerl.admission.misa_goodput import DEADBAND, MAX_BOOST, STEP, GoodputClimb, next_direction
 from cadencerl.admission.misa_learn import WARMUP, ClassStats, Learner
+from cadencerl.core.trajectory import State
+from cadencerl.policies.least_loaded import LeastLoaded
 from tests.pools import pool, traj, worker
 
 
@@ -110,8 +110,8 @@ def test_misa_goodput_is_a_named_admission_layer():
 
 
 def test_in_front_of_a_policy_that_never_overcommits_the_climber_is_refused_by_name():
-    from cadencerl.config import ConfigError, builtin_scenario
     from cadencerl.admission.misa import Admitted
+    from cadencerl.config import ConfigError, builtin_scenario
     from cadencerl.policies.routers import CacheAware
     from cadencerl.runs.registry import make_policy
 

@@ -10,14 +10,14 @@ from collections import Counter
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from cadencerl.admission.misa import MAX_AHEAD, MisaT
+from cadencerl.admission.misa_learn import WARMUP, ClassStats
 from cadencerl.core.credits import CreditModel
 from cadencerl.core.mix import MixRule, compose, target_counts
 from cadencerl.core.trainer import Trainer
-from cadencerl.admission.misa import MAX_AHEAD, MisaT
-from cadencerl.admission.misa_learn import WARMUP, ClassStats
+from cadencerl.policies.least_loaded import LeastLoaded
 from cadencerl.runs.summary import mixture_dtv_pp
 from tests.pools import pool, traj, worker
-from cadencerl.policies.least_loaded import LeastLoaded
 
 MIX = {"agent": 0.5, "rlvr": 0.3, "rlhf": 0.2}
 

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from cadencerl.policies.prefix_tree import PrefixTree
 from cadencerl.config import builtin_scenario
 from cadencerl.core.actions import Admit, Place
 from cadencerl.core.controller import StallError
+from cadencerl.policies.prefix_tree import PrefixTree
 from cadencerl.runs.registry import make_policy
 from cadencerl.runs.simulate import simulate
 from tests.conftest import sim

@@ -3,10 +3,10 @@
 import pytest
 
 from cadencerl.config import builtin_scenario
+from cadencerl.core.spec import NO_TURNS, PeekError
+from cadencerl.policies.least_loaded import LeastLoaded
 from cadencerl.runs import registry
 from cadencerl.runs.simulate import simulate
-from cadencerl.policies.least_loaded import LeastLoaded
-from cadencerl.core.spec import NO_TURNS, PeekError
 from tests.conftest import sim, small
 
 

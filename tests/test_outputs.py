@@ -7,17 +7,16 @@ import json
 import os
 import stat
 import threading
-
 from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
 
 from cadencerl.cli import app
+from cadencerl.config import builtin_scenario
 from cadencerl.report.build import OutputError, _replace_dir, check_out_dir
 from cadencerl.runs import sweep as sw
 from cadencerl.runs.outputs import fresh_dir, write_atomic
-from cadencerl.config import builtin_scenario
 
 pytestmark = pytest.mark.timeout(120)
 runner = CliRunner()
@@ -60,7 +59,7 @@ def test_a_corrupt_sweep_cache_is_not_bad_input(tmp_path):
                             "--json", str(target)])
     assert r.exit_code == 0, r.output
     assert json.loads(target.read_text())["trajectories_completed"] == 32
-    assert set(json.loads(path.read_text())["best"]) == {*sw.QUICK_GRID, "weight_update"}
+    assert set(json.loads(path.read_text())["best"]) == {*sw.QUICK_GRID, "version_switch"}
 
 
 def test_json_is_written_whole(tmp_path):

@@ -107,7 +107,7 @@ def test_an_update_in_place_freezes_the_engine_then_resumes_its_requests_on_thei
     sim.start(workers)
     decoding = Trajectory(TrajectorySpec(0, 0, 512, HiddenLength(50_000, KEY)))
     prefilling = Trajectory(TrajectorySpec(1, 1, 30_000, HiddenLength(50_000, KEY)))
-    ctl = Controller(CacheAware(weight_update="in-place"), sim, workers, [decoding, prefilling], batch_size=2,
+    ctl = Controller(CacheAware(version_switch="in-place"), sim, workers, [decoding, prefilling], batch_size=2,
                      params=PolicySpec(eta=1), train_time_s=1.0)
     ctl.apply(Admit(0, 0), 0.0)
     sim.commit(0.0)
@@ -160,7 +160,7 @@ def test_a_request_arriving_while_the_engine_is_frozen_starts_no_prefill_before_
     sim = SimBackend(perfs, KEY, weights=FixedPause(5.0))
     sim.start(workers)
     long, late = (Trajectory(TrajectorySpec(i, i, 30_000, HiddenLength(1000, KEY))) for i in range(2))
-    ctl = Controller(CacheAware(weight_update="in-place"), sim, workers, [long, late], batch_size=2,
+    ctl = Controller(CacheAware(version_switch="in-place"), sim, workers, [long, late], batch_size=2,
                      params=PolicySpec(eta=1), train_time_s=1.0)
     ctl.apply(Admit(0, 0), 0.0)
     sim.commit(0.0)                                                   # its first chunk is in flight

@@ -7,10 +7,10 @@ import time
 
 import httpx
 import pytest
+from router_stub import Fleet, settle
 
 from cadencerl.core.trajectory import State
 from cadencerl.router.background import running_id
-from router_stub import Fleet, settle
 
 pytestmark = pytest.mark.timeout(60)
 BACKGROUND = {"model": "tiny", "input": "x" * 400, "max_output_tokens": 10, "background": True}   # 100 in, 10 out

@@ -8,9 +8,9 @@ import time
 
 import httpx
 import pytest
+from router_stub import Fleet, settle
 
 from cadencerl.engine.server_metrics import parse_metrics
-from router_stub import Fleet, settle
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -11,8 +11,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
-
-from router_stub import Fleet, settle as _settle
+from router_stub import Fleet
+from router_stub import settle as _settle
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -13,7 +13,6 @@ import time
 
 import httpx
 import pytest
-
 from router_stub import Fleet
 
 pytestmark = pytest.mark.timeout(480)

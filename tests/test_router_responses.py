@@ -9,8 +9,8 @@ import threading
 
 import httpx
 import pytest
-
-from router_stub import Fleet, settle as _settle
+from router_stub import Fleet
+from router_stub import settle as _settle
 
 pytestmark = pytest.mark.timeout(60)
 

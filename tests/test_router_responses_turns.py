@@ -11,9 +11,9 @@ import time
 
 import httpx
 import pytest
+from router_stub import Fleet, settle
 
 from cadencerl.core.trajectory import State
-from router_stub import Fleet, settle
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -144,7 +144,6 @@ def test_a_reader_that_stops_reading_stops_the_stream_after_the_bound() -> None:
 def test_a_server_silent_mid_stream_still_times_out_through_the_relay() -> None:
     """The read timeout fires inside a step `ready_runs` waits on, as it fired in the relay's own read."""
     import httpx
-
     from router_stub import Fleet
 
     with Fleet(stubs=1, request_timeout_s=1.0) as f, httpx.Client(base_url=f.url, timeout=20) as c:

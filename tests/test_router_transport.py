@@ -6,13 +6,13 @@ from __future__ import annotations
 import asyncio
 
 import httpx
+from server_thread import ServerThread
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import PlainTextResponse
 from starlette.routing import Route
 
 from cadencerl.router.transport import ShardedTransport
-from server_thread import ServerThread
 
 
 def port_echo() -> Starlette:

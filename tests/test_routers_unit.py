@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from cadencerl.config import ConfigError
-from cadencerl.core.actions import Admit, Advance, Interrupt, Place, UpdateInPlace
 from cadencerl.admission.gated import Gated
 from cadencerl.admission.misa import Admitted, MisaT
-from cadencerl.policies.routers import CacheAware, ConsistentHash, LeastLoadedRouter, RoundRobin, StickyLeastLoaded
+from cadencerl.config import ConfigError
+from cadencerl.core.actions import Admit, Advance, Interrupt, Place, UpdateInPlace
 from cadencerl.policies.least_loaded import LeastLoaded
+from cadencerl.policies.routers import CacheAware, ConsistentHash, LeastLoadedRouter, RoundRobin, StickyLeastLoaded
 from tests.pools import pool, traj, worker
 
 
@@ -97,7 +97,7 @@ def test_when_idle_a_routers_worker_moves_only_once_it_holds_nothing():
 
 def test_interrupting_moves_every_worker_at_publish_residents_and_all():
     workers, state = behind_the_trainer()
-    p = pool(CacheAware(weight_update="interrupt"), workers, **state)
+    p = pool(CacheAware(version_switch="interrupt"), workers, **state)
     acts = p.decide()
     assert [a for a in acts if isinstance(a, (Advance, Interrupt))] == [Interrupt(0, 1), Interrupt(1, 1)]
     resident = p.controller.workers[0].residents[1000]
@@ -106,7 +106,7 @@ def test_interrupting_moves_every_worker_at_publish_residents_and_all():
 
 def test_updating_in_place_moves_every_worker_at_publish_keeping_its_residents():
     workers, state = behind_the_trainer()
-    p = pool(CacheAware(weight_update="in-place"), workers, **state)
+    p = pool(CacheAware(version_switch="in-place"), workers, **state)
     acts = p.decide()
     moves = [a for a in acts if isinstance(a, (Advance, Interrupt, UpdateInPlace))]
     assert moves == [UpdateInPlace(0, 1), UpdateInPlace(1, 1)]
@@ -120,8 +120,8 @@ def test_updating_in_place_moves_every_worker_at_publish_keeping_its_residents()
 
 
 def test_an_unknown_weight_update_is_refused_by_name():
-    with pytest.raises(ConfigError, match="weight_update: expected one of when-idle, interrupt, in-place, got 'eager'"):
-        CacheAware(weight_update="eager")
+    with pytest.raises(ConfigError, match="version_switch: expected one of when-idle, interrupt, in-place, got 'eager'"):
+        CacheAware(version_switch="eager")
 
 
 # -- round-robin, least-loaded, sticky ------------------------------------------------------------

@@ -6,9 +6,9 @@ from types import SimpleNamespace
 
 import pytest
 
+from cadencerl.admission.session_cap import SessionCap
 from cadencerl.config import ConfigError
 from cadencerl.core.actions import Admit
-from cadencerl.admission.session_cap import SessionCap
 from cadencerl.runs.registry import make_policy
 from cadencerl.runs.simulate import simulate
 from tests.test_misa_routers import mixed

@@ -10,8 +10,8 @@ import stat
 
 import pytest
 
+from cadencerl.admission.gated import placement_of
 from cadencerl.config import ConfigError
-
 from cadencerl.runs import sweep as sw
 from tests.conftest import small
 
@@ -49,7 +49,7 @@ def test_a_corrupt_entry_is_swept_again_with_a_warning(scenario, caplog, corrupt
     path.write_bytes(corrupt.encode("utf-8", "surrogateescape"))
     with caplog.at_level(logging.WARNING, logger="cadencerl.runs.sweep"):
         best = sw.tuned_thresholds(scenario, GRID)
-    assert set(best) == {*GRID, "weight_update"} and best["cache_threshold"] in GRID["cache_threshold"]
+    assert set(best) == {*GRID, "version_switch"} and best["cache_threshold"] in GRID["cache_threshold"]
     warnings = [r.getMessage() for r in caplog.records]
     assert len(warnings) == 1 and "\n" not in warnings[0] and str(path) in warnings[0]
     assert json.loads(path.read_text())["best"] == best   # repaired
@@ -62,7 +62,7 @@ def test_a_cache_that_cannot_be_written_costs_a_warning_not_the_result(scenario,
     monkeypatch.setenv("CADENCERL_CACHE_DIR", str(tmp_path / "a-file"))       # no folder can be made under it
     with caplog.at_level(logging.WARNING, logger="cadencerl.runs.sweep"):
         best = sw.tuned_thresholds(scenario, GRID)
-    assert set(best) == {*GRID, "weight_update"}
+    assert set(best) == {*GRID, "version_switch"}
     warnings = [r.getMessage() for r in caplog.records]
     assert len(warnings) == 1 and "CADENCERL_CACHE_DIR" in warnings[0]
 
@@ -114,37 +114,37 @@ def test_the_weight_update_is_tuned_over_several_batches_for_each_system(monkeyp
     real = sw.simulate
 
     def counted(scenario, policy):
-        calls.append((scenario.workload.trajectories, policy.name, getattr(policy, "inner", policy).weight_update))
+        calls.append((scenario.workload.trajectories, policy.name, placement_of(policy).version_switch))
         return real(scenario, policy)
 
     monkeypatch.setattr(sw, "simulate", counted)
     point = {"cache_threshold": 0.3, "balance_abs_threshold": 16, "balance_rel_threshold": 1.5}
-    updates = sw.sweep_weight_update(long, lambda u: CacheAware(**point, weight_update=u))
+    updates = sw.sweep_version_switch(long, lambda u: CacheAware(**point, version_switch=u))
     n = sw.UPDATE_TUNE_BATCHES * 16
     assert calls == [(n, "cache-aware", u) for u in ("when-idle", "interrupt", "in-place")]
     assert [u["score_tok_s"] for u in updates] == sorted((u["score_tok_s"] for u in updates), reverse=True)
     assert all(u["score_tok_s"] == u["steady_throughput_tok_s"] for u in updates)
 
     # the tuned router runs its best; MISA-T in front of it keeps the thresholds, its own update is tuned
-    monkeypatch.setattr(sw, "tuned_thresholds", lambda s: {**point, "weight_update": "interrupt"})
-    assert registry.make_policy("cache-aware-tuned", long).weight_update == "interrupt"
+    monkeypatch.setattr(sw, "tuned_thresholds", lambda s: {**point, "version_switch": "interrupt"})
+    assert registry.make_policy("cache-aware-tuned", long).version_switch == "interrupt"
     calls.clear()
     misa = registry.make_policy("misa+cache-aware-tuned", long)
     assert [c[1:] for c in calls] == [("misa+cache-aware-tuned", u) for u in ("when-idle", "interrupt", "in-place")]
     saved = json.loads(sw.cache_path(long, {"policy": ["misa+cache-aware-tuned"]}).read_text())
     best = saved["best"]
-    assert best["weight_update"] == max(saved["weight_update_results"], key=lambda u: u["score_tok_s"])["weight_update"]
-    assert misa.inner.weight_update == best["weight_update"] and misa.inner.cache_threshold == 0.3
+    assert best["version_switch"] == max(saved["weight_update_results"], key=lambda u: u["score_tok_s"])["version_switch"]
+    assert misa.inner.version_switch == best["version_switch"] and misa.inner.cache_threshold == 0.3
     calls.clear()
-    assert registry.make_policy("misa+cache-aware-tuned", long).inner.weight_update == best["weight_update"]
+    assert registry.make_policy("misa+cache-aware-tuned", long).inner.version_switch == best["version_switch"]
     assert calls == []   # cached
-    fixed = registry.make_policy("misa+cache-aware-tuned", long, weight_update="in-place")
-    assert fixed.inner.weight_update == "in-place" and calls == []   # fixed: nothing tuned
-    assert registry.make_policy("cache-aware-tuned", long, weight_update="when-idle").weight_update == "when-idle"
-    with pytest.raises(ConfigError, match="weight_update: 'eager'"):
-        registry.make_policy("cache-aware-tuned", long, weight_update="eager")
+    fixed = registry.make_policy("misa+cache-aware-tuned", long, version_switch="in-place")
+    assert fixed.inner.version_switch == "in-place" and calls == []   # fixed: nothing tuned
+    assert registry.make_policy("cache-aware-tuned", long, version_switch="when-idle").version_switch == "when-idle"
+    with pytest.raises(ConfigError, match="version_switch: 'eager'"):
+        registry.make_policy("cache-aware-tuned", long, version_switch="eager")
     with pytest.raises(ConfigError, match="least-loaded is not cache-aware-tuned"):
-        registry.make_policy("least-loaded", long, weight_update="interrupt")
+        registry.make_policy("least-loaded", long, version_switch="interrupt")
 
 
 def test_a_cached_best_without_a_known_weight_update_is_swept_again(scenario):
@@ -152,7 +152,7 @@ def test_a_cached_best_without_a_known_weight_update_is_swept_again(scenario):
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps({"best": {"cache_threshold": 0.3, "balance_abs_threshold": 16, "balance_rel_threshold": 1.5}}))
     best = sw.tuned_thresholds(scenario, GRID)
-    assert best["weight_update"] in sw.WEIGHT_UPDATES
+    assert best["version_switch"] in sw.VERSION_SWITCHES
     assert json.loads(path.read_text())["best"] == best
 
 
@@ -166,8 +166,8 @@ def test_both_grids_hold_both_of_vllm_routers_documented_defaults(grid):
 
 def test_the_first_documented_default_is_what_the_router_runs_untuned():
     """vLLM Router's CLI defaults are what `cache-aware` (simulated) and `cadencerl router` run untuned."""
-    from cadencerl.router.settings import RouterSettings
     from cadencerl.policies.routers import CacheAware
+    from cadencerl.router.settings import RouterSettings
 
     cli_default = sw.DOCUMENTED_DEFAULTS[0]
     simulated = CacheAware()

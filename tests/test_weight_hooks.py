@@ -6,11 +6,11 @@ from pathlib import Path
 
 import pytest
 
-from cadencerl.config import ConfigError, builtin_scenario
-from cadencerl.engine.backend import EngineBackend, takes_keep_kv
-from cadencerl.devpool.weights import WeightPusher, WeightVersions
 from cadencerl.admission.misa import Admitted, MisaT
-from cadencerl.policies.routers import CacheAware, updates_in_place
+from cadencerl.config import ConfigError, builtin_scenario
+from cadencerl.devpool.weights import WeightPusher, WeightVersions
+from cadencerl.engine.backend import EngineBackend, takes_keep_kv
+from cadencerl.policies.routers import CacheAware
 from cadencerl.runs.real import assemble
 
 
@@ -47,9 +47,9 @@ def test_the_backend_hands_keep_kv_on_only_when_asked():
 def test_a_hook_that_cannot_keep_kv_is_refused_before_a_run_that_updates_in_place(tmp_path):
     assert takes_keep_kv(pusher(tmp_path)) and not takes_keep_kv(lambda worker, url, version: None)
     s = builtin_scenario("cpu-pair")
-    router = CacheAware(weight_update="in-place")
-    assert updates_in_place(router) and updates_in_place(Admitted(MisaT(s.workload.target_mix()), router))
-    assert not updates_in_place(CacheAware(weight_update="interrupt"))
+    router = CacheAware(version_switch="in-place")
+    assert router.updates_in_place and Admitted(MisaT(s.workload.target_mix()), router).updates_in_place
+    assert not CacheAware(version_switch="interrupt").updates_in_place
     with pytest.raises(ConfigError, match="weight_update: cache-aware updates its workers in place.*keep_kv"):
         assemble(s, router, ["http://127.0.0.1:9"], [], object(), weight_update=lambda worker, url, version: None)
 

@@ -31,7 +31,7 @@ from rich.table import Table  # noqa: E402
 
 from cadencerl.cli.common import scenario_from_options as scenario_of  # noqa: E402
 from cadencerl.config import ConfigError  # noqa: E402
-from cadencerl.policies.routers import WEIGHT_UPDATES  # noqa: E402
+from cadencerl.policies.routers import VERSION_SWITCHES  # noqa: E402
 from cadencerl.runs.registry import make_policy  # noqa: E402
 from cadencerl.runs.simulate import simulate  # noqa: E402
 from cadencerl.runs.sweep import tuned_thresholds  # noqa: E402
@@ -44,8 +44,8 @@ FIGURES = ("throughput_tok_s", "steady_throughput_tok_s", "latency_p95_s", "pref
 def run_one(args: argparse.Namespace, system: str, update: str) -> dict:
     """One system with one weight update, at the router's tuned thresholds (the sweep's cache)."""
     scenario = scenario_of(args)
-    r = simulate(scenario, make_policy(system, scenario, weight_update=update))
-    return {"system": system, "weight_update": update, **{k: r.get(k) for k in FIGURES}}
+    r = simulate(scenario, make_policy(system, scenario, version_switch=update))
+    return {"system": system, "version_switch": update, **{k: r.get(k) for k in FIGURES}}
 
 
 def _figure(value: float | None, fmt: str) -> str:
@@ -57,7 +57,7 @@ def table(name: str, rows: list[dict]) -> Table:
     for col in ("system", "weight update", "tok/s", "steady tok/s", "P95 s", "hit rate", "steady D_TV pp", "preemptions"):
         t.add_column(col, justify="right")
     for r in rows:
-        t.add_row(r["system"], r["weight_update"], f"{r['throughput_tok_s']:,.0f}",
+        t.add_row(r["system"], r["version_switch"], f"{r['throughput_tok_s']:,.0f}",
                   _figure(r["steady_throughput_tok_s"], ",.0f"), f"{r['latency_p95_s']:.1f}",
                   f"{100 * r['prefix_hit_rate']:.1f}%", _figure(r["mixture_dtv_steady_pp"], ".2f"),
                   f"{r['preemptions']:,}")
@@ -72,7 +72,7 @@ def best(rows: list[dict], system: str, figure: str) -> dict:
 def ratio_of_bests(rows: list[dict], figure: str) -> tuple[float, str, str]:
     """MISA-T's best over the router's best by `figure`, and the weight update each one took."""
     misa, router = best(rows, SYSTEMS[0], figure), best(rows, SYSTEMS[1], figure)
-    return (misa[figure] or 0.0) / (router[figure] or 1.0), misa["weight_update"], router["weight_update"]
+    return (misa[figure] or 0.0) / (router[figure] or 1.0), misa["version_switch"], router["version_switch"]
 
 
 def main() -> None:
@@ -92,8 +92,8 @@ def main() -> None:
     except ConfigError as exc:
         parser.error(str(exc))
     # tuned here once (and cached on disk), so the runs below read the sweep instead of each repeating it
-    thresholds = {k: v for k, v in tuned_thresholds(scenario).items() if k != "weight_update"}
-    runs = [(system, update) for system in SYSTEMS for update in WEIGHT_UPDATES]
+    thresholds = {k: v for k, v in tuned_thresholds(scenario).items() if k != "version_switch"}
+    runs = [(system, update) for system in SYSTEMS for update in VERSION_SWITCHES]
     with ProcessPoolExecutor(args.jobs) as pool:
         rows = list(pool.map(run_one, *zip(*[(args, s, u) for s, u in runs])))
     label = f"{scenario.name} ({scenario.workload.trajectories:,} sessions, batch {scenario.trainer.batch_size:,})"

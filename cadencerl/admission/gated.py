@@ -8,25 +8,26 @@ policy without its mechanism and charge the loss to admission.
 
 from __future__ import annotations
 
-from typing import Any
-
-from cadencerl.core.view import AdmissionGate, Policy
-
-# What a backend reads of a policy to set up a run (all but kv_transfer with getattr and a default).
-PLACEMENT_TRAITS = ("kv_transfer", "kv_staging", "weight_sync", "weight_update")
+from cadencerl.core.policy import AdmissionGate, Policy
 
 
-class Gated:
-    """`gate` decides which new sessions may start; `inner` places them and owns every trait."""
+class Gated(Policy):
+    """`gate` decides which new sessions may start; `inner` places them and owns every other trait."""
 
     def __init__(self, gate: AdmissionGate, inner: Policy, name: str) -> None:
-        self.gate: AdmissionGate = gate
+        self.gate = gate
         self.inner = inner
         self.name = name
-        self.queues_at_engine: bool = getattr(inner, "queues_at_engine", False)   # the layer reads it too
+        self.kv_transfer = inner.kv_transfer
+        self.kv_staging = inner.kv_staging
+        self.weight_sync = inner.weight_sync
+        self.queues_at_engine = inner.queues_at_engine
 
-    def __getattr__(self, attr: str) -> Any:
-        """The inner policy's trait (called only for what the wrapper does not set itself)."""
-        if attr in PLACEMENT_TRAITS:
-            return getattr(self.inner, attr)
-        raise AttributeError(f"{type(self).__name__!s} has no attribute {attr!r}")
+    @property
+    def updates_in_place(self) -> bool:     # read live: a tuned router's switch is set after wrapping
+        return self.inner.updates_in_place
+
+
+def placement_of(policy: Policy) -> Policy:
+    """The placement policy behind an admission layer (the policy itself when it has none)."""
+    return policy.inner if isinstance(policy, Gated) else policy

@@ -83,15 +83,16 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from cadencerl.config import ConfigError
-from cadencerl.core.actions import Action, Admit, Place
-from cadencerl.core.mix import target_counts
-from cadencerl.core.trajectory import Trajectory
-from cadencerl.core.view import Policy, PoolView
-from cadencerl.core.worker import Worker
 from cadencerl.admission.gated import Gated
 from cadencerl.admission.misa_goodput import GoodputClimb
 from cadencerl.admission.misa_learn import Learner
+from cadencerl.config import ConfigError
+from cadencerl.core.actions import Action, Admit, Place
+from cadencerl.core.mix import target_counts
+from cadencerl.core.policy import Policy
+from cadencerl.core.trajectory import Trajectory
+from cadencerl.core.view import PoolView
+from cadencerl.core.worker import Worker
 
 HIGH, LOW, TARGET = 0.90, 0.70, 0.80   # KV use bands: decrease above HIGH, grow toward TARGET below LOW
 DECREASE = 0.8                        # multiplicative decrease; its inverse bounds one growth step

@@ -16,10 +16,11 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator
 
+from cadencerl.admission.gated import Gated
 from cadencerl.config import ConfigError
 from cadencerl.core.actions import Action
-from cadencerl.core.view import Policy, PoolView
-from cadencerl.admission.gated import Gated
+from cadencerl.core.policy import Policy
+from cadencerl.core.view import PoolView
 from cadencerl.core.worker import Worker
 
 LABEL = re.compile(r"cap(\d+)")

@@ -25,8 +25,6 @@ from rich.text import Text
 from cadencerl.config import ConfigError, Scenario, builtin_scenario, load_scenario_file
 from cadencerl.runs.outputs import write_atomic
 
-
-
 # click's exception classes as typer uses them (typer >= 0.22 vendors its own click, older ones use click)
 ClickException = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "ClickException")
 UsageError = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "UsageError")

@@ -20,22 +20,15 @@ from pathlib import Path
 
 import typer
 
-from cadencerl.cli.common import BatchOpt, ConfigOpt, JsonOpt, ScenarioOpt, WorkersOpt, bug, check_json_target, fail
-from cadencerl.cli.common import POLICY_HELP, DeltaOpt, EtaOpt, SeedOpt, TrajectoriesOpt, given, int_list
-from cadencerl.cli.common import load_scenario, terminated_as_exit, write_json
+from cadencerl.cli.common import (POLICY_HELP, BatchOpt, ConfigOpt, DeltaOpt, EtaOpt, JsonOpt, ScenarioOpt, SeedOpt,
+                                  TrajectoriesOpt, WorkersOpt, bug, check_json_target, fail, given, int_list,
+                                  load_scenario, terminated_as_exit, write_json)
 from cadencerl.cli.live import announce_metrics, live_status
 from cadencerl.cli.pinning import pin_servers
 from cadencerl.cli.ray_pool import ray_urls
-from cadencerl.cli.tables import (
-    calibration_table,
-    console,
-    engine_table,
-    per_accelerator_table,
-    print_tables,
-    run_table,
-)
+from cadencerl.cli.tables import (calibration_table, console, engine_table, per_accelerator_table, print_tables,
+                                  run_table)
 from cadencerl.config import MAX_TOKENS, ConfigError
-
 
 
 def default_model_dir() -> Path:
@@ -51,7 +44,12 @@ def positive(name: str, value: int | None) -> None:
 
 def pool_config(workers: int, kv_tokens: int, max_num_seqs: int, max_model_len: int | None, dtype: str):
     """A validated PoolConfig for local servers, or a one-line error (also when vllm is missing)."""
-    from cadencerl.devpool.local_pool import PoolConfig, longest_model_len, vllm_available, vllm_python
+    from cadencerl.devpool.local_pool import (
+        PoolConfig,
+        longest_model_len,
+        vllm_available,
+        vllm_python,
+    )
 
     for name, value in (("workers", workers), ("kv_tokens", kv_tokens), ("max_num_seqs", max_num_seqs),
                         ("max_model_len", max_model_len)):
@@ -243,8 +241,8 @@ def _run_or_fail(start: Callable, status, policy: str, json_out: str | None) -> 
     naming why, and still leaves its record in `--json` (what finished is not lost with it)."""
     from cadencerl.core.actions import ActionError
     from cadencerl.core.controller import StallError
-    from cadencerl.engine.backend import EngineRunError
     from cadencerl.devpool.weights import WeightPushError
+    from cadencerl.engine.backend import EngineRunError
 
     pools = []
 

@@ -72,7 +72,9 @@ def announce_metrics(port: int | None, table_shown: bool) -> int | None:
     on stderr now, so `--metrics-port 0` (any free port) still says where Prometheus should scrape."""
     if port is None or table_shown:
         return port
-    from cadencerl.engine.exporter import HOST      # prometheus_client: not for every command's start-up
+    from cadencerl.engine.exporter import (
+        HOST,  # prometheus_client: not for every command's start-up
+    )
 
     if port == 0:
         with socket.socket() as probe:

@@ -10,22 +10,11 @@ from typing import Optional
 
 import typer
 
-from cadencerl.cli.common import ADMISSION_FORMS, POLICY_HELP, BatchOpt, ConfigOpt, DeltaOpt, EtaOpt, JsonOpt
-from cadencerl.cli.common import ScenarioOpt, SeedOpt, TrainerClusterOpt
-from cadencerl.cli.common import TrajectoriesOpt, bug, distinct, fail, int_list, load_scenario
-from cadencerl.cli.common import write_json
-from cadencerl.cli.tables import (
-    comparison_table,
-    console,
-    distance_note,
-    per_accelerator_table,
-    print_tables,
-    run_table,
-    scenarios_table,
-    sensitivity_table,
-    sweep_table,
-    weight_update_table,
-)
+from cadencerl.cli.common import (ADMISSION_FORMS, POLICY_HELP, BatchOpt, ConfigOpt, DeltaOpt, EtaOpt, JsonOpt,
+                                  ScenarioOpt, SeedOpt, TrainerClusterOpt, TrajectoriesOpt, bug, distinct, fail,
+                                  int_list, load_scenario, write_json)
+from cadencerl.cli.tables import (comparison_table, console, distance_note, per_accelerator_table, print_tables,
+                                  run_table, scenarios_table, sensitivity_table, sweep_table, version_switch_table)
 from cadencerl.config import ConfigError, Scenario
 from cadencerl.report.runner import progress_bar
 
@@ -187,7 +176,7 @@ def sweep(scenario: Optional[str] = ScenarioOpt, config: Optional[Path] = Config
     table = sweep_table(s.name, results)
     used = "for cache-aware-tuned " if grid == "quick" else ""
     table.caption = f"best: {best} " + (f"(saved {used}in {path})" if path is not None else "(not saved: see the warning)")
-    print_tables([table, weight_update_table(s.name, updates)], json_out == "-")
+    print_tables([table, version_switch_table(s.name, updates)], json_out == "-")
     write_json(json_out, {"best": best, "results": results, "weight_update_results": updates})
 
 

@@ -153,15 +153,15 @@ def sweep_table(scenario: str, results: list[dict]) -> Table:
     return table
 
 
-def weight_update_table(scenario: str, results: list[dict]) -> Table:
-    """The sweep's second stage: the best thresholds under each weight update, best first."""
-    table = Table(title=f"{scenario}: weight update at the best thresholds (best first)")
-    _label_column(table, "weight update", [r["weight_update"] for r in results])
+def version_switch_table(scenario: str, results: list[dict]) -> Table:
+    """The sweep's second stage: the best thresholds under each version switch, best first."""
+    table = Table(title=f"{scenario}: version switch at the best thresholds (best first)")
+    _label_column(table, "version switch", [r["version_switch"] for r in results])
     for col in ("throughput tok/s", "steady tok/s", "hit rate"):
         table.add_column(col, justify="right")
     for r in results:
         steady = r["steady_throughput_tok_s"]
-        table.add_row(r["weight_update"], f"{r['throughput_tok_s']:,.0f}", "-" if steady is None else f"{steady:,.0f}",
+        table.add_row(r["version_switch"], f"{r['throughput_tok_s']:,.0f}", "-" if steady is None else f"{steady:,.0f}",
                       f"{100 * r['prefix_hit_rate']:.1f}%")
     return table
 

@@ -18,11 +18,12 @@ from cadencerl.core.credits import CreditModel
 from cadencerl.core.diagnostics import StallError, all_lost_message, conservation_problems, stall_message
 from cadencerl.core.fresh import FreshQueue
 from cadencerl.core.pending import PendingSet
+from cadencerl.core.policy import AdmissionGate, Policy
 from cadencerl.core.recorder import Recorder
+from cadencerl.core.residency import attach, back_from_tool, detach, live_worker, retire, start, to_tool
 from cadencerl.core.trainer import MixRule, Trainer
 from cadencerl.core.trajectory import State, Trajectory
-from cadencerl.core.view import AdmissionGate, Policy, PoolView, strands_work
-from cadencerl.core.residency import attach, back_from_tool, detach, live_worker, retire, start, to_tool
+from cadencerl.core.view import PoolView, strands_work
 from cadencerl.core.worker import Worker
 
 PUBLISH, MIX_WAIT = "publish", "mix-wait"   # timer tags: a batch trained; a short class's wait bound ran out
@@ -48,8 +49,8 @@ class Controller:
                  kv_transfer_time: Callable[[Worker, Worker, Trajectory], float | None] | None = None,
                  kv_bytes_per_token: float = 0.0, sample_every_s: float = 5.0, mix: MixRule | None = None) -> None:
         self.policy = policy
-        self.gate: AdmissionGate | None = getattr(policy, "gate", None)   # handed to every view
-        self.queues_at_engine: bool = getattr(policy, "queues_at_engine", False)
+        self.gate: AdmissionGate | None = policy.gate   # handed to every view
+        self.queues_at_engine = policy.queues_at_engine
         self.backend = backend
         self.workers = workers
         self.trajectories = {t.id: t for t in trajectories}

@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Iterable, Iterator, Protocol
+from typing import TYPE_CHECKING, Iterator, Protocol
 
-from cadencerl.core.actions import Action
 from cadencerl.core.fresh import FreshQueue
 from cadencerl.core.pending import PendingSet
 from cadencerl.core.trajectory import Trajectory
@@ -94,30 +93,16 @@ class PoolView:
 
 
 class AdmissionGate(Protocol):
-    """An admission layer in front of placement: it holds new sessions, never continuations.
+    """An admission layer in front of placement: it holds new sessions back, never continuations.
 
-    A policy that has one exposes it as its `gate` attribute; the controller hands it to every
-    view it builds (a policy never writes to the view). Every question takes the view it is asked
-    about, so each answer is a function of that view and the gate's own books (what it admitted
-    and learned), never of which question came before: a caller may ask them in any order."""
+    Every question takes the view it is asked about, so an answer is a function of that view and
+    the gate's own books (what it admitted and learned), never of which question came first."""
 
     def open_classes(self, view: PoolView, version: int | None = None) -> set[str]:
-        """The classes a new session may come from now (to start under `version`; None: whichever
-        the layer fills)."""
+        """The classes a new session may come from now (to start under `version`; None: any)."""
 
-    def accepts(self, view: PoolView, worker: Worker) -> bool: ...
+    def accepts(self, view: PoolView, worker: Worker) -> bool:
+        """May `worker` take a new session now?"""
 
-    def remaining(self, view: PoolView) -> int: ...
-
-
-class Policy(Protocol):
-    """A placement policy: observable state in, actions out.
-
-    `decide` is a generator; the controller applies each action as it is yielded, so the policy
-    sees the effect of its earlier actions (headroom, pending) in the same view.
-    """
-
-    name: str
-    kv_transfer: bool  # may a move restore KV over the cluster link instead of re-prefilling?
-
-    def decide(self, view: PoolView) -> Iterable[Action]: ...
+    def remaining(self, view: PoolView) -> int:
+        """New sessions the layer lets start now, over the whole pool."""

@@ -26,8 +26,8 @@ from cadencerl.core.controller import PUBLISH
 from cadencerl.core.trajectory import Trajectory, turn_target
 from cadencerl.core.worker import Worker
 from cadencerl.engine.client import Timeouts, VLLMClient
-from cadencerl.engine.errors import EngineError
 from cadencerl.engine.clock import EngineRunError, WallClock
+from cadencerl.engine.errors import EngineError
 from cadencerl.engine.prompts import synthetic_observation, synthetic_prompt
 from cadencerl.engine.records import WorkerRecord
 from cadencerl.engine.server_metrics import EngineMetrics

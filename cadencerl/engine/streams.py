@@ -22,8 +22,8 @@ from dataclasses import dataclass, field
 from cadencerl.core.backend import WorkerLost
 from cadencerl.core.trajectory import Meter, Trajectory
 from cadencerl.engine.client import Liveness, VLLMClient
-from cadencerl.engine.errors import EngineError, EngineHTTPError, EngineTimeoutError, EngineUnreachableError
 from cadencerl.engine.clock import EngineRunError, WallClock
+from cadencerl.engine.errors import EngineError, EngineHTTPError, EngineTimeoutError, EngineUnreachableError
 from cadencerl.engine.records import WorkerRecord
 
 

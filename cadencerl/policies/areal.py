@@ -13,13 +13,14 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from cadencerl.core.actions import Action, Admit
+from cadencerl.core.policy import Policy
 from cadencerl.core.trajectory import Trajectory
 from cadencerl.core.view import PoolView
 from cadencerl.core.worker import Worker
 from cadencerl.policies.base import GroupAffinity, Rotation, fits, grouped, interrupt_behind, place_pending
 
 
-class AReaL:
+class AReaL(Policy):
     kv_transfer = False
 
     def __init__(self, group_affinity: bool = False) -> None:

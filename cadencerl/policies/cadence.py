@@ -82,6 +82,7 @@ from collections.abc import Iterator
 
 from cadencerl.config import PolicySpec
 from cadencerl.core.actions import Action, Admit, Advance, Batch, Evict, Place
+from cadencerl.core.policy import Policy
 from cadencerl.core.trajectory import Trajectory, contexts
 from cadencerl.core.view import PoolView
 from cadencerl.core.worker import Worker
@@ -90,7 +91,7 @@ from cadencerl.policies.cadence_rooms import RoomIndex, RoomTerms
 from cadencerl.policies.cadence_state import GrowthMeter
 
 
-class Cadence:
+class Cadence(Policy):
     def __init__(self, params: PolicySpec, name: str = "cadence") -> None:
         self.name = name
         self.params = params

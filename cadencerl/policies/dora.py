@@ -14,12 +14,13 @@ from collections.abc import Iterator
 
 from cadencerl.config import ConfigError, Scenario
 from cadencerl.core.actions import Action, Advance
+from cadencerl.core.policy import Policy
 from cadencerl.core.view import PoolView
 from cadencerl.policies.base import GroupAffinity, admit_fresh, advance_idle, grouped, move, pack, place_pending
 from cadencerl.policies.least_loaded import least_loaded
 
 
-class Dora:
+class Dora(Policy):
     kv_transfer = True
 
     def __init__(self, group_affinity: bool = False) -> None:

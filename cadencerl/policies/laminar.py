@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from cadencerl.core.actions import Action
+from cadencerl.core.policy import Policy
 from cadencerl.core.view import PoolView
 from cadencerl.core.worker import Worker
 from cadencerl.policies.base import GroupAffinity, admit_fresh, advance_idle, grouped, move, pack, place_pending
@@ -26,7 +27,7 @@ REPACK_UTILIZATION = 0.25
 TARGET_MARGIN = 0.10
 
 
-class Laminar:
+class Laminar(Policy):
     kv_transfer = True
     weight_sync = "prefetch"   # relays hold each new version; a worker pulls it when ready
 

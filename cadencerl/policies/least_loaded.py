@@ -5,12 +5,13 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from cadencerl.core.actions import Action
+from cadencerl.core.policy import Policy
 from cadencerl.core.view import PoolView
 from cadencerl.core.worker import Worker
 from cadencerl.policies.base import GroupAffinity, admit_fresh, advance_idle, grouped, place_pending
 
 
-class LeastLoaded:
+class LeastLoaded(Policy):
     """`ties_to_last` breaks a tie in load toward the highest worker id instead of the lowest: the same
     rule with another arbitrary choice, which measures how far the floor itself moves on a mixed pool
     (where the ids order the accelerator types)."""

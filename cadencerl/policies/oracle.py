@@ -16,17 +16,17 @@ from collections.abc import Iterator
 import numpy as np
 
 from cadencerl.core.actions import Action, Admit
+from cadencerl.core.policy import Policy
 from cadencerl.core.spec import TrajectorySpec, total_tokens
 from cadencerl.core.view import PoolView
 from cadencerl.core.worker import Worker
 from cadencerl.hardware.perf import WorkerPerf
 from cadencerl.policies.base import advance_idle, place_pending
 
-
 WINDOW = 1024   # arrivals reordered at most this far ahead (taking from deep in the fresh queue costs its depth)
 
 
-class Clairvoyant:
+class Clairvoyant(Policy):
     name = "oracle"
     kv_transfer = False
     weight_sync = "prefetch"

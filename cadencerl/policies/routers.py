@@ -11,7 +11,7 @@ router's own in-flight count per worker: it sees no KV or token figures.
   else least-loaded; the request's text is then inserted in the chosen worker's tree.
 
 How a router's workers take new weights is the rollout system's choice, not the router's, and the
-simulator models it here (`weight_update`): `when-idle` (a worker moves once it holds no resident,
+simulator models it here (`version_switch`): `when-idle` (a worker moves once it holds no resident,
 its version's eta budget is spent and it is not the last home of that version's unfinished work),
 `interrupt` (every worker moves at publish, its running requests aborted and re-prefilled:
 AReaL, verl's and slime's partial rollout) or `in-place` (every worker moves at publish, its
@@ -27,23 +27,18 @@ from bisect import bisect_right
 from collections.abc import Iterator
 
 from cadencerl.config import ConfigError
-from cadencerl.policies.prefix_tree import PrefixTree
 from cadencerl.core.actions import Action, Admit, Place
+from cadencerl.core.policy import Policy
 from cadencerl.core.trajectory import Trajectory
 from cadencerl.core.view import PoolView
 from cadencerl.core.worker import Worker
 from cadencerl.policies.base import Rotation, advance_idle, interrupt_behind, update_behind_in_place
+from cadencerl.policies.prefix_tree import PrefixTree
 
-WEIGHT_UPDATES = {"when-idle": advance_idle, "interrupt": interrupt_behind, "in-place": update_behind_in_place}
-
-
-def updates_in_place(policy: object) -> bool:
-    """Does `policy` (a router, or an admission layer in front of one) update its workers in place?
-    The real path's weight-update hook is then called with `keep_kv=True`."""
-    return getattr(policy, "weight_update", None) == "in-place"
+VERSION_SWITCHES = {"when-idle": advance_idle, "interrupt": interrupt_behind, "in-place": update_behind_in_place}
 
 
-class Router:
+class Router(Policy):
     """The routing loop shared by every router: continuations first, then new sessions. A pinned
     trajectory (`Trajectory.pin`) goes to its worker or waits: no other worker can serve it; an
     admission layer's caps do not hold it (`PoolView.accepts_new`), its class gate still may."""
@@ -51,13 +46,17 @@ class Router:
     name = "router"
     kv_transfer = False
     queues_at_engine = True
-    weight_update = "when-idle"     # a key of WEIGHT_UPDATES
+    version_switch = "when-idle"     # a key of VERSION_SWITCHES
+
+    @property
+    def updates_in_place(self) -> bool:
+        return self.version_switch == "in-place"
 
     def route(self, view: PoolView, traj: Trajectory, workers: list[Worker]) -> Worker:
         raise NotImplementedError
 
     def decide(self, view: PoolView) -> Iterator[Action]:
-        yield from WEIGHT_UPDATES[self.weight_update](view)
+        yield from VERSION_SWITCHES[self.version_switch](view)
         by_version: dict[int, list[Worker]] = {}
         for w in view.alive():
             by_version.setdefault(w.version, []).append(w)
@@ -152,10 +151,10 @@ class CacheAware(Router):
 
     def __init__(self, cache_threshold: float = 0.3, balance_abs_threshold: int = 64,
                  balance_rel_threshold: float = 1.5, eviction_interval_s: float = 120.0,
-                 max_tree_size: int = 2**26, weight_update: str = "when-idle") -> None:
-        if weight_update not in WEIGHT_UPDATES:
-            raise ConfigError(f"weight_update: expected one of {', '.join(WEIGHT_UPDATES)}, got {weight_update!r}")
-        self.weight_update = weight_update
+                 max_tree_size: int = 2**26, version_switch: str = "when-idle") -> None:
+        if version_switch not in VERSION_SWITCHES:
+            raise ConfigError(f"version_switch: expected one of {', '.join(VERSION_SWITCHES)}, got {version_switch!r}")
+        self.version_switch = version_switch
         self.cache_threshold = cache_threshold
         self.balance_abs_threshold = balance_abs_threshold
         self.balance_rel_threshold = balance_rel_threshold

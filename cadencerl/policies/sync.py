@@ -13,12 +13,13 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from cadencerl.core.actions import Action, Admit, Advance
+from cadencerl.core.policy import Policy
 from cadencerl.core.view import PoolView
 from cadencerl.policies.base import GroupAffinity, fits, grouped, place_pending
 from cadencerl.policies.least_loaded import least_loaded
 
 
-class Synchronous:
+class Synchronous(Policy):
     kv_transfer = False
 
     def __init__(self, overlap: bool, group_affinity: bool = False) -> None:

@@ -10,7 +10,6 @@ from dataclasses import dataclass
 from cadencerl.config import Scenario, builtin_scenario
 from cadencerl.runs.reference import REFERENCE
 
-
 HOMOGENEOUS_POLICIES = ("cadence", "sync", "one-off", "dora", "laminar", "areal", "least-loaded")
 HETEROGENEOUS_POLICIES = tuple(p for p in HOMOGENEOUS_POLICIES if p != "dora")  # DORA* assumes homogeneous hardware
 ASYNC_BASELINES = ("dora", "laminar", "areal")

@@ -19,13 +19,14 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from cadencerl.admission.misa import MisaT
 from cadencerl.engine.urls import check_server_url
 from cadencerl.router.disconnect import CLIENT_CLOSED, while_connected
 from cadencerl.router.passthrough import PASS_THROUGH, pass_through
 from cadencerl.router.proxy import forward
 from cadencerl.router.request_id import RequestIdMiddleware
-from cadencerl.router.responses import UNKNOWN_RESPONSE, stored_response
 from cadencerl.router.requests import ApiError, Routed, error_response, read_request
+from cadencerl.router.responses import UNKNOWN_RESPONSE, stored_response
 from cadencerl.router.service import Rejected, RouterService
 from cadencerl.router.settings import ADMIN_TOKEN_ENV, RouterSettings
 
@@ -159,7 +160,7 @@ async def _readiness(request: Request) -> Response:
 async def _metrics(request: Request) -> Response:
     svc: RouterService = request.app.state.service
     m, st = svc.metrics, svc.state
-    misa = getattr(st.policy, "misa", None)
+    misa = st.policy.gate if isinstance(st.policy.gate, MisaT) else None
     caps = misa.caps if misa is not None else {}
     held = misa.learner.held_off_engine() if misa is not None else {}
     for up, w in zip(svc.upstreams, st.workers):

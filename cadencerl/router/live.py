@@ -17,14 +17,16 @@ from collections import Counter, OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from cadencerl.admission.gated import placement_of
 from cadencerl.core.actions import Action, ActionError, Admit, Place
 from cadencerl.core.credits import CreditModel
 from cadencerl.core.fresh import FreshQueue
 from cadencerl.core.pending import PendingSet
+from cadencerl.core.policy import Policy
+from cadencerl.core.residency import attach, back_from_tool, detach, live_worker, retire, start, to_tool
 from cadencerl.core.spec import HiddenLength, TrajectorySpec
 from cadencerl.core.trajectory import State, Trajectory
-from cadencerl.core.view import Policy, PoolView
-from cadencerl.core.residency import attach, back_from_tool, detach, live_worker, retire, start, to_tool
+from cadencerl.core.view import PoolView
 from cadencerl.core.worker import Worker
 from cadencerl.engine.server_metrics import EngineMetrics
 
@@ -201,7 +203,7 @@ class LiveState:
         return PoolView(now=now, trainer_version=0, next_batch=0, workers=self.workers, pending=self.pending,
                         fresh=self.hold, credits=self.credits, trainer_busy=False,
                         in_flight=sum(self.active_by_class.values()), tool_waiting=self.tool_waiting,
-                        gate=getattr(self.policy, "gate", None), active_by_class=self.active_by_class)
+                        gate=self.policy.gate, active_by_class=self.active_by_class)
 
     def decide(self, now: float, exclude: frozenset[int] = frozenset()) -> list[Action]:
         """One pass of the policy over the live state; its Admit and Place actions, applied.
@@ -246,7 +248,7 @@ class LiveState:
         ok = [w for w in self.workers if w.alive and w.id not in exclude]
         if not ok:
             return None
-        placement = getattr(self.policy, "inner", self.policy)     # past an admission layer
+        placement = placement_of(self.policy)
         spec = TrajectorySpec(id=OUTSIDE, group=group, prompt_len=max(1, prompt_len),
                               response=HiddenLength(0, _SEALED), workload_class="", affinity=affinity)
         return placement.route(self.view(now), Trajectory(spec), ok).id

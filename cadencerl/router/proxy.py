@@ -25,10 +25,10 @@ from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
 from cadencerl.router.background import running_id
+from cadencerl.router.coalesce import ready_runs
 from cadencerl.router.framing import EventFramer
 from cadencerl.router.live import Session
 from cadencerl.router.requests import ApiError, Routed
-from cadencerl.router.coalesce import ready_runs
 from cadencerl.router.service import RouterService
 from cadencerl.router.stored import ResponseStream
 

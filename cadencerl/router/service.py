@@ -15,10 +15,12 @@ from contextlib import contextmanager
 
 import httpx
 
+from cadencerl.admission.misa import Admitted, MisaT
 from cadencerl.core.actions import Admit
+from cadencerl.core.policy import Policy
 from cadencerl.core.trajectory import State
-from cadencerl.core.view import Policy
 from cadencerl.core.worker import Worker
+from cadencerl.policies.routers import CacheAware, ConsistentHash, LeastLoadedRouter, RoundRobin, StickyLeastLoaded
 from cadencerl.router.background import Followers, follow
 from cadencerl.router.live import LiveState, Session
 from cadencerl.router.metrics import RouterMetrics
@@ -27,8 +29,6 @@ from cadencerl.router.settings import RouterSettings
 from cadencerl.router.stored import ResponseOwners
 from cadencerl.router.transport import ShardedTransport
 from cadencerl.router.upstream import Upstream, probe, scrape
-from cadencerl.admission.misa import Admitted, MisaT
-from cadencerl.policies.routers import CacheAware, ConsistentHash, LeastLoadedRouter, RoundRobin, StickyLeastLoaded
 
 GROUPS_PER_WORKER = 4096    # prompt groups remembered per server, for the router's own hit count
 

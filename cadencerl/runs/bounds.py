@@ -30,8 +30,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from cadencerl.core.spec import TrajectorySpec
 from cadencerl.config import Scenario
+from cadencerl.core.spec import TrajectorySpec
 from cadencerl.core.worker import Worker
 from cadencerl.hardware.catalog import GB
 from cadencerl.hardware.perf import WorkerPerf

@@ -11,24 +11,23 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 
-from cadencerl.runs.bounds import add_bounds
 from cadencerl.config import ConfigError, Scenario
 from cadencerl.core.controller import Controller
 from cadencerl.core.mix import MixRule
-from cadencerl.core.view import Policy
+from cadencerl.core.policy import Policy
+from cadencerl.core.spec import TrajectorySpec
 from cadencerl.core.trajectory import Trajectory
 from cadencerl.core.worker import Worker
 from cadencerl.engine.backend import EngineBackend, WeightUpdate, takes_keep_kv
-from cadencerl.engine.clock import EngineRunError
 from cadencerl.engine.client import Timeouts
+from cadencerl.engine.clock import EngineRunError
 from cadencerl.engine.errors import EngineError, ModelMismatchError
 from cadencerl.engine.urls import check_server_url
 from cadencerl.hardware import catalog
 from cadencerl.hardware.perf import WorkerPerf
-from cadencerl.runs.summary import summarize
-from cadencerl.policies.routers import updates_in_place
 from cadencerl.runs.assemble import build_pool, check_fits_somewhere, check_model_len
-from cadencerl.core.spec import TrajectorySpec
+from cadencerl.runs.bounds import add_bounds
+from cadencerl.runs.summary import summarize
 
 DEFAULT_LABEL = "cpu-tiny"
 MAX_DEADLINE_S = 7 * 86_400.0       # a rollout's deadline: at most a week (beyond, a typo, not a plan)
@@ -100,7 +99,7 @@ def assemble(scenario: Scenario, policy: Policy, urls: Sequence[str], specs: lis
     With `on_publish_due`, a trainer outside the controller trains each batch the controller forms
     and says when through `backend.publish_now()` (the trainer API does this)."""
     started = time.perf_counter()
-    if weight_update is not None and updates_in_place(policy) and not takes_keep_kv(weight_update):
+    if weight_update is not None and policy.updates_in_place and not takes_keep_kv(weight_update):
         raise ConfigError(f"weight_update: {policy.name} updates its workers in place, so the hook is called "
                           "as hook(worker, url, version, keep_kv=True); give it a keep_kv parameter")
     urls = parse_urls(urls)

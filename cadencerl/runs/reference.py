@@ -15,7 +15,6 @@ from cadencerl.runs.assemble import build_pool
 from cadencerl.runs.simulate import simulate
 from cadencerl.workload.generate import generate
 
-
 REFERENCE = Clairvoyant.name   # the policy name its results carry; the report's runner asks for it by this name
 
 

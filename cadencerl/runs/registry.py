@@ -13,19 +13,19 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from cadencerl.admission.misa import Admitted, MisaT
+from cadencerl.admission.misa_goodput import GoodputClimb
+from cadencerl.admission.session_cap import Capped, SessionCap, parse_cap
 from cadencerl.config import ConfigError, Scenario
-from cadencerl.core.view import Policy
+from cadencerl.core.policy import Policy
 from cadencerl.policies.areal import AReaL
 from cadencerl.policies.cadence import Cadence
 from cadencerl.policies.dora import dora_for
 from cadencerl.policies.laminar import Laminar
 from cadencerl.policies.least_loaded import LeastLoaded
+from cadencerl.policies.routers import (VERSION_SWITCHES, CacheAware, ConsistentHash, LeastLoadedRouter, RoundRobin,
+                                        StickyLeastLoaded)
 from cadencerl.policies.sync import Synchronous
-from cadencerl.admission.misa import Admitted, MisaT
-from cadencerl.admission.misa_goodput import GoodputClimb
-from cadencerl.admission.session_cap import Capped, SessionCap, parse_cap
-from cadencerl.policies.routers import (WEIGHT_UPDATES, CacheAware, ConsistentHash, LeastLoadedRouter, RoundRobin,
-                                       StickyLeastLoaded)
 
 
 def _tuned_cache_aware(scenario: Scenario) -> Policy:
@@ -92,8 +92,8 @@ def policy_names() -> list[str]:
 
 
 def make_policy(name: str, scenario: Scenario, admission: str | None = None,
-                weight_update: str | None = None) -> Policy:
-    """A fresh policy (policies keep state across one run) by name, for `scenario`. `weight_update`
+                version_switch: str | None = None) -> Policy:
+    """A fresh policy (policies keep state across one run) by name, for `scenario`. `version_switch`
     fixes how `cache-aware-tuned`'s workers take new weights instead of tuning it."""
     if "+" in name:
         if admission is not None:
@@ -105,13 +105,13 @@ def make_policy(name: str, scenario: Scenario, admission: str | None = None,
     if admission is not None and admission != "none" and admission not in ADMISSIONS and cap is None:
         raise ConfigError(f"admission: unknown admission layer {admission!r} "
                           f"(known: none, {', '.join(ADMISSIONS)}, cap<N> for N sessions in flight)")
-    if weight_update is not None and (name != "cache-aware-tuned" or weight_update not in WEIGHT_UPDATES):
-        raise ConfigError(f"weight_update: {weight_update!r} is not one of {', '.join(WEIGHT_UPDATES)} "
+    if version_switch is not None and (name != "cache-aware-tuned" or version_switch not in VERSION_SWITCHES):
+        raise ConfigError(f"version_switch: {version_switch!r} is not one of {', '.join(VERSION_SWITCHES)} "
                           f"or {name} is not cache-aware-tuned")
     if admission not in ADMISSIONS and cap is None:
         policy = FACTORIES[name](scenario)
-        if weight_update is not None:
-            policy.weight_update = weight_update
+        if version_switch is not None:
+            policy.version_switch = version_switch
         return policy
 
     def admitted(inner: Policy) -> Policy:
@@ -121,11 +121,11 @@ def make_policy(name: str, scenario: Scenario, admission: str | None = None,
         return Admitted(MisaT(scenario.workload.target_mix(), climb=climb), inner, label=admission)
 
     if name == "cache-aware-tuned":   # the tuned router's thresholds; the weight update tuned for this system
-        from cadencerl.runs.sweep import tuned_weight_update
+        from cadencerl.runs.sweep import tuned_version_switch
 
         def build(update: str) -> Policy:
             router = FACTORIES[name](scenario)
-            router.weight_update = update
+            router.version_switch = update
             return admitted(router)
-        return build(weight_update or tuned_weight_update(scenario, f"{admission}+{name}", build))
+        return build(version_switch or tuned_version_switch(scenario, f"{admission}+{name}", build))
     return admitted(FACTORIES[name](scenario))

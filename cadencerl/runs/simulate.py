@@ -8,17 +8,17 @@ from collections.abc import Callable
 from cadencerl.config import Scenario
 from cadencerl.core.controller import Controller
 from cadencerl.core.mix import MixRule
+from cadencerl.core.policy import Policy
 from cadencerl.core.trajectory import Trajectory
-from cadencerl.core.view import Policy
 from cadencerl.core.worker import Worker
 from cadencerl.hardware import catalog
-from cadencerl.sim.kv_moves import KvMoves
-from cadencerl.sim.links import Links
-from cadencerl.sim.weights import WeightSync
 from cadencerl.runs.assemble import build_pool, check_fits_somewhere
 from cadencerl.runs.bounds import add_bounds
 from cadencerl.runs.summary import summarize
 from cadencerl.sim.backend import SimBackend
+from cadencerl.sim.kv_moves import KvMoves
+from cadencerl.sim.links import Links
+from cadencerl.sim.weights import WeightSync
 from cadencerl.workload.generate import generate
 
 
@@ -41,8 +41,8 @@ def simulate(scenario: Scenario, policy: Policy, *, exact: bool = False,
     links = Links()
     weights = WeightSync(catalog.model(scenario.model).weight_bytes, [w.cluster for w in workers],
                          [w.tp for w in workers], _trainer_cluster(workers, scenario.trainer.cluster),
-                         getattr(policy, "weight_sync", "on-demand"), links)
-    kv = KvMoves(workers, perfs, links, staging=getattr(policy, "kv_staging", False)) if policy.kv_transfer else None
+                         policy.weight_sync, links)
+    kv = KvMoves(workers, perfs, links, staging=policy.kv_staging) if policy.kv_transfer else None
     backend = SimBackend(perfs, key, exact=exact, weights=weights, kv=kv)
     ctl = Controller(policy, backend, workers, trajectories, batch_size=scenario.trainer.batch_size,
                      params=scenario.policy, train_time_s=scenario.trainer.train_time_s,

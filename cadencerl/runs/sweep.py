@@ -9,7 +9,7 @@ The grid holds both of vllm-router's documented defaults, which disagree (refere
 its CLI parser's 0.3 / 64 / 1.5 (what `cache-aware` runs untuned, and where a user starts) and its
 load-balancing docs' 0.5 / 32 / 1.1.
 
-A second stage tunes how the router's workers take new weights (`weight_update`, see
+A second stage tunes how the router's workers take new weights (`version_switch`, see
 `policies/routers.py`) at the best thresholds. Which pays depends on the load (interrupting at
 publish wins under KV pressure, where waiting for a worker to empty idles it; it loses on a light
 load, where it throws away prefixes; updating in place keeps the workers busy and the KV, at the
@@ -32,8 +32,9 @@ from functools import cache
 from pathlib import Path
 
 from cadencerl.config import Scenario
-from cadencerl.core.view import Policy
-from cadencerl.policies.routers import WEIGHT_UPDATES as ROUTER_WEIGHT_UPDATES, CacheAware
+from cadencerl.core.policy import Policy
+from cadencerl.policies.routers import VERSION_SWITCHES as ROUTER_WEIGHT_UPDATES
+from cadencerl.policies.routers import CacheAware
 from cadencerl.runs.outputs import write_atomic
 from cadencerl.runs.simulate import simulate
 
@@ -44,7 +45,7 @@ DOCUMENTED_DEFAULTS = ({"cache_threshold": 0.3, "balance_abs_threshold": 64, "ba
 FULL_GRID = {"cache_threshold": [0.1, 0.3, 0.5, 0.7, 0.9], "balance_abs_threshold": [8, 16, 32, 64, 128],
              "balance_rel_threshold": [1.1, 1.5, 2.0]}
 TUNE_TRAJECTORIES = 4096
-WEIGHT_UPDATES = tuple(ROUTER_WEIGHT_UPDATES)   # when-idle first: a tie keeps the old rule
+VERSION_SWITCHES = tuple(ROUTER_WEIGHT_UPDATES)   # when-idle first: a tie keeps the old rule
 UPDATE_TUNE_BATCHES = 8
 log = logging.getLogger(__name__)
 
@@ -106,22 +107,22 @@ def update_tune_batches(scenario: Scenario) -> int:
     return min(UPDATE_TUNE_BATCHES, -(-scenario.workload.trajectories // scenario.trainer.batch_size))
 
 
-def sweep_weight_update(scenario: Scenario, build: Callable[[str], Policy],
+def sweep_version_switch(scenario: Scenario, build: Callable[[str], Policy],
                         progress: Callable[[int, int], None] | None = None) -> list[dict]:
-    """`build(weight_update)` under each weight update, over `UPDATE_TUNE_BATCHES` batches; best
+    """`build(version_switch)` under each weight update, over `UPDATE_TUNE_BATCHES` batches; best
     steady throughput first (the whole run's where the run is too short for a steady window)."""
     tune = scenario
     if update_tune_batches(scenario) < -(-scenario.workload.trajectories // scenario.trainer.batch_size):
         tune = scenario.with_overrides(workload={"trajectories": UPDATE_TUNE_BATCHES * scenario.trainer.batch_size})
     results = []
-    for i, update in enumerate(WEIGHT_UPDATES):
+    for i, update in enumerate(VERSION_SWITCHES):
         r = simulate(tune, build(update))
         steady = r.get("steady_throughput_tok_s") or None    # absent (or empty) on a run of under 3 batches
-        results.append({"weight_update": update, "throughput_tok_s": r["throughput_tok_s"],
+        results.append({"version_switch": update, "throughput_tok_s": r["throughput_tok_s"],
                         "steady_throughput_tok_s": steady, "prefix_hit_rate": r["prefix_hit_rate"],
                         "score_tok_s": steady or r["throughput_tok_s"]})
         if progress:
-            progress(i + 1, len(WEIGHT_UPDATES))
+            progress(i + 1, len(VERSION_SWITCHES))
     return sorted(results, key=lambda r: -r["score_tok_s"])
 
 
@@ -129,7 +130,7 @@ def save(scenario: Scenario, grid: dict, results: list[dict], updates: list[dict
     """Cache the best setting of a finished sweep (atomically: a reader never sees half a file); the
     best and where it went. A cache that cannot be written costs the next run a sweep, not this run
     its result: a warning, and no path."""
-    best = {**{k: results[0][k] for k in grid}, "weight_update": updates[0]["weight_update"]}
+    best = {**{k: results[0][k] for k in grid}, "version_switch": updates[0]["version_switch"]}
     path = cache_path(scenario, grid)
     text = json.dumps({"scenario": scenario.name, "grid": grid, "best": best, "results": results,
                        "weight_update_results": updates}, indent=1)
@@ -148,8 +149,8 @@ def _cached_best(path: Path, grid: dict) -> dict | None:
         if not path.is_file():
             return None
         best = json.loads(path.read_text(encoding="utf-8"))["best"]
-        if set(best) != {*grid, "weight_update"} or not all(best[k] in grid[k] for k in grid) \
-                or best["weight_update"] not in WEIGHT_UPDATES:
+        if set(best) != {*grid, "version_switch"} or not all(best[k] in grid[k] for k in grid) \
+                or best["version_switch"] not in VERSION_SWITCHES:
             raise ValueError("its best point is not on the grid")
         return best
     except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError) as exc:
@@ -162,7 +163,7 @@ def tune(scenario: Scenario, grid: dict, progress: Callable[[int, int], None] | 
     """Both stages: the threshold sweep, then the weight update at its best point."""
     results = sweep(scenario, grid, progress)
     point = {k: results[0][k] for k in grid}
-    return results, sweep_weight_update(scenario, lambda u: CacheAware(**point, weight_update=u), update_progress)
+    return results, sweep_version_switch(scenario, lambda u: CacheAware(**point, version_switch=u), update_progress)
 
 
 def tuned_thresholds(scenario: Scenario, grid: dict | None = None,
@@ -175,11 +176,11 @@ def tuned_thresholds(scenario: Scenario, grid: dict | None = None,
     return best
 
 
-def tuned_weight_update(scenario: Scenario, label: str, build: Callable[[str], Policy]) -> str:
+def tuned_version_switch(scenario: Scenario, label: str, build: Callable[[str], Policy]) -> str:
     """The weight update that serves `build` best on `scenario` (the sweep's second stage, for a
     policy in front of the tuned router: each system gets its own best), cached like a sweep."""
     grid = {"policy": [label]}
     best = _cached_best(cache_path(scenario, grid), grid)
     if best is None:
-        best, _ = save(scenario, grid, [{"policy": label}], sweep_weight_update(scenario, build))
-    return best["weight_update"]
+        best, _ = save(scenario, grid, [{"policy": label}], sweep_version_switch(scenario, build))
+    return best["version_switch"]

@@ -13,8 +13,8 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from cadencerl.config import MAX_SECONDS, MAX_TOKENS, MAX_TRAJECTORIES, ConfigError, format_validation_error
-from cadencerl.user_files import read_text_file
 from cadencerl.core.spec import HiddenLength, SealedTurns, TrajectorySpec, Turn
+from cadencerl.user_files import read_text_file
 
 MAX_TRACE_BYTES = 1 << 28   # 256 MiB: a million trajectories of multi-turn lines
 

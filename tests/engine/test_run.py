@@ -24,16 +24,16 @@ from cadencerl.api import RolloutPool
 from cadencerl.cli.main import app
 from cadencerl.config import ConfigError, builtin_scenario
 from cadencerl.core.actions import Evict
-from cadencerl.engine.prompts import synthetic_prompt
-from cadencerl.engine.server_metrics import kv_tokens_from_metrics
-from cadencerl.engine.calibrate import StepSample, fit
 from cadencerl.devpool.local_pool import LocalPool, PoolConfig
 from cadencerl.devpool.processes import group_members
-from cadencerl.runs.real import parse_urls, resolve_labels
-from cadencerl.runs.registry import make_policy
+from cadencerl.engine.calibrate import StepSample, fit
+from cadencerl.engine.prompts import synthetic_prompt
+from cadencerl.engine.server_metrics import kv_tokens_from_metrics
 from cadencerl.hardware import catalog
 from cadencerl.hardware.perf import make_perf
 from cadencerl.policies import cadence
+from cadencerl.runs.real import parse_urls, resolve_labels
+from cadencerl.runs.registry import make_policy
 from tests.conftest import sim
 
 KV_TOKENS = 1536

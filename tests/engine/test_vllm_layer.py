@@ -20,13 +20,7 @@ from typing import Any, TypeVar
 import httpx
 import pytest
 
-from cadencerl.devpool.local_pool import (
-    STATE_FILE,
-    LocalPool,
-    PoolConfig,
-    PoolError,
-    down,
-)
+from cadencerl.devpool.local_pool import STATE_FILE, LocalPool, PoolConfig, PoolError, down
 from cadencerl.devpool.processes import group_members, pid_alive
 from cadencerl.devpool.tiny_model import FORMAT_VERSION, MARKER, TINY_ARCH, build_tiny_model
 from cadencerl.engine.client import Timeouts, VLLMClient

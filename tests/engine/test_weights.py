@@ -7,8 +7,8 @@ The first test needs no server.
 
 from __future__ import annotations
 
-import json
 import asyncio
+import json
 import statistics
 import struct
 from collections.abc import Iterator
@@ -20,9 +20,9 @@ import pytest
 
 from cadencerl.api import RolloutPool
 from cadencerl.config import builtin_scenario
-from cadencerl.engine.client import GenerationOutcome, VLLMClient
 from cadencerl.devpool.local_pool import SERVED_MODEL_NAME, LocalPool
 from cadencerl.devpool.weights import WeightPusher, WeightVersions, perturb_safetensors
+from cadencerl.engine.client import GenerationOutcome, VLLMClient
 from tests.engine.waits import poll_metrics
 
 pytestmark = pytest.mark.timeout(420)

@@ -12,6 +12,5 @@ from cadencerl.report.sections.simulator_change import simulator_change
 from cadencerl.report.sections.specialization import specialization
 from cadencerl.report.sections.trace import kv_share_trace
 
-
 EXPERIMENTS = (homogeneous, heterogeneous, composability, specialization, kv_share_trace, sensitivity, non_resident,
                physical_bound, cost, misa_t, ablation, simulator_change)
