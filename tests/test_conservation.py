@@ -46,8 +46,8 @@ def test_a_batch_the_trainer_did_not_consume_is_found(finished):
 
 def test_a_completion_counted_twice_by_the_engine_is_found(finished):
     ctl, backend = finished
-    tid = next(iter(backend.completions))
-    backend.completions[tid] = 2
+    tid = next(iter(backend.env.completions))
+    backend.env.completions[tid] = 2
     assert "completed more than once" in _problems(ctl)
 
 
@@ -60,7 +60,7 @@ def test_kv_held_over_a_worker_capacity_is_found(finished):
 
 def test_a_reply_of_the_wrong_length_is_found(finished):
     ctl, backend = finished
-    backend.length_mismatches.append("trajectory 3 generated 10 tokens, sealed 12")
+    backend.env.problems.append("trajectory 3 generated 10 tokens, sealed 12")
     assert "trajectory 3 generated 10 tokens" in _problems(ctl)
 
 

@@ -188,7 +188,7 @@ def test_evicted_trajectory_resumes_elsewhere_from_its_last_token() -> None:
         assert traj.tokens == TARGET and backend.token_ids(0) == expected_ids()
         assert [type(e) for e in events] == [Finished]
         assert (backend.counts.resumes, backend.counts.resumes_accepted, backend.counts.aborts) == (1, 1, 1)
-        assert backend.verify() == [] and backend.completions == {0: 1}
+        assert backend.verify() == [] and backend.env.completions == {0: 1}
 
 
 def test_broken_stream_on_a_live_server_is_reissued_from_its_last_token() -> None:
@@ -338,7 +338,7 @@ def test_a_tool_turn_appends_its_observation_and_the_next_reply_follows_it(
         (_, _, _), (_, sent, max_tokens) = a.state.requests
         assert sent == context and max_tokens == 20
         assert backend.token_ids(0) == context + reference(context, 20) and traj.tokens == TARGET + 20
-        assert backend.verify() == [] and backend.completions == {0: 1}
+        assert backend.verify() == [] and backend.env.completions == {0: 1}
 
 
 # --- a whole run through the trainer API -----------------------------------------------------------
@@ -378,7 +378,7 @@ def check_every_trajectory_once_and_exact(result: dict, pool: RolloutPool, batch
             assert x.prompt_ids == synthetic_prompt(pool.scenario.seed, x.group, len(x.prompt_ids))
             assert x.completion_ids == reference(x.prompt_ids, target), x.id
     assert result["trajectories_completed"] == TRAJECTORIES and pool.backend.verify() == []
-    assert set(pool.backend.completions.values()) == {1}
+    assert set(pool.backend.env.completions.values()) == {1}
 
 
 def test_rollout_pool_on_a_fake_pair_hands_out_every_trajectory_once(pair: tuple[FakeVLLM, FakeVLLM]) -> None:

@@ -41,6 +41,7 @@ class RecordedBackend:
     def sync(self, now): pass
     def commit(self, now): pass
     def schedule(self, time, tag): pass
+    def publish_at(self, time): pass
     def place(self, traj, worker, restore, delay_s): pass
     def kv_committed(self, worker): return sum(t.context for t in self.workers[worker].residents.values())
     def stats(self, worker): return self.figures[worker]

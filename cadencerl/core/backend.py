@@ -46,13 +46,20 @@ class Timer:
 
 
 @dataclass(frozen=True, slots=True)
+class Published:
+    """The trainer finished a step: a new policy version exists from `time` on."""
+
+    time: float
+
+
+@dataclass(frozen=True, slots=True)
 class WorkerLost:
     worker: int
     time: float
     why: str = ""                # what the backend saw (refused, unhealthy, no answer, ...)
 
 
-Event = Finished | TurnEnded | ToolReturned | Timer | WorkerLost
+Event = Finished | TurnEnded | ToolReturned | Timer | Published | WorkerLost
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,7 +119,12 @@ class Backend(Protocol):
     def commit(self, now: float) -> None:
         """End of a decision: let the engines act on the changes."""
 
-    def schedule(self, time: float, tag: str) -> None: ...
+    def schedule(self, time: float, tag: str) -> None:
+        """Report `Timer(time, tag)` at `time`."""
+
+    def publish_at(self, time: float) -> None:
+        """The trainer's step that publishes the next version ends at `time` (the simulated trainer's
+        reckoning): report `Published` once the version exists (a real trainer may say when)."""
 
     def advance(self, until: float) -> list[Event]:
         """Run until `until` or the first timer, whichever is first; return what happened."""

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from cadencerl.config import PolicySpec
 from cadencerl.core.actions import ActionError, Admit, Advance, Batch, Evict, Interrupt, Place, UpdateInPlace
 from cadencerl.core.admission_checks import batch_steps, check_budget, check_fits, check_fresh, check_placement
-from cadencerl.core.backend import Backend, Finished, Restore, Timer, ToolReturned, TurnEnded, WorkerLost
+from cadencerl.core.backend import Backend, Finished, Published, Restore, Timer, ToolReturned, TurnEnded, WorkerLost
 from cadencerl.core.credits import CreditModel
 from cadencerl.core.diagnostics import StallError, all_lost_message, conservation_problems, stall_message
 from cadencerl.core.fresh import FreshQueue
@@ -26,7 +26,7 @@ from cadencerl.core.trajectory import State, Trajectory
 from cadencerl.core.view import PoolView, strands_work
 from cadencerl.core.worker import Worker
 
-PUBLISH, MIX_WAIT = "publish", "mix-wait"   # timer tags: a batch trained; a short class's wait bound ran out
+MIX_WAIT = "mix-wait"   # the timer tag of a short class's wait bound running out
 
 
 @dataclass
@@ -135,9 +135,11 @@ class Controller:
         if isinstance(ev, ToolReturned):
             back_from_tool(ev.traj, ev.observation_tokens, self.tool_waiting, self.pending, ev.time)
             return False
-        if isinstance(ev, Timer) and ev.tag in (PUBLISH, MIX_WAIT):
-            if ev.tag == PUBLISH:
-                self.trainer.publish(ev.time)
+        if isinstance(ev, Published):
+            self.trainer.publish(ev.time)
+            self._maybe_train(ev.time)
+            return True
+        if isinstance(ev, Timer) and ev.tag == MIX_WAIT:
             self._maybe_train(ev.time)
             return True
         if isinstance(ev, WorkerLost):
@@ -352,7 +354,7 @@ class Controller:
     def _maybe_train(self, now: float) -> None:
         publish_at = self.trainer.try_start(now)
         if publish_at is not None:
-            self.backend.schedule(publish_at, PUBLISH)
+            self.backend.publish_at(publish_at)
         elif (wake := self.trainer.wake_request(now)) is not None:   # a short class: form it at the bound
             self.backend.schedule(wake, MIX_WAIT)
 

@@ -21,9 +21,9 @@ import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from cadencerl.core.backend import EngineStats, Event, Finished, Restore, Timer, ToolReturned, TurnEnded
-from cadencerl.core.controller import PUBLISH
-from cadencerl.core.trajectory import Trajectory, turn_target
+from cadencerl.core.backend import EngineStats, Event, Published, Restore, Timer, ToolReturned
+from cadencerl.core.environment import Environment, ToolCall
+from cadencerl.core.trajectory import Trajectory
 from cadencerl.core.worker import Worker
 from cadencerl.engine.client import Timeouts, VLLMClient
 from cadencerl.engine.clock import EngineRunError, WallClock
@@ -57,10 +57,7 @@ class ServerLimits:
     kv_tokens: int          # KV capacity of the server, in tokens (cache_config_info)
 
 
-@dataclass(frozen=True)
-class _ToolReturn:
-    traj: Trajectory
-    observation_len: int
+_PUBLISHED = "published"    # what publish_now posts to the clock
 
 
 class EngineBackend:
@@ -72,7 +69,7 @@ class EngineBackend:
                  metrics_every_s: float = 1.0, deadline_s: float | None = None) -> None:
         self.urls = list(urls)
         self.model = model
-        self._key = key                      # opens the sealed target lengths: the engine's side
+        self.env = Environment(key)          # opens the sealed target lengths: the engine's side
         self.seed = seed
         self._prompts = prompts or {}        # explicit prompt ids by trajectory id (the trainer API)
         self.timeouts = timeouts
@@ -87,7 +84,6 @@ class EngineBackend:
         self._started = False
         self._base_metrics: dict[int, EngineMetrics] = {}
         self.servers: list[ServerLimits] = []
-        self.completions: dict[int, int] = {}
         self.events_processed = 0
 
     # -- set-up, tear-down and the trainer's side (not part of the protocol) ---------------------
@@ -125,7 +121,7 @@ class EngineBackend:
 
     def publish_now(self) -> None:
         """The trainer is done with the batch handed out by `on_publish_due`; safe from any thread."""
-        self._clock.post(PUBLISH)
+        self._clock.post(_PUBLISHED)
 
     def token_ids(self, traj_id: int) -> list[int]:
         """Prompt + generated (+ observation) ids of a trajectory so far."""
@@ -171,7 +167,7 @@ class EngineBackend:
     def place(self, traj: Trajectory, worker: int, restore: Restore, delay_s: float) -> None:
         if traj.id not in self.streams.ids:
             self.streams.ids[traj.id] = self._prompt(traj)
-        self.streams.open(traj, worker, turn_target(traj, self._key), delay_s)
+        self.streams.open(traj, worker, self.env.target(traj), delay_s)
 
     def evict(self, traj: Trajectory) -> None:
         self.streams.evict(traj)
@@ -198,11 +194,16 @@ class EngineBackend:
         """Placements started their streams already; the loop runs them on the next advance."""
 
     def schedule(self, time: float, tag: str) -> None:
-        if tag == PUBLISH and self.on_publish_due is not None:
-            self._publishes_out += 1
-            self.on_publish_due()
-            return
         self._clock.push(time, Timer(time, tag))
+
+    def publish_at(self, time: float) -> None:
+        """A trainer outside (the trainer API) is handed the batch and says when it is done;
+        without one, the version exists at `time`, as in the simulator."""
+        if self.on_publish_due is None:
+            self._clock.push(time, Published(time))
+            return
+        self._publishes_out += 1
+        self.on_publish_due()
 
     def advance(self, until: float) -> list[Event]:
         """Run the streams until wall time `until`, the first due timer, or the first event."""
@@ -213,9 +214,9 @@ class EngineBackend:
             clock.run(clock.pump(until, self.deadline_s))
         if clock.fatal is not None:
             raise clock.fatal
-        for tag in clock.take_posted():
+        for _ in clock.take_posted():
             self._publishes_out = max(0, self._publishes_out - 1)
-            clock.events.append(Timer(self.now(), tag))
+            clock.events.append(Published(self.now()))
         self._deliver_due()
         out, clock.events = clock.events, []
         self.events_processed += len(out)
@@ -230,10 +231,7 @@ class EngineBackend:
         return None   # real time: the controller waits on the servers, it never jumps
 
     def verify(self) -> list[str]:
-        problems = list(self.streams.problems)
-        dup = [tid for tid, n in self.completions.items() if n != 1]
-        if dup:
-            problems.append(f"trajectories completed more than once: {dup[:5]}")
+        problems = self.streams.problems + self.env.verify()
         if self.streams.by_traj:
             problems.append(f"{len(self.streams.by_traj)} trajectories still placed at the end")
         return problems
@@ -247,22 +245,16 @@ class EngineBackend:
         return synthetic_prompt(self.seed, traj.group, traj.prompt_len)
 
     def _turn_ended(self, p: Placement) -> None:
-        traj, now = p.traj, self.now()
-        spec = traj.spec
-        later = spec.later_turns.reveal(self._key)
-        if traj.turn < len(later):
-            turn = later[traj.turn]
-            self._clock.push(now + turn.tool_latency_s, _ToolReturn(traj, turn.observation_len))
-            self._clock.emit(TurnEnded(traj, now))
-            return
-        if traj.tokens != p.target:
-            self.streams.problems.append(f"trajectory {traj.id} ended with {traj.tokens} tokens, target {p.target}")
-        self.completions[traj.id] = self.completions.get(traj.id, 0) + 1
-        self._clock.emit(Finished(traj, now))
+        ended = self.env.reply_ended(p.traj, self.now())
+        if isinstance(ended, tuple):
+            turn_end, call = ended
+            self._clock.push(call.returns_at, call)
+            ended = turn_end
+        self._clock.emit(ended)
 
     def _deliver_due(self) -> None:
         for t, item in self._clock.pop_due():
-            if isinstance(item, _ToolReturn):
+            if isinstance(item, ToolCall):
                 traj = item.traj
                 obs = synthetic_observation(self.seed, traj.id, traj.turn + 1, item.observation_len)
                 self.streams.ids[traj.id] += obs

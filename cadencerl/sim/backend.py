@@ -9,9 +9,9 @@ from __future__ import annotations
 import heapq
 import itertools
 
-from cadencerl.core.backend import EngineStats, Event, Finished, Restore, Timer, ToolReturned, TurnEnded
-from cadencerl.core.controller import PUBLISH
-from cadencerl.core.trajectory import Meter, Trajectory, turn_target
+from cadencerl.core.backend import EngineStats, Event, Published, Restore, Timer, ToolReturned
+from cadencerl.core.environment import Environment
+from cadencerl.core.trajectory import Meter, Trajectory
 from cadencerl.core.worker import Worker
 from cadencerl.hardware.perf import WorkerPerf
 from cadencerl.sim.engine import Request, SimEngine
@@ -20,13 +20,14 @@ from cadencerl.sim.prefix_cache import PrefixCache
 from cadencerl.sim.weights import WeightSync
 
 _ENGINE, _ARRIVAL, _TIMER, _TOOL = range(4)
+_PUBLISHED = object()      # the timer payload of a trainer step's end
 
 
 class SimBackend:
     def __init__(self, perfs: list[WorkerPerf], key: object, *, exact: bool = False,
                  weights: WeightSync | None = None, kv: KvMoves | None = None) -> None:
         self._perfs = perfs
-        self._key = key            # opens the sealed target lengths: the engine decides when EOS happens
+        self.env = Environment(key)   # opens the sealed target lengths: the engine decides when EOS happens
         self.exact = exact
         self.weights = weights     # None: version updates are free
         self.kv = kv               # None: no host snapshots or staging at departure
@@ -38,8 +39,6 @@ class SimBackend:
         self._requests: dict[int, Request] = {}
         self._transit: dict[int, int] = {}
         self.events_processed = 0
-        self.length_mismatches: list[str] = []
-        self.completions: dict[int, int] = {}
 
     # -- Backend protocol -------------------------------------------------------------------------
 
@@ -70,7 +69,7 @@ class SimBackend:
 
     def place(self, traj: Trajectory, worker: int, restore: Restore, delay_s: float) -> None:
         engine = self.engines[worker]
-        req = Request(traj, engine, traj.tokens, traj.context, self._turn_target(traj), restore)
+        req = Request(traj, engine, traj.tokens, traj.context, self.env.target(traj), restore)
         traj.meter = Meter(req)
         self._requests[traj.id] = req
         if delay_s > 0:
@@ -113,6 +112,9 @@ class SimBackend:
     def schedule(self, time: float, tag: str) -> None:
         self._push(max(time, self._clock), _TIMER, tag)
 
+    def publish_at(self, time: float) -> None:
+        self._push(max(time, self._clock), _TIMER, _PUBLISHED)
+
     def advance(self, until: float) -> list[Event]:
         """Process events up to `until`; return early, at the first instant that produced events
         for the controller, so that what it schedules in response lands in the right order."""
@@ -140,13 +142,15 @@ class SimBackend:
                     self._schedule_engine(req.engine, req.engine.restart(t))
             elif kind == _TOOL:
                 self._clock = t
-                traj, obs = payload
-                out.append(ToolReturned(traj, t, obs))
+                out.append(ToolReturned(payload.traj, t, payload.observation_len))
             else:
                 self._clock = t
-                if payload == PUBLISH and self.weights is not None:
+                if payload is not _PUBLISHED:
+                    out.append(Timer(t, payload))
+                    return out
+                if self.weights is not None:
                     self.weights.publish(t)
-                out.append(Timer(t, payload))
+                out.append(Published(t))
                 return out
         self._clock = max(self._clock, until)
         return out
@@ -158,21 +162,15 @@ class SimBackend:
         return self._heap[0][0] if self._heap else None
 
     def verify(self) -> list[str]:
-        problems = list(self.length_mismatches)
+        problems = self.env.verify()
         for e in self.engines:
             if e.peak_kv > e.capacity:
                 problems.append(f"worker {e.id} held {e.peak_kv} KV tokens over its capacity {e.capacity}")
             if e.running or e.waiting or e.prefilling:
                 problems.append(f"worker {e.id} still holds requests at the end")
-        dup = [tid for tid, n in self.completions.items() if n != 1]
-        if dup:
-            problems.append(f"trajectories completed more than once: {dup[:5]}")
         return problems
 
     # -- internals --------------------------------------------------------------------------------
-
-    def _turn_target(self, traj: Trajectory) -> int:
-        return turn_target(traj, self._key)
 
     def _push(self, t: float, kind: int, payload, epoch: int = 0) -> None:
         heapq.heappush(self._heap, (t, next(self._seq), kind, payload, epoch))
@@ -189,16 +187,11 @@ class SimBackend:
             traj.tokens = req.gen0
             traj.meter = None
             self._requests.pop(traj.id, None)
-            spec = traj.spec
-            later = spec.later_turns.reveal(self._key)
-            if traj.turn < len(later):
-                turn = later[traj.turn]
-                out.append(TurnEnded(traj, t))
-                self._push(t + turn.tool_latency_s, _TOOL, (traj, turn.observation_len))
-                continue
-            expected = self._turn_target(traj)
-            if traj.tokens != expected:
-                self.length_mismatches.append(f"trajectory {traj.id} ended with {traj.tokens} tokens, target {expected}")
-            self.completions[traj.id] = self.completions.get(traj.id, 0) + 1
-            out.append(Finished(traj, t))
+            ended = self.env.reply_ended(traj, t)
+            if isinstance(ended, tuple):
+                turn_end, call = ended
+                out.append(turn_end)
+                self._push(call.returns_at, _TOOL, call)
+            else:
+                out.append(ended)
         self._schedule_engine(engine, nxt)

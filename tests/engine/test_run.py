@@ -66,7 +66,7 @@ def run_pool(policy: str, urls: list[str], *, on_progress=None) -> tuple[dict, R
 def check_conservation(result: dict, pool: RolloutPool, targets: dict) -> None:
     assert result["trajectories_completed"] == TRAJECTORIES
     assert pool.backend.verify() == []
-    assert set(pool.backend.completions.values()) == {1}
+    assert set(pool.backend.env.completions.values()) == {1}
     for t in pool.controller.trajectories.values():
         ids = pool.backend.token_ids(t.id)
         assert t.tokens == targets[t.id] == len(ids) - t.prompt_len, t.id
