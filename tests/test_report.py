@@ -14,15 +14,8 @@ from typer.testing import CliRunner
 
 from cadencerl.cli.main import app
 from cadencerl.config import load_scenario_file
-from cadencerl.report.matrix import (
-    ABLATION_POLICIES,
-    GROUPED_BASELINES,
-    HETEROGENEOUS_POOLS,
-    MIXED_POLICIES,
-    STEADY_ITERATIONS,
-    make_settings,
-    planned_runs,
-)
+from cadencerl.report.matrix import (ABLATION_POLICIES, GROUPED_BASELINES, HETEROGENEOUS_POOLS, MIXED_POLICIES,
+                                     STEADY_ITERATIONS, make_settings, planned_runs)
 from cadencerl.runs.reference import REFERENCE
 
 runner = CliRunner()

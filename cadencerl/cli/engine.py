@@ -20,37 +20,14 @@ from pathlib import Path
 
 import typer
 
-from cadencerl.cli.common import (
-    POLICY_HELP,
-    BatchOpt,
-    ConfigOpt,
-    DeltaOpt,
-    EtaOpt,
-    JsonOpt,
-    ScenarioOpt,
-    SeedOpt,
-    TrajectoriesOpt,
-    WorkersOpt,
-    bug,
-    check_json_target,
-    fail,
-    given,
-    int_list,
-    load_scenario,
-    terminated_as_exit,
-    write_json,
-)
+from cadencerl.cli.common import (POLICY_HELP, BatchOpt, ConfigOpt, DeltaOpt, EtaOpt, JsonOpt, ScenarioOpt, SeedOpt,
+                                  TrajectoriesOpt, WorkersOpt, bug, check_json_target, fail, given, int_list,
+                                  load_scenario, terminated_as_exit, write_json)
 from cadencerl.cli.live import announce_metrics, live_status
 from cadencerl.cli.pinning import pin_servers
 from cadencerl.cli.ray_pool import ray_urls
-from cadencerl.cli.tables import (
-    calibration_table,
-    console,
-    engine_table,
-    per_accelerator_table,
-    print_tables,
-    run_table,
-)
+from cadencerl.cli.tables import (calibration_table, console, engine_table, per_accelerator_table, print_tables,
+                                  run_table)
 from cadencerl.config import MAX_TOKENS, ConfigError
 
 

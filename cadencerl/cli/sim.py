@@ -10,37 +10,11 @@ from typing import Optional
 
 import typer
 
-from cadencerl.cli.common import (
-    ADMISSION_FORMS,
-    POLICY_HELP,
-    BatchOpt,
-    ConfigOpt,
-    DeltaOpt,
-    EtaOpt,
-    JsonOpt,
-    ScenarioOpt,
-    SeedOpt,
-    TrainerClusterOpt,
-    TrajectoriesOpt,
-    bug,
-    distinct,
-    fail,
-    int_list,
-    load_scenario,
-    write_json,
-)
-from cadencerl.cli.tables import (
-    comparison_table,
-    console,
-    distance_note,
-    per_accelerator_table,
-    print_tables,
-    run_table,
-    scenarios_table,
-    sensitivity_table,
-    sweep_table,
-    version_switch_table,
-)
+from cadencerl.cli.common import (ADMISSION_FORMS, POLICY_HELP, BatchOpt, ConfigOpt, DeltaOpt, EtaOpt, JsonOpt,
+                                  ScenarioOpt, SeedOpt, TrainerClusterOpt, TrajectoriesOpt, bug, distinct, fail,
+                                  int_list, load_scenario, write_json)
+from cadencerl.cli.tables import (comparison_table, console, distance_note, per_accelerator_table, print_tables,
+                                  run_table, scenarios_table, sensitivity_table, sweep_table, version_switch_table)
 from cadencerl.config import ConfigError, Scenario
 from cadencerl.report.runner import progress_bar
 

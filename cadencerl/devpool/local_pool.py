@@ -34,14 +34,8 @@ from typing import Literal, Self
 import httpx
 
 from cadencerl.devpool.cpu_quota import CpuQuota, QuotaError
-from cadencerl.devpool.processes import (
-    free_port,
-    group_members,
-    same_process,
-    start_ticks,
-    term_with_parent,
-    wait_groups_gone,
-)
+from cadencerl.devpool.processes import (free_port, group_members, same_process, start_ticks, term_with_parent,
+                                         wait_groups_gone)
 from cadencerl.devpool.server_env import new_rpc_dir, pythonpath, remove_rpc_dir, server_env
 from cadencerl.devpool.server_logs import last_error, log_tail
 from cadencerl.devpool.tiny_model import TINY_ARCH, ModelArch, is_built

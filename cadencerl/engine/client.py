@@ -26,15 +26,8 @@ from typing import Any, Literal, Self, TypeVar
 
 import httpx
 
-from cadencerl.engine.errors import (
-    EngineConnectionError,
-    EngineError,
-    EngineHTTPError,
-    EngineProtocolError,
-    EngineTimeoutError,
-    EngineUnreachableError,
-    ModelMismatchError,
-)
+from cadencerl.engine.errors import (EngineConnectionError, EngineError, EngineHTTPError, EngineProtocolError,
+                                     EngineTimeoutError, EngineUnreachableError, ModelMismatchError)
 from cadencerl.engine.server_metrics import EngineMetrics, MetricsFormatError, parse_metrics
 
 Liveness = Literal["healthy", "unhealthy", "refused", "slow"]

@@ -23,14 +23,8 @@ from cadencerl.policies.cadence import Cadence
 from cadencerl.policies.dora import dora_for
 from cadencerl.policies.laminar import Laminar
 from cadencerl.policies.least_loaded import LeastLoaded
-from cadencerl.policies.routers import (
-    VERSION_SWITCHES,
-    CacheAware,
-    ConsistentHash,
-    LeastLoadedRouter,
-    RoundRobin,
-    StickyLeastLoaded,
-)
+from cadencerl.policies.routers import (VERSION_SWITCHES, CacheAware, ConsistentHash, LeastLoadedRouter, RoundRobin,
+                                        StickyLeastLoaded)
 from cadencerl.policies.sync import Synchronous
 
 

@@ -6,15 +6,8 @@ from cadencerl.config import Scenario
 from cadencerl.report import plots
 from cadencerl.report.context import Report
 from cadencerl.report.markdown import best_of, change, md_table, pct, ratio, sec, tok
-from cadencerl.report.matrix import (
-    ASYNC_BASELINES,
-    HETEROGENEOUS_POLICIES,
-    HETEROGENEOUS_POOLS,
-    HOMOGENEOUS_MODELS,
-    HOMOGENEOUS_POLICIES,
-    homogeneous_scenario,
-    pool_scenario,
-)
+from cadencerl.report.matrix import (ASYNC_BASELINES, HETEROGENEOUS_POLICIES, HETEROGENEOUS_POOLS, HOMOGENEOUS_MODELS,
+                                     HOMOGENEOUS_POLICIES, homogeneous_scenario, pool_scenario)
 
 
 def _results_table(ctx: Report, s: Scenario, results: dict[str, dict]) -> str:
