@@ -45,7 +45,7 @@ import time
 
 import numpy as np
 
-from cadencerl.config import PolicySpec, builtin_scenario
+from cadencerl.config import ControllerSpec, builtin_scenario
 from cadencerl.core.backend import EngineStats
 from cadencerl.core.controller import Controller
 from cadencerl.core.spec import HiddenLength, TrajectorySpec
@@ -94,13 +94,13 @@ def build(n_workers: int, residents: int, rng: random.Random, policy_name: str,
     fresh work for `ticks` decisions (about one admission per worker per tick is taken, twice that
     is queued) and an eta budget that never runs out before it."""
     scenario = builtin_scenario("16a16b8h")
-    params = PolicySpec()
+    params = ControllerSpec()
     fresh = [Trajectory(TrajectorySpec(10**7 + i, 10**6 + i // 8, rng.randint(200, 2000), HiddenLength(1, KEY)))
              for i in range(2 * n_workers * ticks)]
     workers, placed = [], []
     tid = 0
     for wid in range(n_workers):
-        w = Worker(wid, "A910X", "a", 2, 0, max(residents, 256), affinity=wid % 3)
+        w = Worker(wid, "A910X", "a", 2, 0, max(residents, 256), rank=wid % 3)
         for _ in range(residents):
             ctx = int(min(16000, rng.lognormvariate(7.8, 0.9)))
             t = Trajectory(TrajectorySpec(tid, tid // 8, min(512, ctx), HiddenLength(10**6, KEY)))

@@ -56,7 +56,7 @@ SETUPS = {
     "14b-hetero": ("16a16b8h", dict(name="16a16b8h-14b", model="Qwen3-14B")),
     "14b-h800": ("h800-16", H800_14B),
     # the same with a decision every 2 s: a worker's growth between decisions (~4x) dwarfs every delta swept
-    "14b-h800-tick2": ("h800-16", dict(H800_14B, policy={"tick_s": 2.0})),
+    "14b-h800-tick2": ("h800-16", dict(H800_14B, controller={"tick_s": 2.0})),
     # the same at batch 1,024 (16 iterations of it): eta binds, not KV
     "14b-h800-b1024": ("h800-16", dict(H800_14B, workload={"trajectories": 16384}, trainer={"batch_size": 1024})),
 }
@@ -149,7 +149,7 @@ class ShedAtReserve(TracingCadence):
 
 def scenario(setup: str, delta: int) -> Scenario:
     base, changes = SETUPS[setup]
-    changes = {**STEADY, **changes, "policy": {**changes.get("policy", {}), "delta": delta}}
+    changes = {**STEADY, **changes, "cadence": {**changes.get("cadence", {}), "delta": delta}}
     return builtin_scenario(base).with_overrides(**changes)
 
 

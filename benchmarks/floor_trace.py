@@ -1,7 +1,7 @@
 """Where does a CadenceRL run at batch 1,024 lose to the least-loaded floor? (issue 12)
 
 Usage: python benchmarks/floor_trace.py [--pool 16b8h] [--seed 5]
-           [--policies cadence-any-shed-drain,cadence,least-loaded] [--every 10] [--out PATH]
+           [--policies benchmarks/variants/cadence-any-shed-drain.yaml,cadence,least-loaded] [--every 10] [--out PATH]
 
 Runs `benchmarks/scenarios/POOL-b1024.yaml` with each policy and prints, over the steady window
 (first and last iterations left out, as `least_loaded_floor.py` judges them):
@@ -17,7 +17,7 @@ Runs `benchmarks/scenarios/POOL-b1024.yaml` with each policy and prints, over th
   resident second), their non-resident share and migrations.
 
 The tracing wrapper reads the view the policy is given and passes every action through unchanged.
-What the figures showed for 16b8h seed 5: README, and `cadence.py`'s docstring on `drain_needs_pacing_bind`.
+What the figures showed for 16b8h seed 5: README, and docs/policies/cadence.md on `drain.bind_while_pacing`.
 """
 
 from __future__ import annotations
@@ -41,8 +41,8 @@ from cadencerl.runs.registry import make_policy  # noqa: E402
 from cadencerl.runs.simulate import simulate  # noqa: E402
 from cadencerl.runs.steady import steady_view  # noqa: E402
 
-# every shed lets a version drain (the default before drain_needs_pacing_bind), the default, the floor
-POLICIES = "cadence-any-shed-drain,cadence,least-loaded"
+# every shed lets a version drain (the default before drain.bind_while_pacing), the default, the floor
+POLICIES = "benchmarks/variants/cadence-any-shed-drain.yaml,cadence,least-loaded"
 
 
 class Traced:
@@ -94,7 +94,7 @@ def tail_figures(trajectories, window: tuple[float, float], p95: float) -> dict[
 
 def run(pool: str, seed: int, name: str, every_s: float) -> dict:
     scenario = b1024_scenario(pool, seed)
-    traced = Traced(make_policy(name, scenario), every_s)
+    traced = Traced(make_policy(str(REPO / name) if name.endswith(".yaml") else name, scenario), every_s)
     keep: dict = {}
     result = steady_view(simulate(scenario, traced, keep=keep))
     window = tuple(result["steady_window_s"])

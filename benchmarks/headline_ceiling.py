@@ -35,7 +35,7 @@ sys.path.insert(0, str(REPO))
 from cadencerl.config import Scenario, load_scenario_file  # noqa: E402
 from cadencerl.runs.assemble import build_pool  # noqa: E402
 from cadencerl.runs.reference import REFERENCE, clairvoyant_reference  # noqa: E402
-from cadencerl.runs.registry import make_policy  # noqa: E402
+from cadencerl.runs.registry import grouped_label, make_policy  # noqa: E402
 from cadencerl.runs.simulate import simulate  # noqa: E402
 from cadencerl.runs.steady import steady_view, steady_window  # noqa: E402
 from cadencerl.runs.tail import (  # noqa: E402
@@ -66,7 +66,8 @@ def run_one(scenario: Scenario, name: str) -> dict:
     if name == REFERENCE:
         result = clairvoyant_reference(scenario)
     else:
-        result = simulate(scenario, make_policy(name, scenario), keep=keep)
+        base, grouped = grouped_label(name)
+        result = simulate(scenario, make_policy(base, scenario, grouped=grouped), keep=keep)
     out = {k: v for k, v in steady_view(result).items() if k in KEEP}
     out["wall_time_s"] = time.perf_counter() - started
     ctl = keep.get("controller")
@@ -82,7 +83,7 @@ def run_one(scenario: Scenario, name: str) -> dict:
     step = {acc: b["step_s"] for acc, b in batch.items()}
     done = [t for t in ctl.trajectories.values() if t.completed_at >= 0]
     order = {tid: i for i, tid in enumerate(ctl.trajectories)}
-    args = (done, order, scenario.trainer.batch_size, scenario.policy.eta, publish, step, ctl.workers)
+    args = (done, order, scenario.trainer.batch_size, scenario.controller.eta, publish, step, ctl.workers)
     out["observed_batch"] = batch
     out["tail_from_admission"] = tail_breakdown(*args)
     out["tail_from_submission"] = tail_breakdown(*args, from_submit=True)

@@ -1,7 +1,7 @@
 """Does CadenceRL stay at or above the least-loaded floor when the pool is not KV-bound? (issue 12)
 
 Usage: python benchmarks/least_loaded_floor.py [--pools 16a16b,...] [--seeds 0,1,...,9]
-           [--policies cadence,cadence-any-shed-drain,cadence-no-fair-share,cadence-any-bind,...]
+           [--policies cadence,benchmarks/variants/cadence-any-shed-drain.yaml,...]
            [--floor-twin] [--jobs J] [--out benchmarks/results/least_loaded_floor.json]
 
 Runs `benchmarks/scenarios/POOL-b1024.yaml` (the built-in heterogeneous pools at batch 1,024,
@@ -36,7 +36,7 @@ from cadencerl.runs.simulate import simulate  # noqa: E402
 from cadencerl.runs.steady import steady_view  # noqa: E402
 
 POOLS = "16a16b,16a16b8h,16a8h,16b8h,32a,32b,h800-16"
-VARIANTS = "cadence,cadence-any-shed-drain,cadence-no-fair-share"
+VARIANTS = "cadence,benchmarks/variants/cadence-any-shed-drain.yaml,benchmarks/variants/cadence-no-fair-share.yaml"
 FLOOR = "least-loaded"
 TWIN = "least-loaded-ties-last"
 MIN_THROUGHPUT, TIE = 0.98, 1.005
@@ -56,7 +56,7 @@ def run_one(pool: str, seed: int, policy: str) -> dict:
 
 
 def _policy(name: str, scenario: Scenario):
-    return LeastLoaded(ties_to_last=True) if name == TWIN else make_policy(name, scenario)
+    return LeastLoaded(ties_to_last=True) if name == TWIN else make_policy(str(REPO / name) if name.endswith(".yaml") else name, scenario)
 
 
 def verdict(throughput: float, p95: float) -> str:

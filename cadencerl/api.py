@@ -102,7 +102,7 @@ class RolloutPool:
             if isinstance(batch_size, int) and batch_size > scenario.workload.trajectories:
                 changes["workload"] = {"trajectories": batch_size}
         if eta is not None:
-            changes["policy"] = {"eta": eta}
+            changes["controller"] = {"eta": eta}
         self.scenario = scenario.with_overrides(**changes) if changes else scenario
         if isinstance(urls, (str, bytes)) or not isinstance(urls, Sequence):
             raise ConfigError(f"urls: expected a list of http://HOST:PORT URLs, got {urls!r}")

@@ -9,16 +9,14 @@ from cadencerl.runs.registry import make_policy
 from cadencerl.runs.simulate import simulate
 
 
-def small(name: str = "16a16b8h", trajectories: int = 192, batch: int = 48, cap: int = 4096, **policy) -> Scenario:
+def small(name: str = "16a16b8h", trajectories: int = 192, batch: int = 48, cap: int = 4096, **knobs) -> Scenario:
     """A built-in pool with a short workload, so a whole run takes a fraction of a second. A mixed
     workload keeps its classes' shapes (each class has its own; the workload's would be refused)."""
     workload: dict = {"trajectories": trajectories}
     if builtin_scenario(name).workload.classes is None:
         workload.update(group_size=4, response={"median": min(768, cap), "sigma": 1.0, "cap": cap})
     changes = dict(workload=workload, trainer={"batch_size": batch, "train_time_s": 5.0})
-    if policy:
-        changes["policy"] = policy
-    return builtin_scenario(name).with_overrides(**changes)
+    return builtin_scenario(name).with_overrides(**changes).with_knobs(**knobs)
 
 
 def sim(scenario: Scenario, policy: str, **kwargs) -> dict:

@@ -10,7 +10,9 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from cadencerl.config import PolicySpec
+from cadencerl.config import CadenceSpec, ControllerSpec
+from cadencerl.config.scenario import merged
+from cadencerl.policies.cadence import Cadence
 from cadencerl.core.actions import Action, Batch
 from cadencerl.core.controller import Controller
 from cadencerl.core.policy import Policy
@@ -20,7 +22,13 @@ from cadencerl.core.view import PoolView
 from cadencerl.core.worker import Worker
 
 KEY = object()
-PARAMS = PolicySpec(eta=1, delta=100, headroom_floor=0.1)
+PARAMS = CadenceSpec(delta=100, headroom_floor=0.1)
+CONTROL = ControllerSpec(eta=1)
+
+
+def cadence(**options) -> Cadence:
+    """CadenceRL at the test knobs with `options` changed (a section given as a mapping, field by field)."""
+    return Cadence(CadenceSpec.model_validate(merged(PARAMS.model_dump(), options)), CONTROL.tick_s)
 
 
 def traj(tid: int, ctx: int, group: int | None = None, version: int = 0, prompt: int = 10,
@@ -34,9 +42,9 @@ def traj(tid: int, ctx: int, group: int | None = None, version: int = 0, prompt:
     return t
 
 
-def worker(wid: int, cap: int = 10_000, affinity: int = 0, version: int = 0, residents: Iterable[Trajectory] = (),
+def worker(wid: int, cap: int = 10_000, rank: int = 0, version: int = 0, residents: Iterable[Trajectory] = (),
            seqs: int = 64) -> Worker:
-    w = Worker(wid, f"acc{affinity}", f"c{affinity}", 1, cap, seqs, affinity, version=version)
+    w = Worker(wid, f"acc{rank}", f"c{rank}", 1, cap, seqs, rank, version=version)
     for t in residents:
         t.state, t.worker, t.home = State.RESIDENT, wid, wid
         w.residents[t.id] = t
@@ -83,7 +91,7 @@ class Pool:
 def pool(policy: Policy, workers: list[Worker], pending: Iterable[Trajectory] = (),
          fresh: Iterable[Trajectory] = (), trainer_version: int = 0, admitted: int = 0, total: int = 1000,
          batch: int = 100, tags: dict[int, int] | None = None, consumed: int = 0, trainer_busy: bool = False,
-         done: int = 0, tool_waiting: dict[int, int] | None = None, params: PolicySpec = PARAMS) -> Pool:
+         done: int = 0, tool_waiting: dict[int, int] | None = None, params: ControllerSpec = CONTROL) -> Pool:
     """A controller holding this state. `tags` (default {0: admitted}) counts the trajectories
     started under each version and not yet consumed by the trainer, `consumed` those started and
     already consumed; `done` of all of them completed. The next batch is `trainer_version`, or one

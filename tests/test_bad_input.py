@@ -23,7 +23,7 @@ pytestmark = pytest.mark.timeout(120)
 runner = CliRunner()
 WALL_BOUND_S = 30.0  # generous for a busy 2-core machine; a refusal itself takes milliseconds
 
-GOOD = CLI_GOOD + "policy:\n  tick_s: 0.5\n"
+GOOD = CLI_GOOD + "controller:\n  tick_s: 0.5\ncadence:\n  delta: 1024\n"
 
 MIXED = GOOD.replace("  group_size: 4\n", "").replace("  response: {median: 200, sigma: 0.5, cap: 1000}\n", """\
   classes:
@@ -74,14 +74,14 @@ YAML_CASES = [
     ("train-time-negative", sub(GOOD, "train_time_s: 1", "train_time_s: -1"), "trainer.train_time_s"),
     ("per-token-time-negative", sub(GOOD, "train_time_s: 1", "train_time_per_token_s: -1"),
      "trainer.train_time_per_token_s"),
-    ("tick-tiny", sub(GOOD, "tick_s: 0.5", "tick_s: 1e-300"), "policy.tick_s"),
-    ("tick-zero", sub(GOOD, "tick_s: 0.5", "tick_s: 0"), "policy.tick_s"),
-    ("tick-inf", sub(GOOD, "tick_s: 0.5", "tick_s: .inf"), "policy.tick_s"),
-    ("headroom-one", sub(GOOD, "tick_s: 0.5", "headroom_floor: 1"), "policy.headroom_floor"),
-    ("growth-ticks-absurd", sub(GOOD, "tick_s: 0.5", "growth_ticks: 30000"), "policy.growth_ticks"),
-    ("eta-absurd", sub(GOOD, "tick_s: 0.5", "eta: 100000"), "policy.eta"),
-    ("delta-absurd", sub(GOOD, "tick_s: 0.5", "delta: 100000000000"), "policy.delta"),
-    ("kv-preparation-string", sub(GOOD, "tick_s: 0.5", "kv_preparation: 'maybe'"), "policy.kv_preparation"),
+    ("tick-tiny", sub(GOOD, "tick_s: 0.5", "tick_s: 1e-300"), "controller.tick_s"),
+    ("tick-zero", sub(GOOD, "tick_s: 0.5", "tick_s: 0"), "controller.tick_s"),
+    ("tick-inf", sub(GOOD, "tick_s: 0.5", "tick_s: .inf"), "controller.tick_s"),
+    ("headroom-one", sub(GOOD, "delta: 1024", "headroom_floor: 1"), "cadence.headroom_floor"),
+    ("growth-ticks-absurd", sub(GOOD, "delta: 1024", "growth_ticks: 30000"), "cadence.growth_ticks"),
+    ("eta-absurd", sub(GOOD, "tick_s: 0.5", "eta: 100000"), "controller.eta"),
+    ("delta-absurd", sub(GOOD, "delta: 1024", "delta: 100000000000"), "cadence.delta"),
+    ("kv-preparation-string", sub(GOOD, "delta: 1024", "kv_preparation: 'maybe'"), "cadence.kv_preparation"),
     ("share-overflow", sub(MIXED, "share: 1,", "share: 1e308,"), "workload.classes.a.share"),
     ("share-inf", sub(MIXED, "share: 1,", "share: .inf,"), "workload.classes.a.share"),
     ("share-zero", sub(MIXED, "share: 1,", "share: 0,"), "workload.classes.a.share"),
@@ -104,9 +104,9 @@ YAML_CASES = [
     ("name-empty", sub(GOOD, "name: mine", "name: ''"), "name"),
     ("name-number", sub(GOOD, "name: mine", "name: 2024"), "name"),
     ("cluster-path", sub(GOOD, "tp: 1}", "tp: 1, cluster: a/b}"), "pool.0.cluster"),
-    ("affinity-not-in-pool", sub(GOOD, "workload:", "affinity: [H800, A910X]\nworkload:"), "affinity.1"),
-    ("affinity-twice", sub(GOOD, "workload:", "affinity: [H800, H800]\nworkload:"), "affinity.1"),
-    ("affinity-unknown", sub(GOOD, "workload:", "affinity: [H80]\nworkload:"), "affinity.0"),
+    ("affinity-not-in-pool", sub(GOOD, "workload:", "affinity_order: [H800, A910X]\nworkload:"), "affinity_order.1"),
+    ("affinity-twice", sub(GOOD, "workload:", "affinity_order: [H800, H800]\nworkload:"), "affinity_order.1"),
+    ("affinity-unknown", sub(GOOD, "workload:", "affinity_order: [H80]\nworkload:"), "affinity_order.0"),
     ("median-above-cap", sub(GOOD, "median: 200,", "median: 2000,"), "workload.response"),
     ("minimum-above-cap", sub(GOOD, "cap: 1000}", "cap: 1000, minimum: 5000}"), "workload.response"),
     ("cap-zero", sub(GOOD, "cap: 1000}", "cap: 0}"), "workload.response.cap"),
@@ -259,7 +259,7 @@ CLI_CASES = [
     ("trajectories-absurd", ["sim", "-s", "h800-16", "--trajectories", "1000000000"], "workload.trajectories"),
     ("seed-negative", ["sim", "-s", "h800-16", "--seed", "-3"], "--seed"),
     ("eta-negative", ["sim", "-s", "h800-16", "--eta", "-1"], "--eta"),
-    ("eta-absurd", ["sim", "-s", "h800-16", "--eta", "99999"], "policy.eta"),
+    ("eta-absurd", ["sim", "-s", "h800-16", "--eta", "99999"], "controller.eta"),
     ("delta-not-int", ["sim", "-s", "h800-16", "--delta", "lots"], "--delta"),
     ("unknown-policy", ["sim", "-s", "h800-16", "-p", "magic"], "policy"),
     ("unknown-admission", ["sim", "-s", "h800-16", "-p", "magic+cadence"], "admission"),
@@ -361,12 +361,12 @@ def _dict(**changes) -> dict:
 
 
 API_CASES = [
-    ("dict-tick-nan", lambda: load_scenario_dict(_dict(policy={"tick_s": float("nan")})), "policy.tick_s"),
+    ("dict-tick-nan", lambda: load_scenario_dict(_dict(controller={"tick_s": float("nan")})), "controller.tick_s"),
     ("dict-bool-batch", lambda: load_scenario_dict(_dict(trainer={"batch_size": True})), "trainer.batch_size"),
     ("override-inf", lambda: builtin_scenario("h800-16").with_overrides(trainer={"train_time_s": float("inf")}),
      "trainer.train_time_s"),
-    ("override-affinity", lambda: builtin_scenario("16a8h").with_overrides(affinity=["H800", "A910X", "A910X"]),
-     "affinity.2"),
+    ("override-affinity", lambda: builtin_scenario("16a8h").with_overrides(affinity_order=["H800", "A910X", "A910X"]),
+     "affinity_order.2"),
     ("resized-zero", lambda: builtin_scenario("h800-16").resized(0), "workload.trajectories"),
     ("resized-batch", lambda: builtin_scenario("h800-16").resized(64, batch_size=65), "trainer.batch_size"),
     ("load-file-directory", lambda: load_scenario_file(Path(".")), "directory"),
@@ -421,7 +421,7 @@ API_CASES += [
     ("pool-batch-true", lambda: _pool(batch_size=True), "trainer.batch_size"),
     ("pool-batch-string", lambda: _pool(batch_size="64"), "trainer.batch_size"),
     ("pool-deadline-beyond-a-week", lambda: _pool(deadline_s=1e12), "deadline_s"),
-    ("pool-eta-float", lambda: _pool(eta=1.5), "policy.eta"),
+    ("pool-eta-float", lambda: _pool(eta=1.5), "controller.eta"),
     ("pool-kv-true", lambda: _pool(kv_tokens=True), "kv_tokens"),
     ("pool-kv-list-length", lambda: _pool(kv_tokens=[8192, 8192]), "kv_tokens"),
     ("pool-policy", lambda: _pool(policy="magic"), "policy"),

@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cadencerl.config import PolicySpec
+from cadencerl.config import CadenceSpec
 from cadencerl.policies.cadence import Cadence
 from cadencerl.policies.cadence_rooms import RoomIndex
 from tests.pools import traj, worker
@@ -27,7 +27,7 @@ workers_st = st.lists(st.tuples(st.integers(1_000, 50_000),        # KV capacity
 
 
 def _pool(spec, floor_frac):
-    policy = Cadence(PolicySpec(headroom_floor=floor_frac, delta=0))
+    policy = Cadence(CadenceSpec(headroom_floor=floor_frac, delta=0), tick_s=0.5)
     ws, tid = [], 0
     for wid, (cap, contexts, seqs, rate) in enumerate(spec):
         residents = [traj(tid + i, c) for i, c in enumerate(contexts)]

@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 from cadencerl.core.actions import Admit, Advance, Evict, Place
-from cadencerl.policies.cadence import Cadence
-from tests.pools import PARAMS, pool, traj, worker
+from tests.pools import cadence, pool, traj, worker
 
 
 def view(workers, policy=None, now=0.0, **state):
     """A pool holding exactly this state, decided by `policy` (default: CadenceRL with PARAMS)."""
-    p = pool(policy or Cadence(PARAMS), workers, **state)
+    p = pool(policy or cadence(), workers, **state)
     p.now = now
     return p
 
@@ -17,7 +16,7 @@ def view(workers, policy=None, now=0.0, **state):
 def actions(p, **options):
     """Run one decision (with CadenceRL's `options` changed, if any), applying each action as the controller would."""
     if options:
-        p.policy = p.controller.policy = Cadence(PARAMS.model_copy(update=options))
+        p.policy = p.controller.policy = cadence(**options)
     return p.decide()
 
 
@@ -47,7 +46,7 @@ def test_pacing_spreads_to_the_least_loaded_worker_when_nothing_is_pending():
     acts = actions(view([worker(0, cap=10_000, residents=[traj(1, 7000), traj(2, 100)]),
                          worker(1, cap=10_000, residents=[traj(3, 100)])],
                         fresh=[traj(10, 50, group=5)], admitted=100, batch=100, total=300),
-                   spread_when_underloaded=False)
+                   spread={"when_underloaded": False})
     assert acts == [Admit(0, 10)]  # the option off: tight fit always
 
 
@@ -66,7 +65,7 @@ def test_the_decode_reserve_counts_once_per_placement_not_per_resident():
 
 def test_the_floor_covers_growth_until_the_next_decision():
     # residents grow 24 tokens/s each; at a 0.5 s tick, 10 residents add 120 tokens before the next decision
-    policy = Cadence(PARAMS)
+    policy = cadence()
     residents = [traj(i, 880) for i in range(10)]             # 8800 used, headroom 1200 >= floor 1000
     w = worker(0, cap=10_000, residents=residents)
     assert actions(view([w, worker(1)], policy, fresh=[traj(50, 10)], admitted=100, batch=100, total=300)) \
@@ -80,7 +79,7 @@ def test_the_floor_covers_growth_until_the_next_decision():
 
 
 def test_pacing_prefers_a_worker_holding_a_sibling():
-    policy = Cadence(PARAMS)
+    policy = cadence()
     sib = traj(1, 50, group=7)
     acts = actions(view([worker(0, cap=10_000), worker(1, cap=10_000, residents=[traj(2, 6000)])], policy,
                         fresh=[sib], admitted=100, batch=100, total=300))
@@ -93,9 +92,9 @@ def test_pacing_prefers_a_worker_holding_a_sibling():
 
 
 def test_concentration_places_longest_first_on_highest_affinity_then_headroom():
-    hi_a = worker(0, cap=20_000, affinity=0, residents=[traj(1, 9000)])
-    hi_b = worker(1, cap=20_000, affinity=0, residents=[traj(2, 2000)])
-    lo = worker(2, cap=20_000, affinity=1)
+    hi_a = worker(0, cap=20_000, rank=0, residents=[traj(1, 9000)])
+    hi_b = worker(1, cap=20_000, rank=0, residents=[traj(2, 2000)])
+    lo = worker(2, cap=20_000, rank=1)
     long_, short = traj(5, 6000), traj(6, 1000)
     # the budget for version 0 is spent (200 admitted, eta=1, batch 100)
     acts = actions(view([hi_a, hi_b, lo], pending=[short, long_], admitted=200, batch=100, total=200))
@@ -104,9 +103,9 @@ def test_concentration_places_longest_first_on_highest_affinity_then_headroom():
 
 def test_concentration_gate_blocks_draining_while_pending_is_not_empty():
     stuck = traj(5, 9500)  # fits nowhere
-    src = worker(0, cap=10_000, affinity=1, residents=[traj(1, 500)])
-    dst = worker(1, cap=10_000, affinity=0, residents=[traj(2, 500)])
-    newer = worker(2, cap=10_000, affinity=0, version=1)
+    src = worker(0, cap=10_000, rank=1, residents=[traj(1, 500)])
+    dst = worker(1, cap=10_000, rank=0, residents=[traj(2, 500)])
+    newer = worker(2, cap=10_000, rank=0, version=1)
     v = view([src, dst, newer], pending=[stuck], fresh=[traj(50, 20)], trainer_version=1, admitted=150, batch=100,
              total=400)
     assert not any(isinstance(a, Evict) for a in actions(v))
@@ -114,46 +113,46 @@ def test_concentration_gate_blocks_draining_while_pending_is_not_empty():
 
 def test_concentration_drains_the_lowest_affinity_worker_once_pending_is_empty():
     # the newer version's only worker is full: fresh work waits for a drained worker
-    src = worker(0, cap=10_000, affinity=1, residents=[traj(1, 500), traj(2, 700)])
-    dst = worker(1, cap=10_000, affinity=0, residents=[traj(3, 500)])
-    newer = worker(2, cap=10_000, affinity=0, version=1, residents=[traj(40, 8900, version=1)])
+    src = worker(0, cap=10_000, rank=1, residents=[traj(1, 500), traj(2, 700)])
+    dst = worker(1, cap=10_000, rank=0, residents=[traj(3, 500)])
+    newer = worker(2, cap=10_000, rank=0, version=1, residents=[traj(40, 8900, version=1)])
     v = view([src, dst, newer], fresh=[traj(50, 20)], trainer_version=1, admitted=150, batch=100, total=400)
-    acts = actions(v, concentrate_when_kv_bound=False)
+    acts = actions(v, drain={"needs_kv_bind": False})
     assert acts[:2] == [Evict(2), Evict(1)]          # the source departs, longest first
     assert Place(2, 1) in acts and Place(1, 1) in acts  # onto the higher-affinity worker
 
 
 def test_concentration_does_not_drain_when_nothing_newer_awaits():
     def pool():
-        return [worker(0, cap=10_000, affinity=1, residents=[traj(1, 500)]),
-                worker(1, cap=10_000, affinity=0, residents=[traj(3, 500)])]
+        return [worker(0, cap=10_000, rank=1, residents=[traj(1, 500)]),
+                worker(1, cap=10_000, rank=0, residents=[traj(3, 500)])]
     acts = actions(view(pool(), fresh=[traj(50, 20)], admitted=200, batch=100, total=400))  # trainer at v0
     assert not any(isinstance(a, Evict) for a in acts)
     acts = actions(view(pool(), fresh=[traj(50, 20)], admitted=200, batch=100, total=400),
-                   drain_needs_fresh_ahead=False, concentrate_when_kv_bound=False)  # the paper's gate alone
+                   drain={"needs_fresh_ahead": False, "needs_kv_bind": False})  # the paper's gate alone
     assert acts == [Evict(1), Place(1, 1)]
 
 
 def test_whole_source_gate_keeps_a_source_that_the_targets_cannot_absorb():
     def pool():
-        return [worker(0, cap=10_000, affinity=1, residents=[traj(1, 5500), traj(2, 500)]),
-                worker(1, cap=10_000, affinity=0, residents=[traj(3, 4000)]),
-                worker(2, cap=10_000, affinity=0, version=1, residents=[traj(40, 8900, version=1)])]
+        return [worker(0, cap=10_000, rank=1, residents=[traj(1, 5500), traj(2, 500)]),
+                worker(1, cap=10_000, rank=0, residents=[traj(3, 4000)]),
+                worker(2, cap=10_000, rank=0, version=1, residents=[traj(40, 8900, version=1)])]
     def state():
         return view(pool(), fresh=[traj(50, 20)], trainer_version=1, admitted=150, batch=100, total=400)
-    acts = actions(state(), concentrate_when_kv_bound=False)  # paper: drain, place what fits, leave the rest pending
+    acts = actions(state(), drain={"needs_kv_bind": False})  # paper: drain, place what fits, leave the rest pending
     assert acts[:2] == [Evict(1), Evict(2)] and Place(2, 1) in acts and Place(1, 1) not in acts
-    acts = actions(state(), drain_whole_source=True, concentrate_when_kv_bound=False)
+    acts = actions(state(), drain={"whole_source": True, "needs_kv_bind": False})
     assert not any(isinstance(a, Evict) for a in acts)
 
 
 def test_concentration_waits_until_kv_has_bound_under_the_version():
     def state(policy):
-        return view([worker(0, cap=10_000, affinity=1, residents=[traj(1, 500), traj(2, 700)]),
-                     worker(1, cap=10_000, affinity=0, residents=[traj(3, 500)]),
-                     worker(2, cap=10_000, affinity=0, version=1, residents=[traj(40, 8900, version=1)])],
+        return view([worker(0, cap=10_000, rank=1, residents=[traj(1, 500), traj(2, 700)]),
+                     worker(1, cap=10_000, rank=0, residents=[traj(3, 500)]),
+                     worker(2, cap=10_000, rank=0, version=1, residents=[traj(40, 8900, version=1)])],
                     policy, fresh=[traj(50, 20)], trainer_version=1, admitted=150, batch=100, total=400)
-    policy = Cadence(PARAMS)
+    policy = cadence()
     assert not any(isinstance(a, Evict) for a in actions(state(policy)))  # never bound: workers drain by themselves
     crowded = worker(0, cap=10_000, residents=[traj(10, 5000), traj(11, 4500)])  # 500 free < floor 1000
     actions(view([crowded, worker(1)], policy, fresh=[traj(60, 10)], admitted=100, batch=100, total=300))
@@ -163,11 +162,11 @@ def test_concentration_waits_until_kv_has_bound_under_the_version():
 
 def test_a_drained_worker_joins_an_intermediate_version_holding_weaker_tail_work_it_may_drain():
     def advance(bound: set[int]):
-        policy = Cadence(PARAMS)
+        policy = cadence()
         policy.paced_bound |= bound
-        strong = worker(0, cap=10_000, affinity=0, version=0)          # empty, can advance
-        weak_tail = worker(1, cap=10_000, affinity=2, version=1, residents=[traj(1, 8000, version=1)])
-        keeper = worker(2, cap=10_000, affinity=1, version=0, residents=[traj(2, 100)])
+        strong = worker(0, cap=10_000, rank=0, version=0)          # empty, can advance
+        weak_tail = worker(1, cap=10_000, rank=2, version=1, residents=[traj(1, 8000, version=1)])
+        keeper = worker(2, cap=10_000, rank=1, version=0, residents=[traj(2, 100)])
         # budget: versions 0 and 1 are spent, version 2 has fresh room
         v = view([strong, weak_tail, keeper], policy, trainer_version=2, batch=100, total=1000,
                  tags={0: 100, 1: 200})
@@ -202,11 +201,11 @@ def test_group_affinity_keeps_a_prompts_samples_together_while_it_can():
 
 
 def test_no_drain_while_the_newer_versions_workers_take_the_fresh_work():
-    src = worker(0, cap=10_000, affinity=1, residents=[traj(1, 500), traj(2, 700)])
-    dst = worker(1, cap=10_000, affinity=0, residents=[traj(3, 500)])
-    newer = worker(2, cap=10_000, affinity=0, version=1)  # empty: it admits the fresh work first
+    src = worker(0, cap=10_000, rank=1, residents=[traj(1, 500), traj(2, 700)])
+    dst = worker(1, cap=10_000, rank=0, residents=[traj(3, 500)])
+    newer = worker(2, cap=10_000, rank=0, version=1)  # empty: it admits the fresh work first
     acts = actions(view([src, dst, newer], fresh=[traj(50, 20)], trainer_version=1, admitted=150, batch=100,
-                        total=400), concentrate_when_kv_bound=False)
+                        total=400), drain={"needs_kv_bind": False})
     assert acts == [Admit(2, 50)]
 
 
@@ -223,21 +222,21 @@ def test_while_spreading_the_prompts_home_only_breaks_a_tie_among_the_least_load
     # the third ties the least loaded (2 = 2) and stays with its sibling, the fourth leaves again
     balanced = [Admit(1, 10), Admit(2, 11), Admit(2, 12), Admit(1, 13)]
     assert decide() == balanced
-    assert decide(spread_affinity="tie-break") == balanced
+    assert decide(spread={"home_first_when": "never"}) == balanced
     # up to the mean (8 residents over 3 workers, then 9, 10, 11): the first sample goes to the
     # least-loaded worker, the second follows it (2 + 1 <= 9/3), the third would make its home a
     # hot spot (3 + 1 > 10/3) and goes to the least-loaded worker, the fourth ties it (2 = 2) and
     # so stays with its sibling there
     capped = [Admit(1, 10), Admit(1, 11), Admit(2, 12), Admit(2, 13)]
-    assert decide(spread_affinity="capped") == capped
-    assert decide(spread_affinity="capped-until-kv-binds") == capped
+    assert decide(spread={"home": "capped", "home_first_when": "never"}) == capped
+    assert decide(spread={"home": "capped", "home_first_when": "kv-binds"}) == capped
     # home first (`cadence-home-first`, or the default once KV has bound): every sibling follows the first
-    assert decide(spread_affinity="home-first") == [Admit(1, 10), Admit(1, 11), Admit(1, 12), Admit(1, 13)]
+    assert decide(spread={"home": "first"}) == [Admit(1, 10), Admit(1, 11), Admit(1, 12), Admit(1, 13)]
 
 
 def _decide_after_binds(bound: set[int], version: int = 0, **options) -> list:
     """Four samples of one prompt admitted under `version`, KV having bound under the versions `bound`."""
-    policy = Cadence(PARAMS.model_copy(update=options))
+    policy = cadence(**options)
     policy.kv_bound |= bound
     busy = worker(0, cap=10_000, version=version, residents=[traj(i, 100, version=version) for i in range(1, 7)])
     light = worker(1, cap=10_000, version=version, residents=[traj(7, 100, version=version)])
@@ -265,12 +264,12 @@ def test_the_prompts_home_is_taken_whenever_feasible_only_once_kv_has_bound_unde
     assert _decide_after_binds({2, 3}, version=5) == _BALANCED     # two in a row, but no longer recent
     assert _decide_after_binds(set(), version=4) == _BALANCED
     # the previous default (`cadence-any-bind`) takes the home after any bind under the version or the one before
-    assert _decide_after_binds({3}, version=4, spread_affinity="tie-break-until-kv-binds") == _HOME_FIRST
+    assert _decide_after_binds({3}, version=4, spread={"home_first_when": "kv-binds"}) == _HOME_FIRST
 
 
 def test_once_kv_has_bound_under_the_version_or_the_one_before_the_prompts_home_is_taken_whenever_feasible():
     def decide(bound: set[int], version: int = 0, **options):
-        return _decide_after_binds(bound, version, **{"spread_affinity": "tie-break-until-kv-binds", **options})
+        return _decide_after_binds(bound, version, **{"spread": {"home_first_when": "kv-binds"}, **options})
 
     home_first, balanced = _HOME_FIRST, _BALANCED
     assert decide({0}) == home_first
@@ -278,8 +277,8 @@ def test_once_kv_has_bound_under_the_version_or_the_one_before_the_prompts_home_
     assert decide({0}, version=2) == balanced                   # two versions ago: least-loaded again
     assert decide(set()) == balanced
     capped = [Admit(1, 10), Admit(1, 11), Admit(2, 12), Admit(2, 13)]
-    assert decide({0}, spread_affinity="capped-until-kv-binds") == home_first
-    assert decide(set(), spread_affinity="capped-until-kv-binds") == capped
+    assert decide({0}, spread={"home": "capped", "home_first_when": "kv-binds"}) == home_first
+    assert decide(set(), spread={"home": "capped", "home_first_when": "kv-binds"}) == capped
 
 
 def test_a_version_on_one_affinity_rank_keeps_pacing_after_its_budget_is_spent():
@@ -290,15 +289,15 @@ def test_a_version_on_one_affinity_rank_keeps_pacing_after_its_budget_is_spent()
         newer = worker(2, cap=10_000, version=1, residents=[traj(40, 8900, version=1)])
         return view([src, dst, newer], fresh=[traj(50, 20)], trainer_version=1, admitted=150, batch=100, total=400)
 
-    assert not any(isinstance(a, Evict) for a in actions(state(), concentrate_when_kv_bound=False))
+    assert not any(isinstance(a, Evict) for a in actions(state(), drain={"needs_kv_bind": False}))
     # the option on: the emptier worker drains onto the fuller one of the same rank
-    acts = actions(state(), concentrate_when_kv_bound=False, concentrate_within_one_rank=True)
+    acts = actions(state(), drain={"needs_kv_bind": False, "within_one_rank": True})
     assert acts[:2] == [Evict(2), Evict(1)] and Place(2, 1) in acts and Place(1, 1) in acts
 
 
 def test_a_fair_share_keeps_the_first_worker_at_a_version_from_taking_its_whole_budget():
     def admitted(bound: frozenset[int] = frozenset(), **options) -> int:
-        policy = Cadence(PARAMS.model_copy(update=options))
+        policy = cadence(**options)
         policy.kv_bound |= bound
         old = [worker(i, cap=10_000, residents=[traj(10 * i + j, 100) for j in range(1, 4)]) for i in (1, 2)]
         lone = worker(0, cap=10_000, version=1)   # the first to reach version 1; the others run version 0's tail
@@ -308,17 +307,17 @@ def test_a_fair_share_keeps_the_first_worker_at_a_version_from_taking_its_whole_
         assert all(a.worker == 0 for a in acts)
         return len(acts)
 
-    assert admitted(spread_fair_share=0.0) == 12         # no share: the whole admissible budget
+    assert admitted(spread={"fair_share": 0.0}) == 12         # no share: the whole admissible budget
     # 6 residents + 12 admissible over 3 workers of equal KV: a share of 6, held from 7 on
-    assert admitted(spread_fair_share=1.0) == 7
+    assert admitted(spread={"fair_share": 1.0}) == 7
     assert admitted() == 10                              # the default, 1.5: held from int(1.5 x 6) + 1 on
-    assert admitted(spread_fair_share=2.0) == 12         # twice the share (13) exceeds the budget
+    assert admitted(spread={"fair_share": 2.0}) == 12         # twice the share (13) exceeds the budget
     # once KV has stayed bound (two versions in a row) every version binds: no share is kept
-    assert admitted(frozenset({0, 1}), spread_fair_share=1.0) == 12
+    assert admitted(frozenset({0, 1}), spread={"fair_share": 1.0}) == 12
 
 
 def test_fresh_work_goes_on_to_a_larger_worker_under_its_share_once_the_least_loaded_holds_its_own():
-    policy = Cadence(PARAMS.model_copy(update={"spread_fair_share": 1.0}))
+    policy = cadence(spread={"fair_share": 1.0})
     old = [worker(i, cap=10_000, residents=[traj(10 * i + j, 100) for j in range(1, 4)]) for i in (1, 2)]
     small = worker(0, cap=10_000, version=1)
     large = worker(3, cap=30_000, version=1, residents=[traj(40 + j, 100, group=40 + j) for j in range(5)])
@@ -335,18 +334,18 @@ def test_with_the_pacing_bind_option_a_shed_while_concentrating_does_not_start_a
     def state(policy):
         # version 0's budget is spent (150 started under it), version 1's only worker is full while fresh
         # work waits; the weaker worker's tail has outgrown it (9500 used: 500 free < floor 1000)
-        crowded = worker(0, cap=10_000, affinity=1, residents=[traj(1, 5000), traj(2, 4500)])
-        roomy = worker(1, cap=10_000, affinity=0, residents=[traj(3, 500)])
-        newer = worker(2, cap=10_000, affinity=0, version=1, residents=[traj(40, 8900, version=1)])
+        crowded = worker(0, cap=10_000, rank=1, residents=[traj(1, 5000), traj(2, 4500)])
+        roomy = worker(1, cap=10_000, rank=0, residents=[traj(3, 500)])
+        newer = worker(2, cap=10_000, rank=0, version=1, residents=[traj(40, 8900, version=1)])
         return view([crowded, roomy, newer], policy, fresh=[traj(50, 20)], trainer_version=1, admitted=150,
                     batch=100, total=400)
 
-    counted = Cadence(PARAMS.model_copy(update=dict(drain_needs_pacing_bind=False)))
+    counted = cadence(drain={"bind_while_pacing": False})
     # long out, up the affinity order; the shed counts as a bind, so the rest of the worker drains too
     # (its last resident stays pending: no room for it) and the emptied worker advances
     assert actions(state(counted)) == [Evict(1), Place(1, 1), Evict(2), Advance(0, 1)]
     assert counted.kv_bound == {0} and counted.paced_bound == set()
-    paced = Cadence(PARAMS.model_copy(update=dict(drain_needs_pacing_bind=True)))
+    paced = cadence(drain={"bind_while_pacing": True})
     assert actions(state(paced)) == [Evict(1), Place(1, 1)]   # the same shed, no drain
     assert paced.kv_bound == {0} and paced.paced_bound == set()
     # a shed while version 0 paced (its fresh work not yet spent) lets the drain go ahead
@@ -357,7 +356,7 @@ def test_with_the_pacing_bind_option_a_shed_while_concentrating_does_not_start_a
 
 
 def test_a_prompts_home_holding_its_share_passes_fresh_work_on_even_when_it_ties_the_least_loaded():
-    policy = Cadence(PARAMS.model_copy(update={"spread_fair_share": 1.0}))
+    policy = cadence(spread={"fair_share": 1.0})
     old = [worker(i, cap=10_000, residents=[traj(10 * i + j, 100) for j in range(1, 4)]) for i in (1, 2)]
     home = worker(0, cap=10_000, version=1, residents=[traj(30 + j, 100, group=30 + j) for j in range(4)])
     large = worker(3, cap=30_000, version=1, residents=[traj(40 + j, 100, group=40 + j) for j in range(4)])

@@ -62,7 +62,7 @@ def test_user_config_file_runs(tmp_path):
     (lambda t: t.replace("batch_size: 8", "batch_size: lots"), "trainer.batch_size"),
     (lambda t: t + "bogus: 1\n", "bogus"),
     (lambda t: t + "  : [\n", "not valid YAML"),
-    (lambda t: t + "policy:\n  spread_affinity: tie-break-until-kv-stay-bound\n", "policy.spread_affinity"),
+    (lambda t: t + "cadence:\n  spread: {home: tie-brake}\n", "cadence.spread.home"),
 ])
 def test_bad_config_names_the_field(tmp_path, mutate, field):
     r = run("sim", "--config", write(tmp_path, mutate(GOOD)), "-p", "least-loaded")

@@ -65,8 +65,8 @@ def scenario_dicts(draw) -> dict:
         "trainer": {"batch_size": maybe(draw, st.integers(1, batch_top)),
                     "train_time_s": maybe(draw, st.floats(0, MAX_SECONDS)),
                     "train_time_per_token_s": maybe(draw, st.floats(0, 1e-3))},
-        "policy": {"eta": maybe(draw, st.integers(0, 4)), "delta": maybe(draw, st.integers(0, 1 << 24)),
-                   "headroom_floor": maybe(draw, st.floats(0, 0.9)), "tick_s": maybe(draw, st.floats(0.01, 3600))},
+        "controller": {"eta": maybe(draw, st.integers(0, 4)), "tick_s": maybe(draw, st.floats(0.01, 3600))},
+        "cadence": {"delta": maybe(draw, st.integers(0, 1 << 24)), "headroom_floor": maybe(draw, st.floats(0, 0.9))},
     }
 
 
@@ -85,7 +85,7 @@ def test_a_scenario_is_refused_in_one_line_or_runs_to_completion(data, policy):
         result = simulate(scenario, make_policy(policy, scenario))
     except ConfigError as exc:      # refused up front: a trajectory (or a prompt plus delta) fits no worker
         event("does not fit")
-        assert "\n" not in str(exc) and str(exc).startswith(("workload", "policy.delta")), str(exc)
+        assert "\n" not in str(exc) and str(exc).startswith(("workload", "cadence.delta")), str(exc)
         return
     event("ran")
     assert result["trajectories_completed"] == scenario.workload.trajectories
@@ -102,7 +102,7 @@ def test_idle_virtual_time_costs_no_decisions(policy):
                      "turns": {"turns_min": 2, "turns_max": 3, "tool_latency_median_s": MAX_SECONDS,
                                "tool_latency_sigma": 0.0}},
         "trainer": {"batch_size": 8, "train_time_s": MAX_SECONDS},
-        "policy": {"tick_s": 0.01}})
+        "controller": {"tick_s": 0.01}})
     result = simulate(scenario, make_policy(policy, scenario))
     assert result["trajectories_completed"] == 16
     assert result["sim_time_s"] > MAX_SECONDS

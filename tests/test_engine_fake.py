@@ -355,7 +355,7 @@ def shrunk_cpu_pair(**overrides):
 
 def run_pool(urls: list[str], kv_tokens: int, weight_update=None) -> tuple[dict, RolloutPool, list]:
     """The `cpu-pair` scenario, shrunk, through the trainer API with a zero-time trainer."""
-    s = shrunk_cpu_pair(policy={"delta": 32, "headroom_floor": 0.15})
+    s = shrunk_cpu_pair(cadence={"delta": 32, "headroom_floor": 0.15})
     with RolloutPool.from_scenario(s, urls, policy="cadence", kv_tokens=kv_tokens, deadline_s=45,
                                    weight_update=weight_update) as pool:
         batches = []
@@ -372,7 +372,7 @@ def check_every_trajectory_once_and_exact(result: dict, pool: RolloutPool, batch
     assert sorted(handed) == list(range(TRAJECTORIES))             # none lost, none twice
     assert [tuple(x.id for x in b.samples) for b in batches] == [b.trajectory_ids for b in ctl.trainer.batches]
     for b in batches:
-        assert all(0 <= b.index - x.tag <= pool.scenario.policy.eta for x in b.samples)
+        assert all(0 <= b.index - x.tag <= pool.scenario.controller.eta for x in b.samples)
         for x in b.samples:
             target = ctl.trajectories[x.id].spec.response.reveal(key)
             assert x.prompt_ids == synthetic_prompt(pool.scenario.seed, x.group, len(x.prompt_ids))

@@ -42,7 +42,7 @@ def test_no_controller_yet_exports_only_up() -> None:
 def test_scrapes_match_the_controller_mid_run_and_at_the_end(urls: list[str]) -> None:
     s = builtin_scenario("cpu-pair").with_overrides(
         workload={"trajectories": TRAJECTORIES, "response": {"median": 60, "sigma": 1.0, "cap": 400}},
-        trainer={"batch_size": 8}, policy={"delta": 32, "headroom_floor": 0.15})
+        trainer={"batch_size": 8}, cadence={"delta": 32, "headroom_floor": 0.15})
     seen: list[tuple[dict, dict]] = []
 
     def on_progress(done: int, _total: int) -> None:

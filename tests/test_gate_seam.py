@@ -12,11 +12,10 @@ from cadencerl.admission.misa import Admitted, MisaT
 from cadencerl.config import builtin_scenario
 from cadencerl.core.actions import ActionError, Admit, Advance, Place
 from cadencerl.core.policy import PLACEMENT_TRAITS
-from cadencerl.policies.cadence import Cadence
 from cadencerl.policies.least_loaded import LeastLoaded
 from cadencerl.policies.routers import LeastLoadedRouter
 from cadencerl.runs.registry import make_policy
-from tests.pools import PARAMS, pool, traj, worker
+from tests.pools import cadence, pool, traj, worker
 
 
 def fresh(n, start=100, classes=("rlvr",)):
@@ -34,7 +33,7 @@ def test_behind_cadence_a_worker_at_its_cap_takes_no_more_sessions_in_the_same_d
     misa = MisaT({"rlvr": 1.0})
     tight = worker(0, residents=[traj(i, 10) for i in range(1000, 1002)])   # 2 sessions, cap 3
     roomy = worker(1)
-    p = pool(Admitted(misa, Cadence(PARAMS.model_copy(update={"spread_when_underloaded": False}))),
+    p = pool(Admitted(misa, cadence(spread={"when_underloaded": False})),
              [tight, roomy], fresh=fresh(40))
     pinned(misa, p.view, {0: 3.0, 1: 50.0})
     admits = Counter(a.worker for a in p.decide() if isinstance(a, Admit))
@@ -50,7 +49,7 @@ def test_behind_cadence_a_session_moving_its_home_onto_a_worker_can_fill_its_cap
     roomy = worker(1)
     back = traj(1, 5)                     # shorter than the fresh work: placed first, on the tight fit
     back.home, roomy.sessions = 1, 1
-    p = pool(Admitted(misa, Cadence(PARAMS.model_copy(update={"spread_when_underloaded": False}))),
+    p = pool(Admitted(misa, cadence(spread={"when_underloaded": False})),
              [tight, roomy], pending=[back], fresh=fresh(10))
     pinned(misa, p.view, {0: 3.0, 1: 50.0})
     acts = p.decide()
@@ -67,7 +66,7 @@ def test_the_controller_refuses_an_admission_the_layer_holds():
         p.controller.apply(Admit(0, 100), 0.0)
 
 
-@pytest.mark.parametrize("inner", [LeastLoaded, lambda: Cadence(PARAMS)])
+@pytest.mark.parametrize("inner", [LeastLoaded, cadence])
 def test_the_layer_balances_the_cohort_a_session_joins_not_the_trainers(inner):
     """Workers still on version 0 with budget left, the trainer at 1: the sessions join cohort 0,
     so that is the one to hold at the target mix (balancing cohort 1, which never moves, admitted

@@ -12,10 +12,9 @@ from cadencerl.admission.misa import DECREASE, HIGH, INITIAL_SCALE, MAX_CAP_FACT
 from cadencerl.admission.misa_learn import PRIOR_REPLY, WARMUP, ClassStats
 from cadencerl.core.actions import Admit, Place
 from cadencerl.core.trajectory import State
-from cadencerl.policies.cadence import Cadence
 from cadencerl.policies.least_loaded import LeastLoaded
 from cadencerl.policies.routers import LeastLoadedRouter
-from tests.pools import PARAMS, pool, traj, worker
+from tests.pools import cadence, pool, traj, worker
 
 MIX = {"agent": 0.5, "rlhf": 0.5}
 
@@ -181,7 +180,7 @@ def test_the_share_at_the_engine_is_observed_and_smoothed():
 def test_the_running_batch_bound_is_a_routers_only_and_does_not_wind_the_kv_estimate_up():
     """CadenceRL holds sessions off the engine on purpose (its pending set): no running-batch bound
     there. In front of a router the KV estimate, not in use under the bound, does not grow."""
-    misa, p = running_batch_pool(Cadence(PARAMS), engine_share=0.5)
+    misa, p = running_batch_pool(cadence(), engine_share=0.5)
     misa.observe(p.view)
     assert misa.caps[0] == MAX_CAP_FACTOR * 8          # only the engine-wide ceiling
     misa, p = running_batch_pool(LeastLoadedRouter(), engine_share=0.5, sessions=20)   # over its cap
@@ -215,11 +214,11 @@ def test_in_front_of_a_router_the_caps_are_pooled_so_a_cohort_fills_whichever_wo
 
 def test_in_front_of_a_policy_that_never_overcommits_kv_each_worker_keeps_its_own_cap():
     """There a cap moves only with its own worker's preemptions and queue: a bound on that worker."""
-    misa, p, busy, idle = two_capped(Cadence(PARAMS))
+    misa, p, busy, idle = two_capped(cadence())
     assert misa.remaining(p.view) == 2 and not misa.accepts(p.view, busy) and misa.accepts(p.view, idle)
 
 
-@pytest.mark.parametrize("inner, room", [(LeastLoadedRouter, 0), (lambda: Cadence(PARAMS), 1)])
+@pytest.mark.parametrize("inner, room", [(LeastLoadedRouter, 0), (lambda: cadence(), 1)])
 def test_a_worker_with_no_cap_yet_counts_as_a_cap_of_one_pooled_or_not(inner, room: int):
     """Before its first look a worker has a cap of 1 in `remaining` as in `accepts`: alone (one
     session) or in the pool's sum (2 + 1 against the busy worker's 3 sessions: none)."""
@@ -339,7 +338,7 @@ def test_a_class_borrows_the_quota_the_others_leave_unused_and_a_class_under_its
 def test_in_front_of_a_policy_that_never_overcommits_kv_the_class_quotas_step_aside():
     """They protect each class's KV from the others' over-commit; CadenceRL never over-commits, so
     there a class past its quota still goes when it is the one behind (the cohort places hold the mix)."""
-    for inner, opens in ((LeastLoadedRouter(), set()), (Cadence(PARAMS), {"agent"})):
+    for inner, opens in ((LeastLoadedRouter(), set()), (cadence(), {"agent"})):
         misa = MisaT(MIX)
         p = gate_pool(misa, [worker(0, cap=1_000_000)], fresh(3, "agent") + fresh(1, "rlhf", start=300), inner=inner)
         misa.observe(p.view)
@@ -400,7 +399,7 @@ def test_in_front_of_a_policy_that_never_overcommits_full_kv_is_not_pressure():
     only on preemptions and engine queues, and grow when they bind."""
     misa = MisaT({"rlvr": 1.0})
     warm(misa, "rlvr", footprint=500, duration=10)
-    gate = Admitted(misa, Cadence(PARAMS))
+    gate = Admitted(misa, cadence())
     assert not misa.kv_is_pressure
     full = loaded(0, 20, cap=10_000)
     full.engine_kv = 9_900

@@ -34,16 +34,16 @@ def scenarios(draw, homogeneous: bool = False, multi_turn: bool = False):
         "name": "prop", "model": "Qwen3-8B", "seed": draw(st.integers(0, 10_000)), "pool": pool,
         "workload": workload,
         "trainer": {"batch_size": draw(st.integers(2, min(24, n))), "train_time_s": draw(st.floats(0, 10))},
-        "policy": {"eta": draw(st.integers(0, 3)), "delta": draw(st.sampled_from([0, 64, 512, 2048])),
-                   "headroom_floor": draw(st.sampled_from([0.0, 0.05, 0.2])),
-                   "tick_s": draw(st.sampled_from([0.05, 0.25, 1.0]))},
+        "controller": {"eta": draw(st.integers(0, 3)), "tick_s": draw(st.sampled_from([0.05, 0.25, 1.0]))},
+        "cadence": {"delta": draw(st.sampled_from([0, 64, 512, 2048])),
+                    "headroom_floor": draw(st.sampled_from([0.0, 0.05, 0.2]))},
     })
 
 
 def check(result: dict, scenario) -> None:
     n = scenario.workload.trajectories
     assert result["trajectories_completed"] == result["trajectories_submitted"] == n
-    assert all(int(k) <= scenario.policy.eta for k in result["staleness_histogram"])
+    assert all(int(k) <= scenario.controller.eta for k in result["staleness_histogram"])
     assert sum(result["staleness_histogram"].values()) == n
     # the oracle bound is never beaten
     assert result["throughput_tok_s"] <= result["bound_throughput_tok_s"] * (1 + 1e-9)

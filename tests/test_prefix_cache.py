@@ -43,7 +43,7 @@ def test_a_worker_taking_a_new_version_forgets_what_it_cached():
 def test_an_interrupted_request_re_prefills_its_whole_context_under_the_new_weights():
     """The controller evicts, then moves the worker, then re-places: the blocks the eviction cached
     are gone before the request comes back, so none of its context is a hit."""
-    from cadencerl.config import PolicySpec
+    from cadencerl.config import ControllerSpec
     from cadencerl.core.actions import Admit, Interrupt
     from cadencerl.core.controller import Controller
     from cadencerl.core.spec import HiddenLength, TrajectorySpec
@@ -54,7 +54,7 @@ def test_an_interrupted_request_re_prefills_its_whole_context_under_the_new_weig
     sim = SimBackend(perfs, KEY)
     sim.start(workers)
     traj = Trajectory(TrajectorySpec(0, 0, 512, HiddenLength(5000, KEY)))
-    ctl = Controller(AReaL(), sim, workers, [traj], batch_size=1, params=PolicySpec(eta=1), train_time_s=1.0)
+    ctl = Controller(AReaL(), sim, workers, [traj], batch_size=1, params=ControllerSpec(eta=1), train_time_s=1.0)
     ctl.apply(Admit(0, 0), 0.0)
     sim.commit(0.0)
     sim.advance(2.0)
@@ -95,7 +95,7 @@ def test_an_update_in_place_freezes_the_engine_then_resumes_its_requests_on_thei
     runs until the weights arrive; nothing is re-prefilled, and what the worker cached stays (that
     mode clears no cache). One request is decoding; with `mid_prefill` another has its first chunk
     in flight when the update lands."""
-    from cadencerl.config import PolicySpec
+    from cadencerl.config import ControllerSpec
     from cadencerl.core.actions import Admit, UpdateInPlace
     from cadencerl.core.controller import Controller
     from cadencerl.core.spec import HiddenLength, TrajectorySpec
@@ -108,7 +108,7 @@ def test_an_update_in_place_freezes_the_engine_then_resumes_its_requests_on_thei
     decoding = Trajectory(TrajectorySpec(0, 0, 512, HiddenLength(50_000, KEY)))
     prefilling = Trajectory(TrajectorySpec(1, 1, 30_000, HiddenLength(50_000, KEY)))
     ctl = Controller(CacheAware(version_switch="in-place"), sim, workers, [decoding, prefilling], batch_size=2,
-                     params=PolicySpec(eta=1), train_time_s=1.0)
+                     params=ControllerSpec(eta=1), train_time_s=1.0)
     ctl.apply(Admit(0, 0), 0.0)
     sim.commit(0.0)
     run_until(sim, 2.0)
@@ -149,7 +149,7 @@ def test_an_update_in_place_freezes_the_engine_then_resumes_its_requests_on_thei
 def test_a_request_arriving_while_the_engine_is_frozen_starts_no_prefill_before_the_weights():
     """Only a prefilling request on the worker (no running set): a new arrival during the pause
     restarts the engine, which must not start the next chunk early."""
-    from cadencerl.config import PolicySpec
+    from cadencerl.config import ControllerSpec
     from cadencerl.core.actions import Admit, UpdateInPlace
     from cadencerl.core.controller import Controller
     from cadencerl.core.spec import HiddenLength, TrajectorySpec
@@ -161,7 +161,7 @@ def test_a_request_arriving_while_the_engine_is_frozen_starts_no_prefill_before_
     sim.start(workers)
     long, late = (Trajectory(TrajectorySpec(i, i, 30_000, HiddenLength(1000, KEY))) for i in range(2))
     ctl = Controller(CacheAware(version_switch="in-place"), sim, workers, [long, late], batch_size=2,
-                     params=PolicySpec(eta=1), train_time_s=1.0)
+                     params=ControllerSpec(eta=1), train_time_s=1.0)
     ctl.apply(Admit(0, 0), 0.0)
     sim.commit(0.0)                                                   # its first chunk is in flight
     ctl.trainer.version = 1
@@ -183,7 +183,7 @@ def test_a_request_arriving_while_the_engine_is_frozen_starts_no_prefill_before_
 def test_the_kv_an_engine_reports_counts_what_a_prefill_has_computed_so_far(exact):
     """vLLM's kv_cache_usage counts the blocks a prefilling request holds; MISA-T reads it as
     pressure, so the simulator reports them too: a long prompt mid-prefill on an idle engine."""
-    from cadencerl.config import PolicySpec
+    from cadencerl.config import ControllerSpec
     from cadencerl.core.actions import Admit
     from cadencerl.core.controller import Controller
     from cadencerl.core.spec import HiddenLength, TrajectorySpec
@@ -194,7 +194,7 @@ def test_the_kv_an_engine_reports_counts_what_a_prefill_has_computed_so_far(exac
     sim = SimBackend(perfs, KEY, exact=exact)
     sim.start(workers)
     long = Trajectory(TrajectorySpec(0, 0, 30_000, HiddenLength(100, KEY)))
-    ctl = Controller(LeastLoaded(), sim, workers, [long], batch_size=1, params=PolicySpec(eta=1), train_time_s=1.0)
+    ctl = Controller(LeastLoaded(), sim, workers, [long], batch_size=1, params=ControllerSpec(eta=1), train_time_s=1.0)
     ctl.apply(Admit(0, 0), 0.0)
     sim.commit(0.0)
     assert sim.stats(0).kv_tokens == 0                                # nothing computed yet

@@ -404,7 +404,7 @@ def test_a_keyless_request_is_placed_by_its_whole_prompt_not_a_shared_system_pro
 
     def key(question: str) -> str:
         body = {"model": "tiny", "messages": [system, {"role": "user", "content": question}]}
-        return _route(json.dumps(body).encode(), {}, "messages", {"rlvr": 1.0}, "rlvr").affinity
+        return _route(json.dumps(body).encode(), {}, "messages", {"rlvr": 1.0}, "rlvr").route_key
 
     assert key("What is 2+2?") == key("What is 2+2?")
     assert len({key(f"What is {i}+{i}?") for i in range(20)}) == 20
@@ -466,7 +466,7 @@ def test_vllm_routers_other_session_headers_are_affinity_keys_that_open_no_sessi
 
     def affinity(headers: dict, **body) -> str:
         raw = json.dumps({"model": "tiny", "prompt": "hi", **body}).encode()
-        return _route(raw, headers, "prompt", {"rlvr": 1.0}, "rlvr").affinity
+        return _route(raw, headers, "prompt", {"rlvr": 1.0}, "rlvr").route_key
 
     assert affinity({"x-session-id": "s", "x-user-id": "u"}, user="b") == "session:s"
     assert affinity({"x-tenant-id": "t", "x-user-id": "u"}, user="b") == "x-user-id:u", "vllm-router's order"

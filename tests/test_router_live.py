@@ -20,7 +20,7 @@ pytestmark = pytest.mark.timeout(30)
 
 def _state(policy: str = "misa+cache-aware", workers: int = 2, ttl: float = 10.0, max_sessions: int = 100) -> LiveState:
     settings = make_settings(workers=[f"http://w{i}:1" for i in range(workers)], policy=policy)
-    ws = [Worker(id=i, accelerator="vllm", cluster="f", tp=1, kv_capacity=10_000, max_num_seqs=8, affinity=0)
+    ws = [Worker(id=i, accelerator="vllm", cluster="f", tp=1, kv_capacity=10_000, max_num_seqs=8, rank=0)
           for i in range(workers)]
     return LiveState(build_policy(settings), ws, settings.target_mix, session_ttl_s=ttl, max_sessions=max_sessions)
 
@@ -175,11 +175,11 @@ def test_classes_file(tmp_path: Path) -> None:
 def test_consistent_hash_maps_one_key_to_one_worker_across_sessions_and_replicas() -> None:
     one, other = _state("consistent-hash", workers=4), _state("consistent-hash", workers=4)
     for i in range(7):                       # the replicas' trajectory counters differ
-        other.new_session(None, "rlvr", 10, group=i, affinity=f"burn{i}")
+        other.new_session(None, "rlvr", 10, group=i, route_key=f"burn{i}")
     other.decide(0.0)
 
     def home(st: LiveState, key: str) -> int:
-        s = st.new_session(None, "rlvr", 10, group=0, affinity=key)
+        s = st.new_session(None, "rlvr", 10, group=0, route_key=key)
         st.decide(0.0)
         worker = s.traj.worker
         st.finished(s, 1, 0.0)               # the session ends: the next one with this key is new
@@ -193,11 +193,11 @@ def test_consistent_hash_maps_one_key_to_one_worker_across_sessions_and_replicas
 
 def test_consistent_hash_gives_a_worker_added_later_its_share() -> None:
     st = _state("consistent-hash", workers=2)
-    st.new_session(None, "rlvr", 10, group=0, affinity="user:first")
+    st.new_session(None, "rlvr", 10, group=0, route_key="user:first")
     st.decide(0.0)
     st.workers.append(Worker(id=2, accelerator="vllm", cluster="f", tp=1, kv_capacity=10_000, max_num_seqs=8,
-                             affinity=0))
-    sessions = [st.new_session(None, "rlvr", 10, group=i, affinity=f"user:{i}") for i in range(40)]
+                             rank=0))
+    sessions = [st.new_session(None, "rlvr", 10, group=i, route_key=f"user:{i}") for i in range(40)]
     st.decide(0.0)
     assert any(s.traj.worker == 2 for s in sessions)
 

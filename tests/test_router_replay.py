@@ -12,7 +12,7 @@ import random
 
 import pytest
 
-from cadencerl.config import PolicySpec
+from cadencerl.config import ControllerSpec
 from cadencerl.core.actions import Admit
 from cadencerl.core.backend import EngineStats, Finished, ToolReturned, TurnEnded
 from cadencerl.core.controller import Controller
@@ -48,7 +48,7 @@ class RecordedBackend:
 
 
 def _workers() -> list[Worker]:
-    return [Worker(id=i, accelerator="cpu", cluster="c", tp=1, kv_capacity=KV, max_num_seqs=8, affinity=0)
+    return [Worker(id=i, accelerator="cpu", cluster="c", tp=1, kv_capacity=KV, max_num_seqs=8, rank=0)
             for i in range(2)]
 
 
@@ -69,7 +69,7 @@ def _controller(policy_name: str, specs: list[TrajectorySpec]) -> tuple[Controll
     backend = RecordedBackend(workers)
     policy = build_policy(make_settings(workers=["http://a:1", "http://b:1"], policy=policy_name, classes=MIX))
     ctl = Controller(policy, backend, workers, [Trajectory(s) for s in specs], batch_size=len(specs),
-                     params=PolicySpec(eta=10), train_time_s=0.0)
+                     params=ControllerSpec(eta=10), train_time_s=0.0)
     return ctl, backend
 
 

@@ -194,7 +194,7 @@ def test_a_relay_given_up_before_its_first_chunk_still_releases_and_closes() -> 
     released = []
     svc = SimpleNamespace(transport=Upstream(), forward_timeout=None, release=lambda s, n, last: released.append(n))
     session = SimpleNamespace(traj=SimpleNamespace(context=3))
-    req = Routed(raw=b"{}", stream=True, session_key=None, affinity="", workload_class="c", last=True,
+    req = Routed(raw=b"{}", stream=True, session_key=None, route_key="", workload_class="c", last=True,
                  prompt_len=3, group=0)
 
     async def main() -> None:

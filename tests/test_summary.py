@@ -31,7 +31,7 @@ def test_add_bounds_gives_the_ratios_to_the_oracle():
     specs = [TrajectorySpec(i, i, 100, HiddenLength(50 + i, KEY)) for i in range(8)]
     scenario = small()
     bounds = oracle_bounds(specs, workers, perfs, KEY, batch_size=scenario.trainer.batch_size,
-                           eta=scenario.policy.eta, train_time_s=scenario.trainer.train_time_s)
+                           eta=scenario.controller.eta, train_time_s=scenario.trainer.train_time_s)
     result = add_bounds({"throughput_tok_s": 1000.0, "latency_p95_s": 30.0}, specs, workers, perfs, KEY, scenario)
     assert result["bound_throughput_tok_s"] == bounds["bound_throughput_tok_s"]
     assert result["throughput_fraction_of_bound"] == pytest.approx(1000.0 / bounds["bound_throughput_tok_s"])

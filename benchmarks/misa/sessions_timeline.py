@@ -10,7 +10,7 @@ engine (running or queued), the engine's queue and its KV use, and plots them ov
 Usage: python benchmarks/misa/sessions_timeline.py -s mixed-h200-235b --trajectories 51200 \\
            --batch-size 2048 --eta 1000 --trainer-cluster h200 \\
            --policies misa+cache-aware-tuned,cap2048+cache-aware-tuned,cap3072+cache-aware-tuned
-       [--every 25] [--weight-update when-idle] [--jobs 2]
+       [--every 25] [--version-switch when-idle] [--jobs 2]
        [--out PNG, default benchmarks/results/sessions_timeline_<scenario>.png]
 
 Set CADENCERL_CACHE_DIR to the folder a `compare` of the same scenario used, and the router's
@@ -47,7 +47,7 @@ SERIES = ("sessions", "at_engine", "queued", "kv_use")
 def run_one(args: argparse.Namespace, name: str) -> dict:
     """Simulate one policy, sampling the pool's per-worker means every `args.every` sim seconds."""
     scenario = scenario_of(args)
-    policy = make_policy(name, scenario, weight_update=args.weight_update)
+    policy = make_policy(name, scenario, version_switch=args.version_switch)
     samples: dict[str, list[float]] = {"t": [], **{k: [] for k in SERIES}}
     decide, due = policy.decide, [0.0]
 
@@ -133,7 +133,7 @@ def main() -> None:
     ap.add_argument("--eta", type=int)
     ap.add_argument("--trainer-cluster")
     ap.add_argument("--policies", required=True, help="comma-separated policy names, as `compare` takes them")
-    ap.add_argument("--weight-update", default="when-idle", help="the tuned router's weight update (default when-idle)")
+    ap.add_argument("--version-switch", default="when-idle", help="how the tuned router's workers take new weights (default when-idle)")
     ap.add_argument("--every", type=float, default=25.0, help="sim seconds between samples")
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--out")
@@ -144,7 +144,7 @@ def main() -> None:
     try:
         scenario = scenario_of(args)
         for name in names:
-            make_policy(name, scenario, weight_update=args.weight_update)   # bad names fail here, not in a worker
+            make_policy(name, scenario, version_switch=args.version_switch)   # bad names fail here, not in a worker
     except ConfigError as exc:
         ap.error(str(exc))
     with ProcessPoolExecutor(max_workers=max(1, args.jobs)) as pool:

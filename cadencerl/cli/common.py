@@ -104,7 +104,8 @@ def terminated_as_exit() -> Iterator[None]:
 # every policy, and checked against the registry by tests/test_cli_help.py.
 ADMISSION_FORMS = "misa, misa-goodput or cap<N> (N sessions in flight)"
 POLICY_HELP = ("a policy name (e.g. cadence, laminar, areal, least-loaded, cache-aware; an unknown name lists "
-               f"them all), or ADMISSION+POLICY with ADMISSION {ADMISSION_FORMS}")
+               f"them all), ADMISSION+POLICY with ADMISSION {ADMISSION_FORMS}, or a CadenceRL variant file "
+               "(benchmarks/variants/*.yaml)")
 SeedOpt = typer.Option(None, "--seed", min=0, help="workload seed (default: the scenario's)")
 TrajectoriesOpt = typer.Option(None, "--trajectories", min=1,
                                help="trajectories per run; the trainer batch scales with it unless --batch-size")
@@ -143,10 +144,8 @@ def build_scenario(name: Optional[str], config: Optional[Path], overrides: dict)
         s = s.resized(trajectories, batch)
     elif batch is not None:
         s = s.with_overrides(trainer={"batch_size": batch})
+    s = s.with_knobs(**{k: overrides[k] for k in ("eta", "delta") if overrides.get(k) is not None})
     changes: dict = {}
-    for key in ("eta", "delta"):
-        if overrides.get(key) is not None:
-            changes.setdefault("policy", {})[key] = overrides[key]
     if overrides.get("seed") is not None:
         changes["seed"] = overrides["seed"]
     if overrides.get("trainer_cluster") is not None:

@@ -10,7 +10,7 @@ from typing import Optional
 
 import typer
 
-from cadencerl.cli.common import (ADMISSION_FORMS, POLICY_HELP, BatchOpt, ConfigOpt, DeltaOpt, EtaOpt, JsonOpt,
+from cadencerl.cli.common import (POLICY_HELP, BatchOpt, ConfigOpt, DeltaOpt, EtaOpt, JsonOpt,
                                   ScenarioOpt, SeedOpt, TrainerClusterOpt, TrajectoriesOpt, bug, distinct, fail,
                                   int_list, load_scenario, write_json)
 from cadencerl.cli.tables import (comparison_table, console, distance_note, per_accelerator_table, print_tables,
@@ -26,16 +26,23 @@ REFERENCE_HELP = ("also simulate the clairvoyant reference (an oracle that sees 
 # --reference, compare (4 policies) 12.8 s -> 27.2 s.
 REFERENCE_BY_DEFAULT = False
 MAX_JOBS = 256   # simulations in parallel: processes, so a bound keeps `report` from exhausting the machine
-AdmissionOpt = typer.Option(None, "--admission", help=f"an admission layer in front of the policy: {ADMISSION_FORMS}, or none")
+GroupedOpt = typer.Option(False, "--grouped", help="the baselines route a prompt's samples where its last one went "
+                          "(the prefix-aware group routing of their real deployments)")
 PolicyOpt = typer.Option("cadence", "--policy", "-p", help=POLICY_HELP)
 
 
-def run_policies(scenario: Scenario, names: list[str], exact: bool, show_progress: bool) -> list[dict]:
-    """Simulate each named policy on `scenario`; an unknown name or a failing run is a one-line error."""
+def run_policies(scenario: Scenario, names: list[str], exact: bool, show_progress: bool,
+                 grouped: bool = False) -> list[dict]:
+    """Simulate each named policy on `scenario` (`grouped`: the baselines with group routing); an
+    unknown name or a failing run is a one-line error."""
     from cadencerl.core.actions import ActionError
     from cadencerl.core.controller import StallError
-    from cadencerl.runs.registry import make_policy
+    from cadencerl.runs.registry import GROUPABLE
+    from cadencerl.runs.registry import make_policy as make
     from cadencerl.runs.simulate import simulate
+
+    def make_policy(name: str, s: Scenario):
+        return make(name, s, grouped=grouped and name.rpartition("+")[2] in GROUPABLE)
 
     results = []
     with progress_bar(show_progress) as progress:
@@ -83,7 +90,7 @@ def captioned(table, results: list[dict], reference: dict | None):
 
 def sim(scenario: Optional[str] = ScenarioOpt, config: Optional[Path] = ConfigOpt,
         policy: str = PolicyOpt,
-        admission: Optional[str] = AdmissionOpt,
+        grouped: bool = GroupedOpt,
         json_out: Optional[str] = JsonOpt,
         exact: bool = typer.Option(False, "--exact", help="step every decode iteration instead of the closed form (to check it; not --reference)"),
         reference: bool = typer.Option(REFERENCE_BY_DEFAULT, "--reference/--no-reference", help=REFERENCE_HELP),
@@ -94,13 +101,9 @@ def sim(scenario: Optional[str] = ScenarioOpt, config: Optional[Path] = ConfigOp
     s = load_scenario(scenario, config, dict(seed=seed, trajectories=trajectories, batch_size=batch_size, eta=eta,
                                              delta=delta, trainer_cluster=trainer_cluster), json_out)
     to_stderr = json_out == "-"
-    if admission not in (None, "none"):
-        if "+" in policy:
-            fail(f"policy: {policy!r} already names an admission layer; drop --admission")
-        policy = f"{admission}+{policy}"
-    result = run_policies(s, [policy], exact, show_progress=True)[0]
+    result = run_policies(s, [policy], exact, show_progress=True, grouped=grouped)[0]
     ref = run_reference(s, [result], show_progress=True) if reference else None
-    print_tables([captioned(run_table([result], f"{s.name}: {policy}"), [result], ref),
+    print_tables([captioned(run_table([result], f"{s.name}: {result['policy']}"), [result], ref),
                   per_accelerator_table(result)], to_stderr)
     write_json(json_out, result)
 
@@ -108,6 +111,7 @@ def sim(scenario: Optional[str] = ScenarioOpt, config: Optional[Path] = ConfigOp
 def compare(scenario: Optional[str] = ScenarioOpt, config: Optional[Path] = ConfigOpt,
             policies: str = typer.Option("cadence,laminar,areal,least-loaded", "--policies",
                                          help="comma-separated, each given once: " + POLICY_HELP),
+            grouped: bool = GroupedOpt,
             json_out: Optional[str] = JsonOpt,
             reference: bool = typer.Option(REFERENCE_BY_DEFAULT, "--reference/--no-reference", help=REFERENCE_HELP),
             seed: Optional[int] = SeedOpt, trajectories: Optional[int] = TrajectoriesOpt,
@@ -120,7 +124,7 @@ def compare(scenario: Optional[str] = ScenarioOpt, config: Optional[Path] = Conf
     names = distinct("policies", [p.strip() for p in policies.split(",") if p.strip()])
     if not names:
         fail("policies: give at least one policy name")
-    results = run_policies(s, names, False, show_progress=True)
+    results = run_policies(s, names, False, show_progress=True, grouped=grouped)
     ref = run_reference(s, results, show_progress=True) if reference else None
     print_tables([captioned(comparison_table(results, "cadence"), results, ref)], json_out == "-")
     write_json(json_out, results)
@@ -142,7 +146,7 @@ def sensitivity(scenario: Optional[str] = ScenarioOpt, config: Optional[Path] = 
         task = progress.add_task(f"{s.name} / {policy} sensitivity", total=len(eta_values) * len(delta_values))
         for eta in eta_values:
             for delta in delta_values:
-                r = run_policies(s.with_overrides(policy={"eta": eta, "delta": delta}), [policy], False, False)[0]
+                r = run_policies(s.with_knobs(eta=eta, delta=delta), [policy], False, False)[0]
                 r.update(eta=eta, delta=delta)
                 runs.append(r)
                 progress.advance(task)

@@ -10,7 +10,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from cadencerl.config import PolicySpec
+from cadencerl.config import ControllerSpec
 from cadencerl.core.actions import ActionError, Admit, Advance, Batch, Evict, Interrupt, Place, UpdateInPlace
 from cadencerl.core.admission_checks import batch_steps, check_budget, check_fits, check_fresh, check_placement
 from cadencerl.core.backend import Backend, Finished, Published, Restore, Timer, ToolReturned, TurnEnded, WorkerLost
@@ -45,7 +45,7 @@ class Counters:
 
 class Controller:
     def __init__(self, policy: Policy, backend: Backend, workers: list[Worker], trajectories: list[Trajectory],
-                 *, batch_size: int, params: PolicySpec, train_time_s: float, train_time_per_token_s: float = 0.0,
+                 *, batch_size: int, params: ControllerSpec, train_time_s: float, train_time_per_token_s: float = 0.0,
                  kv_transfer_time: Callable[[Worker, Worker, Trajectory], float | None] | None = None,
                  kv_bytes_per_token: float = 0.0, sample_every_s: float = 5.0, mix: MixRule | None = None) -> None:
         self.policy = policy

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from cadencerl.config import PolicySpec
+from cadencerl.config import ControllerSpec
 from cadencerl.core.pending import PendingSet
 from cadencerl.core.trajectory import State, Trajectory
 from cadencerl.core.worker import Worker
@@ -20,16 +20,14 @@ class StallError(RuntimeError):
 
 
 def stall_message(policy: str, now: float, fresh: int, pending: PendingSet, done: int, total: int,
-                  trainer_version: int, workers: list[Worker], params: PolicySpec) -> str:
+                  trainer_version: int, workers: list[Worker], params: ControllerSpec) -> str:
     """Why no decision moves the run: where the work is, the versions, lost workers and the knobs."""
     by_version = {v: pending.count(v) for v in pending.versions()}
     lost = [w.id for w in workers if not w.alive] or "none"
     return (f"policy {policy!r} stalled at t={now:.1f}s: {fresh} fresh, "
             f"{len(pending)} pending (by version {by_version}), {done}/{total} done, "
             f"trainer at version {trainer_version}, worker versions {sorted({w.version for w in workers})}, "
-            f"workers lost: {lost}; knobs eta {params.eta}, delta {params.delta} tokens, growth_ticks "
-            f"{params.growth_ticks:g}, headroom_floor {params.headroom_floor:g}, largest worker "
-            f"KV {max(w.kv_capacity for w in workers)} tokens")
+            f"workers lost: {lost}; eta {params.eta}, largest worker KV {max(w.kv_capacity for w in workers)} tokens")
 
 
 def all_lost_message(now: float, done: int, total: int, lost_why: dict[int, str]) -> str:

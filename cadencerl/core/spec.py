@@ -89,7 +89,7 @@ class TrajectorySpec:
     response: HiddenLength  # first (or only) reply
     workload_class: str = "rlvr"
     later_turns: SealedTurns = field(default=NO_TURNS)
-    affinity: str | None = None  # a live request's routing key (session id, user, whole prompt); None in the simulator
+    route_key: str | None = None  # a live request's routing key (session id, user, whole prompt); None in the simulator
     max_new_tokens: int | None = None   # the router's requests: the first one's bound on its reply (vLLM may
                                         # stop earlier at EOS). None elsewhere: the simulator draws lengths, and
                                         # the trainer API's runs decode exactly max_tokens (it is the length)

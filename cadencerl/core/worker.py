@@ -15,7 +15,7 @@ class Worker:
     tp: int
     kv_capacity: int             # tokens
     max_num_seqs: int
-    affinity: int                # 0 is the highest: the preferred home of long-context tail work
+    rank: int                    # affinity rank, 0 the highest: the preferred home of long-context tail work
     version: int = 0
     alive: bool = True
     residents: dict[int, Trajectory] = field(default_factory=dict)

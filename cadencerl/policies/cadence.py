@@ -80,7 +80,7 @@ from __future__ import annotations
 import bisect
 from collections.abc import Iterator
 
-from cadencerl.config import PolicySpec
+from cadencerl.config import CadenceSpec
 from cadencerl.core.actions import Action, Admit, Advance, Batch, Evict, Place
 from cadencerl.core.policy import Policy
 from cadencerl.core.trajectory import Trajectory, contexts
@@ -92,13 +92,13 @@ from cadencerl.policies.cadence_state import GrowthMeter
 
 
 class Cadence(Policy):
-    def __init__(self, params: PolicySpec, name: str = "cadence") -> None:
+    def __init__(self, params: CadenceSpec, tick_s: float, name: str = "cadence") -> None:
         self.name = name
         self.params = params
         self.delta = params.delta
         self.floor_frac = params.headroom_floor
         self.kv_transfer = params.kv_preparation
-        self.growth = GrowthMeter(params.tick_s * params.growth_ticks)
+        self.growth = GrowthMeter(tick_s * params.growth_ticks)
         self.homes = PromptHomes() if params.prompt_affinity else None
         self.kv_bound: set[int] = set()   # versions under which a worker had to shed below its floor
         self.paced_bound: set[int] = set()   # ... while the version paced (not while it concentrated)
@@ -140,7 +140,7 @@ class Cadence(Policy):
         """Does this version's tail have a higher-affinity worker to go to (or is that not asked)?"""
         if not self.params.concentration:
             return False
-        return self.params.concentrate_within_one_rank or len({w.affinity for w in workers}) > 1
+        return self.params.drain.within_one_rank or len({w.rank for w in workers}) > 1
 
     def _shed(self, workers: list[Worker], terms: RoomTerms | None = None, pacing: bool = False) -> Iterator[Action]:
         """Long out: a worker below its floor evicts its longest resident, never its last one.
@@ -175,7 +175,7 @@ class Cadence(Policy):
         # Without an admission layer nothing is applied before the stream ends: its pending work is
         # read in place; with one, each placement leaves the set as the stream goes, so it is copied.
         pending = view.pending.shortest_first(v) if view.gate is None else iter(view.pending.by_context(v))
-        spread = self.params.spread_when_underloaded and not view.pending.count(v)
+        spread = self.params.spread.when_underloaded and not view.pending.count(v)
         every = RoomIndex(terms, by_load=spread)
         newcomers = every
         if view.gate is not None:
@@ -208,7 +208,7 @@ class Cadence(Policy):
         delta = self.delta
         rule = self._home_rule(v) if spread else None   # binds are recorded only by shedding, before the stream
         shares = None   # held to a fair share only until KV stays bound (then every version binds)
-        if spread and self.params.spread_fair_share and rule != "home-first":
+        if spread and self.params.spread.fair_share and rule != "home-first":
             shares = self._fair_shares(view, v)
         while True:
             if gated:
@@ -258,11 +258,11 @@ class Cadence(Policy):
 
     def _fair_shares(self, view: PoolView, v: int) -> dict[int, float]:
         """Each live worker's share of the pool's residents plus the fresh work admissible under `v`, in
-        proportion to its KV capacity and scaled by `spread_fair_share`: while spreading, a worker admits
+        proportion to its KV capacity and scaled by `spread.fair_share`: while spreading, a worker admits
         fresh work only up to it, so the first worker to reach a version does not take the whole budget."""
         live = view.alive()
         residents = sum(len(w.residents) for w in live)
-        per_worker = int(self.params.spread_fair_share * (residents + max(view.admissible(v), 0)) / len(live)) + 1
+        per_worker = int(self.params.spread.fair_share * (residents + max(view.admissible(v), 0)) / len(live)) + 1
         mean_kv = sum(w.kv_capacity for w in live) / len(live)
         return {w.id: per_worker * w.kv_capacity / mean_kv for w in live}
 
@@ -284,13 +284,12 @@ class Cadence(Policy):
     def _home_rule(self, v: int) -> str:
         """How far a prompt's home is followed while spreading under version `v`: "home-first",
         "capped" (up to the mean load) or "tie-break" (only among the least loaded)."""
-        mode = self.params.spread_affinity
-        if mode == "tie-break-until-kv-stays-bound":
-            return "home-first" if self._kv_stays_bound(v) or self._kv_stays_bound(v - 1) else "tie-break"
-        if mode.endswith("-until-kv-binds"):
-            has_bound = v in self.kv_bound or v - 1 in self.kv_bound
-            return "home-first" if has_bound else mode.removesuffix("-until-kv-binds")
-        return mode
+        spread = self.params.spread
+        when = spread.home_first_when
+        if spread.home == "first" or (when == "kv-stays-bound" and (self._kv_stays_bound(v) or self._kv_stays_bound(v - 1))) \
+                or (when == "kv-binds" and (v in self.kv_bound or v - 1 in self.kv_bound)):
+            return "home-first"
+        return spread.home
 
     def _kv_stays_bound(self, v: int) -> bool:
         """KV bound under `v` and under the version before it (version 0 has none before it)."""
@@ -310,27 +309,28 @@ class Cadence(Policy):
     # -- concentration --------------------------------------------------------------------------
 
     def _may_drain(self, v: int) -> bool:
-        """Whether version `v`'s workers may drain: with `concentrate_when_kv_bound`, only once KV bound
+        """Whether version `v`'s workers may drain: with `drain.needs_kv_bind`, only once KV bound
         under it (by default: while it paced); before that there is no displaced tail, and its
         workers drain by themselves."""
-        if not self.params.concentrate_when_kv_bound:
+        drain = self.params.drain
+        if not drain.needs_kv_bind:
             return True
-        return v in (self.paced_bound if self.params.drain_needs_pacing_bind else self.kv_bound)
+        return v in (self.paced_bound if drain.bind_while_pacing else self.kv_bound)
 
     def _concentrate(self, view: PoolView, v: int, workers: list[Worker]) -> Iterator[Action]:
         yield from self._shed(workers)
         yield from self._place_longest_first(view, v, workers)
         if view.pending.count(v):
             return  # the gate: a cascade resolves before another begins
-        if self.params.drain_needs_fresh_ahead and not _fresh_ahead(view, v):
+        if self.params.drain.needs_fresh_ahead and not _fresh_ahead(view, v):
             return
         if not self._may_drain(v):
             return
-        for src in sorted((w for w in workers if w.residents), key=lambda w: (-w.affinity, w.kv_used, w.id)):
+        for src in sorted((w for w in workers if w.residents), key=lambda w: (-w.rank, w.kv_used, w.id)):
             # Work only moves up the affinity order; between equals it consolidates onto fuller workers.
-            targets = [w for w in workers if w.affinity < src.affinity
-                       or (w.affinity == src.affinity and w is not src and (w.kv_used, w.id) > (src.kv_used, src.id))]
-            if not targets or (self.params.drain_whole_source and not self._absorbs(targets, src)):
+            targets = [w for w in workers if w.rank < src.rank
+                       or (w.rank == src.rank and w is not src and (w.kv_used, w.id) > (src.kv_used, src.id))]
+            if not targets or (self.params.drain.whole_source and not self._absorbs(targets, src)):
                 continue
             for traj in sorted(src.residents.values(), key=lambda t: -t.context):
                 yield Evict(traj.id)
@@ -346,7 +346,7 @@ class Cadence(Policy):
         """Pending work of `v`, longest first, each on the first of `workers` in (affinity, most
         headroom) order with room for it. A placement changes only the worker it went to, so only
         that one is re-filed in the order and its spare room recomputed."""
-        order = lambda w: (w.affinity, -w.headroom, w.id)  # noqa: E731
+        order = lambda w: (w.rank, -w.headroom, w.id)  # noqa: E731
         targets = sorted(workers, key=order)
         spare = {w.id: self._spare(w) for w in targets}   # -1 for a worker without a slot
         largest = max(spare.values(), default=-1)         # the longest context any of them could take
@@ -375,7 +375,7 @@ class Cadence(Policy):
         may drain it (otherwise the joiner would only wait there, a version behind)."""
         for u in range(w.version + 1, view.trainer_version):
             if view.budget(u) == 0 and self._may_drain(u) and any(
-                    o.version == u and o.residents and o.affinity > w.affinity for o in view.alive()):
+                    o.version == u and o.residents and o.rank > w.rank for o in view.alive()):
                 return u
         return view.trainer_version
 

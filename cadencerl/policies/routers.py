@@ -104,7 +104,7 @@ class LeastLoadedRouter(Router):
 
 
 class ConsistentHash(Router):
-    """The request's affinity key (a live router's session id, `user` or whole prompt; the
+    """The request's route key (a live router's session id, `user` or whole prompt; the
     simulator's trajectory id) on a hash ring with virtual nodes; the first live worker clockwise.
     The ring follows the set of worker ids, so a worker added while running takes its share."""
 
@@ -127,7 +127,7 @@ class ConsistentHash(Router):
             self._keys = [k for k, _ in self._ring]
             self._ids = ids
         allowed = {w.id: w for w in workers}
-        key = traj.spec.affinity
+        key = traj.spec.route_key
         start = bisect_right(self._keys, self._h(f"session-{traj.id}" if key is None else key))
         for i in range(len(self._ring)):
             wid = self._ring[(start + i) % len(self._ring)][1]

@@ -31,7 +31,7 @@ from cadencerl.runs.outputs import fresh_dir
 
 def _common_setup(ctx: Report) -> str:
     s = pool_scenario(DETAIL_POOL, ctx.settings)
-    w, t, p = s.workload, s.trainer, s.policy
+    w, t, c, k = s.workload, s.trainer, s.controller, s.cadence
     mode = (f"quick (`--quick`): every run keeps the full report's {STEADY_ITERATIONS} iterations but with a trainer "
             f"batch of {t.batch_size} instead of 4096, to stay under 5 minutes; fewer trajectories are in flight, so "
             "the pools are less loaded than in the full report: quote the full report's numbers"
@@ -47,8 +47,8 @@ def _common_setup(ctx: Report) -> str:
         f"sigma {w.prompt.sigma:g}, cap {w.prompt.cap}; response log-normal median {w.response.median:g}, sigma "
         f"{w.response.sigma:g}, cap {w.response.cap} tokens; prompt difficulty sigma {w.prompt_difficulty_sigma:g}; "
         "single turn.",
-        f"- Policy knobs unless an experiment says otherwise: eta {p.eta}, delta {p.delta} tokens, headroom floor "
-        f"{p.headroom_floor:g}, decision tick {p.tick_s:g} s, KV preparation {'on' if p.kv_preparation else 'off'}.",
+        f"- Policy knobs unless an experiment says otherwise: eta {c.eta}, delta {k.delta} tokens, headroom floor "
+        f"{k.headroom_floor:g}, decision tick {c.tick_s:g} s, KV preparation {'on' if k.kv_preparation else 'off'}.",
         "- Simulator: the closed-form discrete-event pool simulator (`cadencerl/sim`), each worker a vLLM V1 "
         "engine (max_num_seqs 256, preemption by recompute); roofline step times from `cadencerl/hardware`.",
         f"- Steady state: every figure in the tables is measured over the steady window, from the end of the first "

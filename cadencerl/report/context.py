@@ -66,6 +66,6 @@ class Report:
         return ["--config", str((self.shown_out or self.out) / "scenarios" / path.name)]
 
     def setup_line(self, s: Scenario, **knobs) -> str:
-        eta, delta = knobs.get("eta", s.policy.eta), knobs.get("delta", s.policy.delta)
+        eta, delta = knobs.get("eta", s.controller.eta), knobs.get("delta", s.cadence.delta)
         return (f"*Setup:* pool {describe_pool(s)}; model {s.model}; {s.workload.trajectories} trajectories, "
                 f"trainer batch {s.trainer.batch_size}, seed {s.seed}; eta {eta}, delta {delta} tokens.")

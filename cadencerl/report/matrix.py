@@ -32,9 +32,9 @@ MIXED_POLICIES = ("misa+cache-aware-tuned", "cache-aware-tuned", "round-robin", 
 
 
 ABLATION_POLICIES = ("cadence", "cadence-no-pacing", "cadence-no-concentration", "cadence-no-affinity",
-                     "cadence-no-kv-prep", "cadence-no-spread", "cadence-always-concentrate", "cadence-eager-drain",
-                     "cadence-whole-drain")
+                     "cadence-no-kv-prep")
 GROUPED_BASELINES = ("sync-grouped", "one-off-grouped", "laminar-grouped", "areal-grouped", "least-loaded-grouped")
+# (runs labelled as their results are: registry.grouped_label builds each)
 STEADY_ITERATIONS = 16  # every run: figures over iterations 2..15 (the first and the last are left out)
 QUICK_BATCH = 512       # --quick: 16 iterations of 512 (8192 trajectories) to stay under 5 minutes
 
@@ -126,8 +126,8 @@ def planned_runs(settings: Settings) -> list[tuple[Scenario, str]]:
     runs = [(homogeneous_scenario(m, tp, settings), p) for m, tp in HOMOGENEOUS_MODELS for p in HOMOGENEOUS_POLICIES]
     runs += [(pool_scenario(n, settings), p) for n in (*HETEROGENEOUS_POOLS, *EXTRA_POOLS) for p in HETEROGENEOUS_POLICIES]
     detail = pool_scenario(DETAIL_POOL, settings)
-    runs += [(detail.with_overrides(policy={"eta": e}), "cadence") for e in settings.etas]
-    runs += [(detail.with_overrides(policy={"delta": d}), "cadence") for d in settings.deltas]
+    runs += [(detail.with_knobs(eta=e), "cadence") for e in settings.etas]
+    runs += [(detail.with_knobs(delta=d), "cadence") for d in settings.deltas]
     for name in settings.ablation_pools:
         s = pool_scenario(name, settings)
         runs += [(s, p) for p in (*ABLATION_POLICIES, *GROUPED_BASELINES)]

@@ -19,7 +19,7 @@ class ReportError(RuntimeError):
 def _setup(s: Scenario) -> dict:
     return {"model": s.model, "seed": s.seed, "pool": [g.model_dump() for g in s.pool],
             "trajectories": s.workload.trajectories, "batch_size": s.trainer.batch_size,
-            "eta": s.policy.eta, "delta": s.policy.delta}
+            "eta": s.controller.eta, "delta": s.cadence.delta}
 
 
 def simulate_one(scenario: Scenario, policy: str, trace: tuple[int, ...] = (), progress=None) -> dict:
@@ -28,13 +28,14 @@ def simulate_one(scenario: Scenario, policy: str, trace: tuple[int, ...] = (), p
     from cadencerl.core.actions import ActionError
     from cadencerl.core.controller import StallError
     from cadencerl.runs.reference import REFERENCE, clairvoyant_reference
-    from cadencerl.runs.registry import make_policy
+    from cadencerl.runs.registry import grouped_label, make_policy
     from cadencerl.runs.simulate import simulate
 
     try:
         if policy == REFERENCE:   # the clairvoyant reference: no registered name resolves to it
             return clairvoyant_reference(scenario, progress)
-        return simulate(scenario, make_policy(policy, scenario), trace=trace, progress=progress)
+        name, grouped = grouped_label(policy)
+        return simulate(scenario, make_policy(name, scenario, grouped=grouped), trace=trace, progress=progress)
     except (ConfigError, StallError, ActionError) as exc:
         raise ReportError(f"{scenario.name} / {policy}: {exc}") from None
 

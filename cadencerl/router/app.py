@@ -96,7 +96,7 @@ async def _serve(svc: RouterService, path: str, routed: Routed, headers, field: 
         pin = None if previous is None else svc.owner(previous, "previous_response_id", generate=True).id
         held = 0 if previous is None else svc.owners.context(previous)
         session = await svc.acquire(routed.session_key, routed.workload_class, routed.prompt_len, routed.group,
-                                    routed.affinity, field, pin, held, routed.max_new_tokens)
+                                    routed.route_key, field, pin, held, routed.max_new_tokens)
     except Rejected as exc:
         return error_response(exc.status, str(exc), exc.param, exc.reason, {"Retry-After": str(exc.retry_after)})
     except ApiError as exc:           # an unknown previous response, or it stopped fitting any server's KV

@@ -78,12 +78,12 @@ class LiveState:
     # -- events -----------------------------------------------------------------------------------
 
     def new_session(self, key: str | None, cls: str, prompt_len: int, group: int, now: float = 0.0,
-                    affinity: str | None = None, pin: int | None = None,
+                    route_key: str | None = None, pin: int | None = None,
                     max_new_tokens: int | None = None) -> Session:
         """A session's first request: FRESH, held until an Admit names its worker (`pin`, if given:
         the worker that holds what the request continues, e.g. a stored response)."""
         spec = TrajectorySpec(id=next(self._ids), group=group, prompt_len=max(1, prompt_len),
-                              response=HiddenLength(0, _SEALED), workload_class=cls, affinity=affinity,
+                              response=HiddenLength(0, _SEALED), workload_class=cls, route_key=route_key,
                               max_new_tokens=max_new_tokens)
         session = Session(key, Trajectory(spec, pin=pin), arrived_at=now)
         self.hold.push(session.traj)
@@ -239,7 +239,7 @@ class LiveState:
         else:
             raise ActionError(f"a live router cannot apply {action!r} (use a router policy)")
 
-    def route_outside(self, group: int, prompt_len: int, affinity: str, now: float,
+    def route_outside(self, group: int, prompt_len: int, route_key: str, now: float,
                       exclude: frozenset[int] = frozenset()) -> int | None:
         """The worker for a request that is no session (an embedding, a rerank): the placement
         policy's own rule (`route`, as for an admitted session) over the live workers, with no
@@ -250,7 +250,7 @@ class LiveState:
             return None
         placement = placement_of(self.policy)
         spec = TrajectorySpec(id=OUTSIDE, group=group, prompt_len=max(1, prompt_len),
-                              response=HiddenLength(0, _SEALED), workload_class="", affinity=affinity)
+                              response=HiddenLength(0, _SEALED), workload_class="", route_key=route_key)
         return placement.route(self.view(now), Trajectory(spec), ok).id
 
     # -- bookkeeping, as the controller keeps it ---------------------------------------------------

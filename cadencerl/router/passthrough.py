@@ -60,7 +60,7 @@ async def _relay(svc: RouterService, path: str, req: PassThrough, headers) -> Re
     why = ""
     while True:
         try:
-            up = svc.place_outside(req.group, req.prompt_len, req.affinity, failed)
+            up = svc.place_outside(req.group, req.prompt_len, req.route_key, failed)
         except Rejected as exc:
             if failed:      # no other server to retry on: the failure is the answer, not a rejection
                 return error_response(502, f"upstream server failed ({why}); no other server is up",

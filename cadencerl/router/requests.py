@@ -65,7 +65,7 @@ class Routed:
     raw: bytes
     stream: bool
     session_key: str | None     # X-Session-Id: a multi-turn session that parks between turns
-    affinity: str               # what `consistent-hash` hashes (`affinity_key`)
+    route_key: str              # what `consistent-hash` hashes (`route_key_of`)
     workload_class: str
     last: bool
     prompt_len: int
@@ -82,7 +82,7 @@ class PassThrough:
     """A request the router only places and relays (`passthrough.py`), forwarded as received."""
 
     raw: bytes
-    affinity: str               # `affinity_key`, as a completion's
+    route_key: str              # `route_key_of`, as a completion's
     group: int                  # the body, hashed: one input is one prefix-tree entry
     prompt_len: int             # estimated from the body's size, for the prefix tree's bookkeeping only
 
@@ -92,8 +92,8 @@ async def read_pass_through(request: Request, max_bytes: int) -> PassThrough:
     raw = await _read_body(request, max_bytes)
     body = _json_object(raw)
     group = _group(raw)
-    affinity = affinity_key(request.headers, body, request.headers.get(SESSION_HEADER), group)
-    return PassThrough(raw, affinity, group, max(1, len(raw) // CHARS_PER_TOKEN))
+    route_key = route_key_of(request.headers, body, request.headers.get(SESSION_HEADER), group)
+    return PassThrough(raw, route_key, group, max(1, len(raw) // CHARS_PER_TOKEN))
 
 
 async def read_request(request: Request, field: str, classes: dict[str, float], default_class: str,
@@ -115,9 +115,9 @@ def _route(raw: bytes, headers, field: str, classes: dict[str, float], default_c
     key = headers.get(SESSION_HEADER) or None
     last = headers.get(END_HEADER, "").lower() in ("1", "true", "yes")
     group = _group(repr(prompt).encode())
-    affinity = affinity_key(headers, body, key, group)
+    route_key = route_key_of(headers, body, key, group)
     previous = body.get("previous_response_id") if field == "input" else None
-    return Routed(raw, bool(body.get("stream", False)), key, affinity, cls, last, _length(prompt), group,
+    return Routed(raw, bool(body.get("stream", False)), key, route_key, cls, last, _length(prompt), group,
                   previous, field == "input" and body.get("store", True) is True, field == "input",
                   field == "input" and body.get("background") is True, _max_new_tokens(body, field, prompt))
 
@@ -141,7 +141,7 @@ def _group(data: bytes) -> int:
     return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "big") >> 1
 
 
-def affinity_key(headers, body: dict, session_key: str | None, group: int) -> str:
+def route_key_of(headers, body: dict, session_key: str | None, group: int) -> str:
     """What consistent-hash hashes, in vllm-router's order: the session id, the other session headers,
     then the body's `session_params.session_id`, `user`, `session_id`, `user_id`; keyless, the whole
     prompt (as vllm-router hashes a keyless body): the samples of one prompt share a server, while

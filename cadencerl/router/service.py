@@ -119,7 +119,7 @@ class RouterService:
         self.upstreams.append(up)
         self.state.workers.append(Worker(id=up.id, accelerator="vllm", cluster="fleet", tp=1,
                                          kv_capacity=self.settings.kv_capacity,
-                                         max_num_seqs=self.settings.max_num_seqs, affinity=0))
+                                         max_num_seqs=self.settings.max_num_seqs, rank=0))
         self.groups_seen.append(OrderedDict())
         return up
 
@@ -217,7 +217,7 @@ class RouterService:
             raise too_long(prompt_len, field, largest)
 
     async def acquire(self, key: str | None, cls: str, prompt_len: int, group: int,
-                      affinity: str | None = None, field: str = "prompt", pin: int | None = None,
+                      route_key: str | None = None, field: str = "prompt", pin: int | None = None,
                       held: int = 0, max_new_tokens: int | None = None) -> Session:
         """Admit (a new session) or place (a continuation) one request; waits in HOLD if it must.
         `field` names the prompt in the 400 of a request that stops fitting while it waits. `pin`:
@@ -237,7 +237,7 @@ class RouterService:
         else:
             if session is not None:   # its last request is still in flight: this one is a reply of its own
                 key = None
-            session = self.state.new_session(key, cls, prompt_len + held, group, now, affinity, pin, max_new_tokens)
+            session = self.state.new_session(key, cls, prompt_len + held, group, now, route_key, pin, max_new_tokens)
             kind = "new"
         self.metrics.requests_of(session.traj.workload_class, kind).inc()
         if pin is not None and session.traj.context >= self.state.workers[pin].kv_capacity:
@@ -284,13 +284,13 @@ class RouterService:
                                self._retry_after()) from None
             raise Rejected(503, "no_worker", "no server can take this request now") from None
 
-    def place_outside(self, group: int, prompt_len: int, affinity: str,
+    def place_outside(self, group: int, prompt_len: int, route_key: str,
                       exclude: frozenset[int] = frozenset()) -> Upstream:
         """The server for a request outside sessions (`passthrough.py`), after a decision pass (what
         waits goes first); Rejected (503) when no server other than `exclude` is up."""
         now = self.now()
         self.decide(now)
-        worker = self.state.route_outside(group, prompt_len, affinity, now, exclude)
+        worker = self.state.route_outside(group, prompt_len, route_key, now, exclude)
         if worker is None:
             raise Rejected(503, "no_worker", "no server is up; retry later", self._retry_after())
         return self.upstreams[worker]

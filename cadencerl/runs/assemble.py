@@ -3,7 +3,7 @@ and the up-front checks that a workload can run on them at all."""
 
 from __future__ import annotations
 
-from cadencerl.config import ConfigError, PolicySpec, Scenario
+from cadencerl.config import CadenceSpec, ConfigError, Scenario
 from cadencerl.core.spec import TrajectorySpec, total_tokens
 from cadencerl.core.worker import Worker
 from cadencerl.hardware import catalog
@@ -28,8 +28,8 @@ def build_pool(scenario: Scenario) -> tuple[list[Worker], list[WorkerPerf]]:
     for g in scenario.pool:
         perf = make_perf(catalog.accelerator(g.accelerator), model, g.tp)
         groups.append((g, perf))
-    if scenario.affinity is not None:
-        order = {name: i for i, name in enumerate(scenario.affinity)}
+    if scenario.affinity_order is not None:
+        order = {name: i for i, name in enumerate(scenario.affinity_order)}
         rank = {g.accelerator: order[g.accelerator] for g, _ in groups}
     else:
         rates = sorted({g.accelerator: sweep_rate(p) for g, p in groups}.items(), key=lambda kv: -kv[1])
@@ -66,7 +66,7 @@ def _check_longest_fits_every_worker(scenario: Scenario, workers: list[Worker]) 
 
 
 def check_fits_somewhere(specs: list[TrajectorySpec], workers: list[Worker], key: object,
-                         params: PolicySpec | None = None) -> None:
+                         params: CadenceSpec | None = None) -> None:
     """A trajectory longer than every worker's KV could never run: say so before starting. With
     `params`, the same for a prompt plus the decode reserve `delta` and the headroom floor a
     placement must leave (else a policy that honours them could never place it, and would stall)."""
@@ -77,7 +77,7 @@ def check_fits_somewhere(specs: list[TrajectorySpec], workers: list[Worker], key
     room = max(w.kv_capacity - int(params.headroom_floor * w.kv_capacity) for w in workers)
     longest = max(specs, key=lambda s: s.prompt_len)
     if longest.prompt_len + params.delta > room:
-        raise ConfigError(f"policy.delta: a decode reserve of {params.delta} tokens leaves no worker room for the "
+        raise ConfigError(f"cadence.delta: a decode reserve of {params.delta} tokens leaves no worker room for the "
                           f"prompt of trajectory {longest.id} ({longest.prompt_len} tokens; at most {room} tokens "
                           f"fit above the headroom floor); lower it (--delta)")
 

@@ -96,7 +96,7 @@ def add_bounds(result: dict, specs: list[TrajectorySpec], workers: list[Worker],
                key: object, scenario: Scenario) -> dict:
     """Add the oracle bounds to a run's figures, and how far the run is from them (both backends)."""
     result.update(oracle_bounds(specs, workers, perfs, key, batch_size=scenario.trainer.batch_size,
-                                eta=scenario.policy.eta, train_time_s=scenario.trainer.train_time_s))
+                                eta=scenario.controller.eta, train_time_s=scenario.trainer.train_time_s))
     result["throughput_fraction_of_bound"] = result["throughput_tok_s"] / result["bound_throughput_tok_s"]
     result["p95_multiple_of_bound"] = result["latency_p95_s"] / max(result["bound_latency_p95_s"], 1e-12)
     return result

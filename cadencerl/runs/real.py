@@ -115,7 +115,7 @@ def assemble(scenario: Scenario, policy: Policy, urls: Sequence[str], specs: lis
             if cap is not None and cap > server.kv_tokens:
                 raise ConfigError(f"kv_tokens: {cap} exceeds the KV of {server.url} ({server.kv_tokens} tokens)")
             w.kv_capacity = cap or server.kv_tokens
-        check_fits_somewhere(specs, workers, key, scenario.policy)
+        check_fits_somewhere(specs, workers, key, scenario.cadence)
         check_model_len(specs, key, min(s.max_model_len for s in servers))
     except ModelMismatchError as exc:
         backend.close()
@@ -128,7 +128,7 @@ def assemble(scenario: Scenario, policy: Policy, urls: Sequence[str], specs: lis
         raise
     trainer = scenario.trainer
     ctl = Controller(policy, backend, workers, [Trajectory(s) for s in specs], batch_size=trainer.batch_size,
-                     params=scenario.policy, train_time_s=trainer.train_time_s,
+                     params=scenario.controller, train_time_s=trainer.train_time_s,
                      train_time_per_token_s=trainer.train_time_per_token_s, kv_transfer_time=None,
                      mix=MixRule.maybe(scenario.trainer_mix(), trainer.mix_wait_s),
                      kv_bytes_per_token=catalog.model(scenario.model).kv_bytes_per_token)

@@ -1,12 +1,10 @@
 """Policy names as the command line spells them: the one place a name becomes a Policy object.
 
-Runs take Policy objects; the faces (CLI, report, API) resolve names here. `ADMISSION+PLACEMENT`
-(e.g. `misa+cache-aware`, `misa-goodput+cache-aware` with the goodput climber, or `cap4096+cache-aware`
-with a rollout driver's fixed cap on sessions in flight) puts an admission layer in front of a
-placement policy, and
-`cache-aware-tuned` is the cache-aware router at the thresholds and weight update its sweep found
-best for the scenario (it may run the sweep, see `runs/sweep.py`); an admission layer in front of
-it keeps the thresholds and gets the weight update that serves it best (each system its own best).
+The registry holds the papers' policies, the baselines and the paper's four ablations. Also:
+`ADMISSION+PLACEMENT` (`misa+cache-aware`, `misa-goodput+...`, `cap<N>+...`) puts an admission layer
+in front of a placement policy; a path to a variant file (benchmarks/variants/*.yaml) is CadenceRL
+with its `cadence:` section changed; `grouped=True` gives a baseline prefix-aware group routing.
+`cache-aware-tuned` is the cache-aware router at its sweep's best setting (runs/sweep.py).
 """
 
 from __future__ import annotations
@@ -17,6 +15,7 @@ from cadencerl.admission.misa import Admitted, MisaT
 from cadencerl.admission.misa_goodput import GoodputClimb
 from cadencerl.admission.session_cap import Capped, SessionCap, parse_cap
 from cadencerl.config import ConfigError, Scenario
+from cadencerl.config.variant import is_variant_path, load_variant_file
 from cadencerl.core.policy import Policy
 from cadencerl.policies.areal import AReaL
 from cadencerl.policies.cadence import Cadence
@@ -36,9 +35,9 @@ def _tuned_cache_aware(scenario: Scenario) -> Policy:
     return router
 
 
-def _cadence(name: str, **options: bool | str | float) -> Callable[[Scenario], Policy]:
-    """CadenceRL with some of its mechanisms switched off (the ablation), under its own name."""
-    return lambda s: Cadence(s.policy.model_copy(update=options), name=name)
+def _cadence(name: str, **mechanism: bool) -> Callable[[Scenario], Policy]:
+    """CadenceRL, or one of the paper's ablations: one mechanism switched off, under its own name."""
+    return lambda s: Cadence(s.cadence.model_copy(update=mechanism), s.controller.tick_s, name=name)
 
 
 CADENCE_ABLATIONS = {
@@ -46,36 +45,22 @@ CADENCE_ABLATIONS = {
     "cadence-no-concentration": dict(concentration=False),
     "cadence-no-affinity": dict(prompt_affinity=False),
     "cadence-no-kv-prep": dict(kv_preparation=False),
-    "cadence-no-spread": dict(spread_when_underloaded=False),
-    "cadence-whole-drain": dict(drain_whole_source=True),
-    "cadence-eager-drain": dict(drain_needs_fresh_ahead=False),
-    "cadence-always-concentrate": dict(concentrate_when_kv_bound=False),
-    "cadence-any-bind": dict(spread_affinity="tie-break-until-kv-binds"),
-    "cadence-capped-until-bound": dict(spread_affinity="capped-until-kv-binds"),
-    "cadence-capped-affinity": dict(spread_affinity="capped"),
-    "cadence-home-first": dict(spread_affinity="home-first"),
-    "cadence-balanced-spread": dict(spread_affinity="tie-break"),
-    "cadence-flat-concentrate": dict(concentrate_within_one_rank=True),
-    "cadence-no-fair-share": dict(spread_fair_share=0.0),
-    "cadence-any-shed-drain": dict(drain_needs_pacing_bind=False),
+}
+
+# The baselines that also run with the prefix-aware group routing of their real deployments.
+GROUPABLE: dict[str, Callable[[Scenario, bool], Policy]] = {
+    "sync": lambda s, g: Synchronous(overlap=False, group_affinity=g),
+    "one-off": lambda s, g: Synchronous(overlap=True, group_affinity=g),
+    "dora": lambda s, g: dora_for(s, group_affinity=g),
+    "laminar": lambda s, g: Laminar(group_affinity=g),
+    "areal": lambda s, g: AReaL(group_affinity=g),
+    "least-loaded": lambda s, g: LeastLoaded(group_affinity=g),
 }
 
 FACTORIES: dict[str, Callable[[Scenario], Policy]] = {
     "cadence": _cadence("cadence"),
-    **{name: _cadence(name, **opts) for name, opts in CADENCE_ABLATIONS.items()},
-    "sync": lambda s: Synchronous(overlap=False),
-    "one-off": lambda s: Synchronous(overlap=True),
-    "dora": dora_for,
-    "laminar": lambda s: Laminar(),
-    "areal": lambda s: AReaL(),
-    "least-loaded": lambda s: LeastLoaded(),
-    # the baselines with the prefix-aware group routing of their real deployments
-    "sync-grouped": lambda s: Synchronous(overlap=False, group_affinity=True),
-    "one-off-grouped": lambda s: Synchronous(overlap=True, group_affinity=True),
-    "dora-grouped": lambda s: dora_for(s, group_affinity=True),
-    "laminar-grouped": lambda s: Laminar(group_affinity=True),
-    "areal-grouped": lambda s: AReaL(group_affinity=True),
-    "least-loaded-grouped": lambda s: LeastLoaded(group_affinity=True),
+    **{name: _cadence(name, **off) for name, off in CADENCE_ABLATIONS.items()},
+    **{name: (lambda make: lambda s: make(s, False))(make) for name, make in GROUPABLE.items()},
     "round-robin": lambda s: RoundRobin(),
     "least-loaded-router": lambda s: LeastLoadedRouter(),
     "consistent-hash": lambda s: ConsistentHash(),
@@ -86,21 +71,33 @@ FACTORIES: dict[str, Callable[[Scenario], Policy]] = {
 ADMISSIONS = ("misa", "misa-goodput")   # misa-goodput: MISA-T with the goodput climber (misa_goodput.py)
 # and cap<N>: a fixed cap of N sessions in flight (admission/session_cap.py)
 
+VARIANT_NAMES = ("no-spread", "whole-drain", "eager-drain", "always-concentrate", "any-bind", "capped-until-bound",
+                 "capped-affinity", "home-first", "balanced-spread", "flat-concentrate", "no-fair-share",
+                 "any-shed-drain")
+RETIRED = {f"cadence-{v}": f"is a variant file now: pass benchmarks/variants/cadence-{v}.yaml" for v in VARIANT_NAMES}
+RETIRED |= {f"{b}-grouped": f"is {b!r} with grouped routing now (--grouped; grouped=True in make_policy)"
+            for b in GROUPABLE}
+
+
+def grouped_label(label: str) -> tuple[str, bool]:
+    """A result's label as (name, grouped): a grouped baseline's runs are labelled NAME-grouped."""
+    base = label.removesuffix("-grouped")
+    return (base, True) if base != label and base in GROUPABLE else (label, False)
+
 
 def policy_names() -> list[str]:
     return list(FACTORIES)
 
 
 def make_policy(name: str, scenario: Scenario, admission: str | None = None,
-                version_switch: str | None = None) -> Policy:
+                version_switch: str | None = None, grouped: bool = False) -> Policy:
     """A fresh policy (policies keep state across one run) by name, for `scenario`. `version_switch`
-    fixes how `cache-aware-tuned`'s workers take new weights instead of tuning it."""
+    fixes how `cache-aware-tuned`'s workers take new weights instead of tuning it; `grouped` gives
+    a baseline of GROUPABLE the prefix-aware group routing of its real deployments."""
     if "+" in name:
         if admission is not None:
             raise ConfigError(f"policy: {name!r} already names an admission layer; drop --admission")
         admission, name = name.split("+", 1)
-    if name not in FACTORIES:
-        raise ConfigError(f"policy: unknown policy {name!r} (known: {', '.join(FACTORIES)})")
     cap = parse_cap(admission) if admission is not None else None
     if admission is not None and admission != "none" and admission not in ADMISSIONS and cap is None:
         raise ConfigError(f"admission: unknown admission layer {admission!r} "
@@ -109,7 +106,7 @@ def make_policy(name: str, scenario: Scenario, admission: str | None = None,
         raise ConfigError(f"version_switch: {version_switch!r} is not one of {', '.join(VERSION_SWITCHES)} "
                           f"or {name} is not cache-aware-tuned")
     if admission not in ADMISSIONS and cap is None:
-        policy = FACTORIES[name](scenario)
+        policy = _placement(name, scenario, grouped)
         if version_switch is not None:
             policy.version_switch = version_switch
         return policy
@@ -120,7 +117,7 @@ def make_policy(name: str, scenario: Scenario, admission: str | None = None,
         climb = GoodputClimb() if admission == "misa-goodput" else None
         return Admitted(MisaT(scenario.workload.target_mix(), climb=climb), inner, label=admission)
 
-    if name == "cache-aware-tuned":   # the tuned router's thresholds; the weight update tuned for this system
+    if name == "cache-aware-tuned":   # the tuned router's thresholds; the version switch tuned for this system
         from cadencerl.runs.sweep import tuned_version_switch
 
         def build(update: str) -> Policy:
@@ -128,4 +125,21 @@ def make_policy(name: str, scenario: Scenario, admission: str | None = None,
             router.version_switch = update
             return admitted(router)
         return build(version_switch or tuned_version_switch(scenario, f"{admission}+{name}", build))
-    return admitted(FACTORIES[name](scenario))
+    return admitted(_placement(name, scenario, grouped))
+
+
+def _placement(name: str, scenario: Scenario, grouped: bool) -> Policy:
+    """The placement policy `name` names: a registered one, or a CadenceRL variant file."""
+    if is_variant_path(name):
+        variant = load_variant_file(name)
+        return Cadence(variant.applied(scenario.cadence), scenario.controller.tick_s, name=variant.label)
+    if name in RETIRED:
+        raise ConfigError(f"policy: {name!r} {RETIRED[name]}")
+    if name not in FACTORIES:
+        raise ConfigError(f"policy: unknown policy {name!r} (known: {', '.join(FACTORIES)}, or a variant file "
+                          "such as benchmarks/variants/cadence-home-first.yaml)")
+    if not grouped:
+        return FACTORIES[name](scenario)
+    if name not in GROUPABLE:
+        raise ConfigError(f"grouped: {name} has no grouped routing (the baselines that do: {', '.join(GROUPABLE)})")
+    return GROUPABLE[name](scenario, True)

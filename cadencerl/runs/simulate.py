@@ -36,7 +36,7 @@ def simulate(scenario: Scenario, policy: Policy, *, exact: bool = False,
     workers, perfs = build_pool(scenario)
     key = object() if key is None else key
     specs = generate(scenario.workload, scenario.seed, key)
-    check_fits_somewhere(specs, workers, key, scenario.policy)
+    check_fits_somewhere(specs, workers, key, scenario.cadence)
     trajectories = [Trajectory(s) for s in specs]
     links = Links()
     weights = WeightSync(catalog.model(scenario.model).weight_bytes, [w.cluster for w in workers],
@@ -45,7 +45,7 @@ def simulate(scenario: Scenario, policy: Policy, *, exact: bool = False,
     kv = KvMoves(workers, perfs, links, staging=policy.kv_staging) if policy.kv_transfer else None
     backend = SimBackend(perfs, key, exact=exact, weights=weights, kv=kv)
     ctl = Controller(policy, backend, workers, trajectories, batch_size=scenario.trainer.batch_size,
-                     params=scenario.policy, train_time_s=scenario.trainer.train_time_s,
+                     params=scenario.controller, train_time_s=scenario.trainer.train_time_s,
                      train_time_per_token_s=scenario.trainer.train_time_per_token_s,
                      mix=MixRule.maybe(scenario.trainer_mix(), scenario.trainer.mix_wait_s),
                      kv_transfer_time=None if kv is None else lambda src, dst, traj: kv.fetch(

@@ -58,9 +58,9 @@ SIMULATED_BY = ("hardware", "core", "workload", "policies", "admission", "sim", 
 
 
 def source_fingerprint(root: Path, packages: tuple[str, ...] = SIMULATED_BY) -> str:
-    """A hash of every `.py` file under `root/<package>` and of `root/config.py`."""
+    """A hash of every `.py` file under `root/<package>` and `root/config/`."""
     digest = hashlib.sha256()
-    files = sorted(p for pkg in packages for p in (root / pkg).rglob("*.py")) + [root / "config.py"]
+    files = sorted(p for pkg in (*packages, "config") for p in (root / pkg).rglob("*.py"))
     for path in files:
         digest.update(str(path.relative_to(root)).encode() + b"\0" + path.read_bytes())
     return digest.hexdigest()[:16]

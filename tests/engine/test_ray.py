@@ -98,7 +98,7 @@ def test_pool_by_type_on_two_nodes_survives_a_lost_node(cluster: tuple, tiny_mod
         with RolloutPool.from_scenario(s, pool.urls, kv_tokens=[1536, 3072], deadline_s=400,
                                        progress=lose_the_slow_node) as rollout:
             for batch in rollout.batches():
-                assert max(batch.staleness()) <= s.policy.eta
+                assert max(batch.staleness()) <= s.controller.eta
                 rollout.publish()
             result = rollout.result()
             assert rollout.backend.verify() == []

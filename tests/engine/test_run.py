@@ -43,7 +43,7 @@ TRAJECTORIES = 96
 def workload():
     return builtin_scenario("cpu-pair").with_overrides(
         workload={"trajectories": TRAJECTORIES, "response": {"median": 80, "sigma": 1.0, "cap": 640}},
-        policy={"delta": 32, "headroom_floor": 0.15})
+        cadence={"delta": 32, "headroom_floor": 0.15})
 
 
 def run_pool(policy: str, urls: list[str], *, on_progress=None) -> tuple[dict, RolloutPool, dict]:
@@ -55,7 +55,7 @@ def run_pool(policy: str, urls: list[str], *, on_progress=None) -> tuple[dict, R
             pool.progress = lambda done, total: on_progress(pool, done, total)
         versions = []
         for batch in pool.batches():
-            assert batch.samples and all(batch.index - x.tag <= s.policy.eta for x in batch.samples)
+            assert batch.samples and all(batch.index - x.tag <= s.controller.eta for x in batch.samples)
             versions.append(pool.publish())
         result = pool.result()
         targets = {t.id: t.spec.response.reveal(pool._key) for t in pool.controller.trajectories.values()}

@@ -107,7 +107,7 @@ def test_a_run_pushes_every_version_and_consumes_nothing_staler_than_eta(engine_
     s = builtin_scenario("cpu-pair").with_overrides(
         workload={"trajectories": 48, "response": {"median": 64, "sigma": 1.0, "cap": 480}},
         trainer={"batch_size": 12})
-    eta = s.policy.eta
+    eta = s.controller.eta
     with RolloutPool.from_scenario(s, engine_pool.urls, kv_tokens=1536, deadline_s=240,
                                    weight_update=pusher) as pool:
         published = []

@@ -13,10 +13,6 @@ WHAT = {
     "cadence-no-concentration": "no affinity drain once the budget is spent (pacing rules throughout)",
     "cadence-no-affinity": "no prompt affinity (tight fit / spread only)",
     "cadence-no-kv-prep": "every move re-prefills (no KV staging)",
-    "cadence-no-spread": "tight fit even when nothing is pending",
-    "cadence-always-concentrate": "drains even where KV never bound under the version",
-    "cadence-eager-drain": "the paper's gate alone: drain even with no newer fresh work",
-    "cadence-whole-drain": "extra gate: drain only if the targets take every resident at once",
 }
 
 KNOBS = (
@@ -25,7 +21,7 @@ KNOBS = (
     "barrier and have no other knob; Laminar repacks a version's tail from workers under 25% of their sequence "
     "slots onto workers keeping 10% KV free (its paper gives no numbers; these keep repacks from overfilling a "
     "target) and advances each worker on its own; AReaL interrupts on every publish and dispatches round-robin "
-    "with `max_head_offpolicyness` = eta, as its client does; least-loaded is the naive floor. `-grouped` adds "
+    "with `max_head_offpolicyness` = eta, as its client does; least-loaded is the naive floor. `--grouped` adds "
     "group affinity to each: the samples of one prompt go where the previous one went while it is a candidate, "
     "as verl's and SGLang's routers keep a prompt's samples together.")
 
@@ -69,12 +65,15 @@ def ablation(ctx: Report) -> str:
         abl_rows += _ablation_rows(name, ctx.run_all(s, ABLATION_POLICIES))
         plain = ctx.run_all(s, ["cadence", *baselines])
         grp_rows += _grouped_rows(ctx, name, plain, ctx.run_all(s, GROUPED_BASELINES))
-        commands.append(f"- {name}: {ctx.command('compare', s, [*ABLATION_POLICIES, *GROUPED_BASELINES])}")
+        grouped = [p.removesuffix("-grouped") for p in GROUPED_BASELINES]
+        commands.append(f"- {name}: {ctx.command('compare', s, ABLATION_POLICIES)}, "
+                        f"{ctx.command('compare', s, grouped).removesuffix('`')} --grouped`")
     where = "every heterogeneous pool" if len(pools) > 1 else f"{pools[0]} (--quick; the full report runs every heterogeneous pool)"
     return "\n".join([
         "## 11. Ablation and grouped baselines\n",
         f"CadenceRL with one mechanism switched off at a time, on {where}; changes are against the full policy "
-        "(first row of each pool). The last four rows are options beyond the paper, measured rather than assumed.\n",
+        "(first row of each pool): the paper's four ablations. The choices it leaves open are variant files "
+        "(benchmarks/variants/), measured in docs/policies/cadence.md.\n",
         ctx.setup_line(pool_scenario(pools[0], ctx.settings)), "",
         md_table(["pool", "policy", "what is off", "throughput tok/s", "vs cadence", "P95 s", "vs cadence",
                   "P95 from submission s", "non-resident P95", "evictions", "preemptions", "prefix hits"], abl_rows), "",

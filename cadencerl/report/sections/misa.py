@@ -46,7 +46,7 @@ def misa_t(ctx: Report) -> str:
         mix = ", ".join(f"{c} {100 * m:.1f}%" for c, m in w.target_mix().items())
         parts += [f"### {name}\n",
                   f"*Setup:* pool {describe_pool(s)}; model {s.model}; {w.trajectories} sessions, target mix {mix}; "
-                  f"trainer batch {s.trainer.batch_size}, seed {s.seed}, eta {s.policy.eta}. Tuned router setting: "
+                  f"trainer batch {s.trainer.batch_size}, seed {s.seed}, eta {s.controller.eta}. Tuned router setting: "
                   f"{best}.\n",
                   md_table(["policy", "throughput tok/s", "vs tuned router", "prefix hit rate", "D_TV pp",
                             "D_TV pp (steady)", "agent P95 s", "RLVR P95 s", "RLHF P95 s", "preemptions",

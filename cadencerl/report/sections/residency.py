@@ -33,7 +33,7 @@ def non_resident(ctx: Report) -> str:
         "queued or preempted inside a worker's engine counts as resident (the trajectory is assigned there). Paper "
         "(Table 3, 2nd-hand via shared/reference/hardware.md): P95 of 39.9% on 32A, 80.9% on 32B, 40.3% on "
         "16A16B8H; 32A lower than 32B at every percentile. Each pool's setup is listed in sections 1-3 (eta "
-        f"{pools[0].policy.eta}, delta {pools[0].policy.delta}, seed {pools[0].seed}).\n",
+        f"{pools[0].controller.eta}, delta {pools[0].cadence.delta}, seed {pools[0].seed}).\n",
         md_table(["pool", "model", "non-resident P50", "non-resident P95", "paper P95 (2nd-hand)",
                   "evictions (per trajectory)", "reproduce"], rows),
         "",

@@ -10,7 +10,7 @@ from cadencerl.report.matrix import DETAIL_POOL, pool_scenario
 
 
 def _sweep_rows(ctx: Report, s: Scenario, knob: str, values) -> tuple[list, list[dict]]:
-    runs = [ctx.runner.run(s.with_overrides(policy={knob: v}), "cadence") for v in values]
+    runs = [ctx.runner.run(s.with_knobs(**{knob: v}), "cadence") for v in values]
     rows = [[v, tok(r["throughput_tok_s"]), sec(r["latency_p95_s"]), sec(r["latency_from_submit_p95_s"]),
              sec(r["latency_p99_s"]), pct(r["non_resident_p95"]), r["evictions"],
              ctx.command("sim", s, "cadence", **{knob: v})] for v, r in zip(values, runs)]
@@ -52,7 +52,7 @@ def sensitivity(ctx: Report) -> str:
         "rises monotonically with eta; raising delta from 512 to 4096 tokens (on Qwen3-14B) leaves throughput stable "
         f"but substantially raises P95. Here both sweeps run CadenceRL on {DETAIL_POOL} (Qwen3-8B), one knob at a "
         "time, the other at its default.\n",
-        ctx.setup_line(s, eta="swept", delta=s.policy.delta), "",
+        ctx.setup_line(s, eta="swept", delta=s.cadence.delta), "",
         "### eta\n", md_table(["eta", *headers[1:]], eta_rows), "",
         f"Measured: {_peak('eta', etas, [r['throughput_tok_s'] for r in eta_runs])}; P95 "
         f"{'rises monotonically' if monotone else 'does not rise monotonically'} "
@@ -60,14 +60,14 @@ def sensitivity(ctx: Report) -> str:
         f"![eta sweep]({eta_rel})\n",
         f"*Figure 6a. CadenceRL on {DETAIL_POOL}: aggregate decode throughput (left, thousands of tokens/s) and P95 "
         "trajectory latency (right, seconds) against the admission budget eta (delta = "
-        f"{s.policy.delta} tokens).*\n",
+        f"{s.cadence.delta} tokens).*\n",
         "### delta\n", ctx.setup_line(s, delta="swept"), "", md_table(["delta", *headers[1:]], delta_rows), "",
         f"Measured: from delta = {deltas[0]} to {deltas[-1]} throughput changes {change(dtp[-1], dtp[0])} and P95 "
         f"changes {change(dp95[-1], dp95[0])} from admission, {change(dsub[-1], dsub[0])} from submission; "
         f"{_delta_reading(deltas, delta_runs)}\n",
         f"![delta sweep]({delta_rel})\n",
         f"*Figure 6b. CadenceRL on {DETAIL_POOL}: aggregate decode throughput (left, thousands of tokens/s) and P95 "
-        f"trajectory latency (right, seconds) against the decode reserve delta in tokens (eta = {s.policy.eta}).*\n"])
+        f"trajectory latency (right, seconds) against the decode reserve delta in tokens (eta = {s.controller.eta}).*\n"])
 
 
 def _peak(knob: str, values: list, throughput: list[float]) -> str:
