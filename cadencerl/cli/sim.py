@@ -197,7 +197,7 @@ def scenarios(name: Optional[str] = typer.Argument(None, help="print this one's 
 
 
 def report(out: Optional[Path] = typer.Option(None, "--out", "-o", help="directory for report.md, figures/, results.json (required)"),
-           quick: bool = typer.Option(False, "--quick", help="16 iterations of batch 512 per run, fewer sweep points, ablation on one pool"),
+           quick: bool = typer.Option(False, "--quick", help="every pool at a quarter of its devices, 16 iterations of batch 1024 per run, fewer sweep points, ablation on one pool"),
            trajectories: Optional[int] = typer.Option(None, min=16, help="trajectories per run, at least 16 (batch = a sixteenth, rounded down); overrides --quick's size"),
            seed: Optional[int] = typer.Option(None, min=0, help="workload seed for every run (default: the scenarios' own, 0)"),
            jobs: Optional[int] = typer.Option(None, min=1, max=MAX_JOBS, help="simulations run in parallel (default: the CPU count)")) -> None:
@@ -218,7 +218,9 @@ def report(out: Optional[Path] = typer.Option(None, "--out", "-o", help="directo
 
     from cadencerl.report.sections.pools import RATIO_HEADERS
 
-    table = Table(title="CadenceRL vs the best baseline, heterogeneous pools, steady window (report.md, section 2)")
+    kv_bound = quick and trajectories is None
+    table = Table(title="CadenceRL vs the best baseline, heterogeneous pools, steady window (report.md, section 2)"
+                  + (": each pool at a quarter of its devices and batch, the full report's KV pressure" if kv_bound else ""))
     for h in RATIO_HEADERS:
         table.add_column(h.replace("**", ""), justify="left" if h == "pool" else "right")
     for row in headline:

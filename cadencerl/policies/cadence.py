@@ -1,78 +1,13 @@
 """CadenceRL: reshape the workload instead of estimating each move's benefit (paper section 4, App. B).
 
-Per policy version v, the workers at v are in one of two modes:
-
-* **Pacing**, while fresh work of v remains under the admission budget: a worker whose KV headroom
-  fell below the floor evicts its longest resident to the pending set P_v (long out); then pending
-  and fresh trajectories are placed shortest-first (short in), where the last sample of the same
-  prompt went if feasible, else by tight fit: the feasible worker with the smallest post-placement
-  headroom. Feasible: post-placement headroom clears the floor plus delta, a per-trajectory decode
-  reserve counted once per placement (App. B).
-* **Concentration**, once the budget for v is exhausted: pending trajectories are placed
-  longest-first on workers ordered by descending affinity, then headroom (feasible: headroom clears
-  the floor, no delta). Only when P_v is empty (the gate) does the lowest-affinity worker drain: its
-  residents depart to P_v and are placed the same way; what does not fit stays pending, and its
-  growth throttles the next drain. A drained worker advances to the newest version, or first to an
-  intermediate version whose weaker-affinity workers still hold tail work.
-
-Where the paper is silent (each a named option in `PolicySpec`):
-
-* The floor is `headroom_floor` of the KV plus the growth of the worker's residents until the next
-  decision (`growth_ticks`, rate observed between decisions), so pacing evicts before the engine
-  would have to preempt. Pacing never evicts a worker's last resident.
-* Tight fit serves to keep large gaps for long pending work; while a version has nothing pending,
-  KV does not bind and fresh work is spread to the least-loaded feasible worker
-  (`spread_when_underloaded`): on a light load CadenceRL should not trail the least-loaded floor
-  (measured in `benchmarks/least_loaded_floor.py`; the README says where it still does).
-* `spread_fair_share` (1.5; `cadence-no-fair-share` turns it off): while spreading and until KV
-  stays bound, a worker admits fresh work only up to its share (by KV capacity, times the factor) of
-  the pool's residents plus the version's admissible work; fresh work goes to the least-loaded
-  feasible worker still under its share. At batch 1,024 the first worker to drain and advance
-  otherwise takes a version's whole budget alone (16b8h seed 0, version 9: one H800 at 256
-  residents for 200 s while the rest of the pool still runs version 8's tail), binds and sheds, and
-  those trajectories set the P95. Once KV stays bound it is off: held throughout, it cost the
-  steady 16a16b8h run 9% of its throughput (34,470 -> 31,455 tok/s, before `drain_needs_pacing_bind`).
-* While spreading, the choice is least-loaded's: the prompt's home is taken only if it ties the
-  least-loaded feasible worker (the home breaks the tie that least-loaded breaks by worker id),
-  so on a light load CadenceRL spreads exactly like the floor (issue 12, item 3). Once KV stays
-  bound (a worker shed below its floor under two versions in a row: the version and the one
-  before it, or the two before it), the home is taken whenever it is feasible (`spread_affinity`).
-  A bind under one version alone is a transient: at batch 1,024 a version's tail binds briefly and
-  the next version does not (every bind of the 35 benchmark runs is of this kind), and taking the
-  home after it put the next version's whole burst into prompt-sized hot spots (16a16b8h seed 3:
-  0.909x the floor's throughput; 1.002x without; `cadence-any-bind` is the earlier rule), while
-  in steady state at batch 4,096 every version binds. The home saves one prompt prefill, which on
-  a memory-bound decode batch hides mostly under the weight and KV reads, while the samples of
-  one prompt have correlated lengths: on a light load, following the home piles a hard prompt's
-  samples onto one worker, a long-lived hot spot that sets the P95 (issue 12: home-first
-  throughout, `cadence-home-first`, up to 32% worse P95 at batch 1,024, throughput down to
-  0.82x); a home allowed up to the mean load of the version's workers (`cadence-capped-until-bound`,
-  the previous default) still runs it ahead of the least-loaded one (16a16b seed 1: 0.974x the
-  floor's throughput, 1.028x with the tie only). Once KV binds, every worker is near full and
-  tight fit, not the home, decides the load; there home-first is worth its prefill (the steady
-  16a16b8h run, batch 4,096: the home capped throughout, `cadence-capped-affinity`, cost 3% of
-  throughput over three seeds). No benefit estimate, no constant. (A per-placement break-even
-  from the roofline model, prefill saved against the decode time of the load gap, was measured
-  and kept the hot spots: it cannot see the sample's correlated future length.)
-* Concentration needs a higher-affinity worker to send the tail to: a version whose live workers
-  all share one affinity rank keeps pacing after its budget is spent (`concentrate_within_one_rank`
-  off). Draining onto equally fast, fuller workers only slows the tail it moves. (Measured for
-  issue 12: steady 16a16b8h, where old versions end on one rank, 34.0k -> 35.0k tok/s at seed 0,
-  +2% over three seeds; h800-16 at batch 1,024 P95 within 1% of before, 32b trades 4% of its
-  1.6x throughput lead for a lower P95.)
-* `drain_needs_pacing_bind` (on; `cadence-any-shed-drain` turns it off): a version's workers drain
-  only once a worker shed while the version paced: pacing's long out is what displaces a tail. A
-  shed while it concentrates (its budget spent) is one worker's residual tail outgrowing it;
-  counted, a single one under version 0 at batch 1,024 (16b8h seed 5: one BI-V150 at 92% KV, the
-  H800s at 30-40%) drained version 0's tail onto all eight H800s, one or a few trajectories each,
-  and held them at the old version while the first BI-V150s to advance took the next version's whole
-  budget, bound and shed; every later version repeated it (0.795x the floor's throughput, H800s at
-  8% KV; 1.036x with the option; of the other 69 runs of the floor benchmark only 16b8h seed 7
-  changes, 1.003x -> 1.068x). Steady 16a16b8h (batch 4,096, seeds 0-2): 34,685 -> 35,512 tok/s, P95
-  513 -> 490 s on average; the home rule still counts every shed (counted only while pacing there
-  too: seed 2 lost 2.8% of its throughput).
-* `drain_needs_fresh_ahead` (on by default) and `drain_whole_source` (off: the earlier whole-source
-  gate) add gates beyond the paper's "pending set is empty".
+Per policy version, while fresh work remains under the admission budget its workers **pace**: a
+worker below its headroom floor evicts its longest resident to the pending set (long out), then
+pending and fresh work is placed shortest first (short in), at the prompt's home if feasible, else
+by tight fit, leaving the floor plus the decode reserve delta. Once the budget is spent they
+**concentrate**: pending work longest first onto the highest-affinity workers, and, only with the
+pending set empty, the lowest-affinity worker drains and advances. Where the paper is silent, each
+choice is a `CadenceSpec` option (config/cadence.py; what each does and was measured for it:
+docs/policies/cadence.md).
 """
 
 from __future__ import annotations
@@ -88,7 +23,7 @@ from cadencerl.core.view import PoolView
 from cadencerl.core.worker import Worker
 from cadencerl.policies.base import PromptHomes
 from cadencerl.policies.cadence_rooms import RoomIndex, RoomTerms
-from cadencerl.policies.cadence_state import GrowthMeter
+from cadencerl.policies.growth import GrowthMeter
 
 
 class Cadence(Policy):
@@ -286,10 +221,11 @@ class Cadence(Policy):
         "capped" (up to the mean load) or "tie-break" (only among the least loaded)."""
         spread = self.params.spread
         when = spread.home_first_when
-        if spread.home == "first" or (when == "kv-stays-bound" and (self._kv_stays_bound(v) or self._kv_stays_bound(v - 1))) \
-                or (when == "kv-binds" and (v in self.kv_bound or v - 1 in self.kv_bound)):
-            return "home-first"
-        return spread.home
+        if when == "kv-stays-bound":
+            bound = self._kv_stays_bound(v) or self._kv_stays_bound(v - 1)
+        else:
+            bound = when == "kv-binds" and (v in self.kv_bound or v - 1 in self.kv_bound)
+        return "home-first" if spread.home == "first" or bound else spread.home
 
     def _kv_stays_bound(self, v: int) -> bool:
         """KV bound under `v` and under the version before it (version 0 has none before it)."""

@@ -36,7 +36,9 @@ ABLATION_POLICIES = ("cadence", "cadence-no-pacing", "cadence-no-concentration",
 GROUPED_BASELINES = ("sync-grouped", "one-off-grouped", "laminar-grouped", "areal-grouped", "least-loaded-grouped")
 # (runs labelled as their results are: registry.grouped_label builds each)
 STEADY_ITERATIONS = 16  # every run: figures over iterations 2..15 (the first and the last are left out)
-QUICK_BATCH = 512       # --quick: 16 iterations of 512 (8192 trajectories) to stay under 5 minutes
+QUICK_SCALE = 4         # --quick: every pool at a quarter of its devices, with a quarter of the batch (1,024),
+QUICK_BATCH = 4096 // QUICK_SCALE   # so each worker carries the full report's KV pressure, in under 5 minutes
+LIGHT_BATCH = 512       # the light-load table: the whole pools at batch 512, where nothing is KV-bound
 
 
 @dataclass(frozen=True)
@@ -49,6 +51,7 @@ class Settings:
     """
 
     quick: bool = False
+    pool_scale: int = 1             # every pool at 1/pool_scale of its devices (--quick: QUICK_SCALE)
     trajectories: int | None = None
     batch_size: int | None = None
     seed: int | None = None
@@ -74,12 +77,13 @@ class Settings:
 
 
 def make_settings(quick: bool = False, trajectories: int | None = None, seed: int | None = None) -> Settings:
-    """Full: 16 x 4096 trajectories per run. --quick: 16 x 512, three sweep points, ablation on one pool.
+    """Full: 16 x 4096 trajectories per run. --quick: every pool at a quarter of its devices, 16 x 1024,
+    three sweep points, ablation on one pool.
     `trajectories` overrides the size (batch = a sixteenth, so the iterations stay 16)."""
     if trajectories is not None:
         sized = dict(trajectories=trajectories, batch_size=max(1, trajectories // STEADY_ITERATIONS), sized=True)
     elif quick:
-        sized = dict(batch_size=QUICK_BATCH)
+        sized = dict(batch_size=QUICK_BATCH, pool_scale=QUICK_SCALE)
     else:
         sized = {}
     sweeps = dict(etas=(1, 3, 6), deltas=(512, 1024, 4096)) if quick else {}
@@ -88,8 +92,11 @@ def make_settings(quick: bool = False, trajectories: int | None = None, seed: in
 
 
 def _scaled(s: Scenario, settings: Settings) -> Scenario:
-    trajectories, batch = settings.trajectories, settings.batch_size
+    trajectories, batch, k = settings.trajectories, settings.batch_size, settings.pool_scale
     changes: dict = {}
+    if k > 1:       # every group keeps its type, TP and cluster; the affinity order is unchanged
+        changes.update(pool=[dict(g.model_dump(), devices=g.devices // k) for g in s.pool],    # its name kept:
+                       description=f"{s.description} At 1/{k} of its devices.")    # the sections key by it
     if trajectories is not None:
         changes["workload"] = {"trajectories": trajectories}
     if batch is not None:
@@ -121,6 +128,14 @@ def pool_scenario(name: str, settings: Settings) -> Scenario:
     return _scaled(base, settings)
 
 
+def light_scenario(name: str, settings: Settings) -> Scenario:
+    """A whole built-in pool for STEADY_ITERATIONS iterations of LIGHT_BATCH (a sized report's batch when
+    that is smaller): the light-load table."""
+    batch = min(LIGHT_BATCH, settings.batch_size) if settings.sized and settings.batch_size else LIGHT_BATCH
+    s = builtin_scenario(name).resized(STEADY_ITERATIONS * batch, batch)
+    return s.with_overrides(seed=settings.seed) if settings.seed is not None else s
+
+
 def planned_runs(settings: Settings) -> list[tuple[Scenario, str]]:
     """Every (scenario, policy) run of the matrix, for the progress bar (the two traced runs come on top)."""
     runs = [(homogeneous_scenario(m, tp, settings), p) for m, tp in HOMOGENEOUS_MODELS for p in HOMOGENEOUS_POLICIES]
@@ -131,7 +146,8 @@ def planned_runs(settings: Settings) -> list[tuple[Scenario, str]]:
     for name in settings.ablation_pools:
         s = pool_scenario(name, settings)
         runs += [(s, p) for p in (*ABLATION_POLICIES, *GROUPED_BASELINES)]
-    runs += [(s, REFERENCE) for s in all_pools(settings)]   # section 8: the clairvoyant reference per pool
+    runs += [(s, REFERENCE) for s in reference_pools(settings)]   # section 8: the clairvoyant reference
+    runs += [(light_scenario(n, settings), p) for n in HETEROGENEOUS_POOLS for p in HETEROGENEOUS_POLICIES]
     return list({(s.model_dump_json(), p): (s, p) for s, p in runs}.values())
 
 
@@ -141,12 +157,18 @@ def all_pools(settings: Settings) -> list[Scenario]:
             + [pool_scenario(n, settings) for n in (*HETEROGENEOUS_POOLS, *EXTRA_POOLS)])
 
 
+def reference_pools(settings: Settings) -> list[Scenario]:
+    """The pools section 8 runs the clairvoyant reference on: every pool, or (--quick) the detail pool
+    alone (the reference costs several times a policy's run)."""
+    return [pool_scenario(DETAIL_POOL, settings)] if settings.quick and not settings.sized else all_pools(settings)
+
+
 def mixed_scenario(name: str, settings: Settings) -> Scenario:
     """The built-in mixed scenario for STEADY_ITERATIONS iterations of its own batch (--quick and
     --trajectories: sized like the other runs)."""
     s = builtin_scenario(name)
-    if settings.quick or settings.batch_size is not None:
-        n = settings.trajectories
+    if settings.quick or settings.batch_size is not None:   # --quick: the light batch (the pool is not scaled)
+        n = STEADY_ITERATIONS * LIGHT_BATCH if settings.quick and not settings.sized else settings.trajectories
         s = s.with_overrides(workload={"trajectories": n}, trainer={"batch_size": max(1, n // STEADY_ITERATIONS)})
     else:
         s = s.with_overrides(workload={"trajectories": STEADY_ITERATIONS * s.trainer.batch_size})

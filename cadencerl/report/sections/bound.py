@@ -5,7 +5,7 @@ from __future__ import annotations
 from cadencerl.report import plots
 from cadencerl.report.context import Report
 from cadencerl.report.markdown import md_table, pct, ratio, sec, tok
-from cadencerl.report.matrix import HETEROGENEOUS_POLICIES, HOMOGENEOUS_POLICIES, all_pools
+from cadencerl.report.matrix import HETEROGENEOUS_POLICIES, HOMOGENEOUS_POLICIES, all_pools, reference_pools
 from cadencerl.runs import bounds
 from cadencerl.runs.reference import REFERENCE, distance
 
@@ -21,7 +21,7 @@ def physical_bound(ctx: Report) -> str:
     lat_rows = [[n, sec(rs["cadence"]["bound_latency_p95_s"])] + [
         ratio(rs[p]["p95_multiple_of_bound"]) if p in rs else "-" for p in HOMOGENEOUS_POLICIES]
         for n, rs in by_pool.items()]
-    ref_rows = _reference_rows(ctx, pools, by_pool)
+    ref_rows = _reference_rows(ctx, reference_pools(ctx.settings), by_pool)
     path, rel = ctx.figure("bound")
     plots.bound_scatter(path, [r for rs in by_pool.values() for r in rs.values()],
                         "Every run against the oracle's physical bound")
@@ -40,7 +40,8 @@ def physical_bound(ctx: Report) -> str:
         "The clairvoyant reference (`cadencerl/runs/reference.py`, `policies/oracle.py`) is a scheduler that sees "
         "every trajectory's length: longest first, each on the worker where it would finish soonest, KV packed to "
         "its peak. It shows what a scheduler could do on the pool, not an optimum: a policy can beat it (over "
-        "100%). Whole-run throughput, one reference run per pool (its command: `cadencerl compare ... --reference`).\n",
+        "100%). Whole-run throughput, one reference run per pool (--quick: on the detail pool alone; its command: "
+        "`cadencerl compare ... --reference`).\n",
         md_table(["pool", "reference tok/s", "reference P95 s", *HOMOGENEOUS_POLICIES], ref_rows), "",
         f"![bound]({rel})\n",
         "*Figure 8. Every run of sections 1-3 as one point: P95 latency as a multiple of the P95 latency bound "

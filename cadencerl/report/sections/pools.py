@@ -7,7 +7,8 @@ from cadencerl.report import plots
 from cadencerl.report.context import Report
 from cadencerl.report.markdown import best_of, change, md_table, pct, ratio, sec, tok
 from cadencerl.report.matrix import (ASYNC_BASELINES, HETEROGENEOUS_POLICIES, HETEROGENEOUS_POOLS, HOMOGENEOUS_MODELS,
-                                     HOMOGENEOUS_POLICIES, homogeneous_scenario, pool_scenario)
+                                     HOMOGENEOUS_POLICIES, LIGHT_BATCH, homogeneous_scenario, light_scenario,
+                                     pool_scenario)
 
 
 def _results_table(ctx: Report, s: Scenario, results: dict[str, dict]) -> str:
@@ -112,6 +113,24 @@ def heterogeneous(ctx: Report) -> str:
     ctx.headline = md_table(RATIO_HEADERS, ratio_rows)
     ctx.headline_rows = ratio_rows
     return "\n".join(parts)
+
+
+def light_load(ctx: Report) -> str:
+    """The headline's companion: the whole pools at a light load, where no worker is KV-bound and the
+    mechanisms have nothing to do (CadenceRL should then not trail the baselines by much)."""
+    rows = []
+    for name in HETEROGENEOUS_POOLS:
+        results = ctx.run_all(light_scenario(name, ctx.settings), HETEROGENEOUS_POLICIES)
+        row, _ = _versus(ctx, f"{name} at a light load", results)
+        rows.append([name, tok(results["cadence"]["throughput_tok_s"]), row["tp_by"], ratio(row["tp"]), row["p95_by"],
+                     ratio(row["p95"]), results["cadence"]["evictions"]])
+    s = light_scenario(HETEROGENEOUS_POOLS[0], ctx.settings)
+    return "\n".join([
+        f"At a light load: the whole pools, trainer batch {LIGHT_BATCH} ({s.workload.trajectories} trajectories), where "
+        "no worker's KV binds, so pacing and concentration have nothing to do; there CadenceRL should stay level "
+        f"with the baselines. Reproduce: {ctx.command('compare', s, list(HETEROGENEOUS_POLICIES))} (and each pool).\n",
+        md_table(["pool", "cadence tok/s", "best-throughput baseline", "throughput ratio", "lowest-P95 baseline",
+                  "P95 ratio", "cadence evictions"], rows), ""])
 
 
 RATIO_HEADERS = ["pool", "cadence tok/s", "best baseline tok/s", "best-throughput baseline", "throughput ratio",

@@ -1,11 +1,5 @@
-"""What CadenceRL remembers between decisions, all of it observable: how fast residents grow
-(where each prompt's samples went is `policies.base.PromptHomes`, which the baselines' group
-affinity keeps too).
-
-It costs O(1) per worker asked about, never a scan of every resident; with the room index
-(cadence_rooms.py), a decision costs O(workers) plus a few microseconds per action it takes
-(benchmarks/decision_latency.py measures it at 64 workers x 256 residents).
-"""
+"""How fast a worker's residents grow, observed between decisions: the part of CadenceRL's floor
+that lets pacing evict before the engine would have to preempt. O(1) per worker asked about."""
 
 from __future__ import annotations
 
