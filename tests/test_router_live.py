@@ -11,7 +11,7 @@ from cadencerl.core.actions import Admit, Place
 from cadencerl.core.trajectory import State
 from cadencerl.core.worker import Worker
 from cadencerl.engine.server_metrics import parse_metrics
-from cadencerl.router.live import HoldQueue, LiveState
+from cadencerl.router.live import LiveState
 from cadencerl.router.service import build_policy
 from cadencerl.router.settings import make_settings, read_classes
 
@@ -116,13 +116,11 @@ def test_mix_dtv() -> None:
 
 def test_hold_queue_grows_in_arrival_order() -> None:
     st = _state(policy="cache-aware")
-    q = HoldQueue()
     a, b = (st.new_session(None, "rlvr", 1, 1).traj for _ in range(2))
-    q.push(a)
-    q.push(b)
+    q = st.hold                 # the controller's fresh queue, growing as requests arrive
     assert len(q) == 2 and q.peek() is a and q.peek({"agent"}) is None
-    q.take(b)
-    assert q.peek() is a and len(q) == 1
+    st.withdraw(st.live[b.id])
+    assert q.peek() is a and len(q) == 1 and b.id not in st.controller.trajectories
 
 
 def test_vllm_metrics_set_the_workers_kv_and_queue() -> None:

@@ -1,13 +1,12 @@
-"""The live router's state in the controller's terms, so admission/'s decision code runs unchanged.
+"""A live router's sessions, on the simulator's controller: admission/'s and policies/' decision
+code runs unchanged, and every action it proposes is checked by the controller as in a simulation.
 
-A live request is one of the events the simulator's controller sees: a new session arrives FRESH
-and waits in the hold queue; a Place or Admit sends its turn to a worker; the turn's reply ends and
-the session parks in a tool wait (TOOL, still homed on its worker, counted in the worker's
-sessions); its next request arrives (PENDING, placed again); it finishes (DONE) when a request says
-so, when its reply was its only turn, or when it stays parked past the session TTL. The policy (e.g.
-`Admitted(MisaT, CacheAware)`) decides on a `PoolView` built from this state, and its actions are
-applied with the controller's bookkeeping. Nothing here does I/O: the app feeds events and engine
-figures in and reads actions out, so a recorded event sequence replays exactly (tests do).
+A live request is one of the events the controller sees: a new session arrives FRESH and waits in
+the hold queue; an Admit or Place sends its turn to a worker; the reply ends and the session waits
+on its client (TOOL, still homed on its worker); its next request arrives (PENDING, placed again);
+it ends when a request says so, when its reply was its only turn, or when it waits past the session
+TTL. This module keeps what only a router has (session keys, the waiting order, the finished
+classes); nothing here does I/O, so a recorded event sequence replays exactly (tests do).
 """
 
 from __future__ import annotations
@@ -18,28 +17,19 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from cadencerl.admission.gated import placement_of
-from cadencerl.core.actions import Action, ActionError, Admit, Place
-from cadencerl.core.credits import CreditModel
-from cadencerl.core.fresh import FreshQueue
-from cadencerl.core.pending import PendingSet
+from cadencerl.core.actions import Action, ActionError
+from cadencerl.core.backend import EngineStats
+from cadencerl.core.live import LiveController
 from cadencerl.core.policy import Policy
-from cadencerl.core.residency import attach, back_from_tool, detach, live_worker, retire, start, to_tool
 from cadencerl.core.spec import HiddenLength, TrajectorySpec
 from cadencerl.core.trajectory import State, Trajectory
 from cadencerl.core.view import PoolView
 from cadencerl.core.worker import Worker
 from cadencerl.engine.server_metrics import EngineMetrics
+from cadencerl.router.engines import RouterEngines
 
-UNBOUNDED = 1 << 62        # a live router has no staleness budget: the trainer paces its own requests
 _SEALED = object()         # nobody holds this key: a router never knows how long a reply will be
 OUTSIDE = -1               # the trajectory id of every request outside sessions: it has no history to keep
-
-
-class HoldQueue(FreshQueue):
-    """The HOLD queue: new sessions in arrival order, per class, that can grow while the router runs."""
-
-    def __init__(self) -> None:
-        super().__init__([])
 
 
 @dataclass
@@ -52,28 +42,54 @@ class Session:
 
 @dataclass
 class LiveState:
-    """Workers, sessions, hold queue and pending set of a live router, driven by events."""
+    """The router's sessions over a `LiveController`: session keys, the waiting order, finished classes."""
 
     policy: Policy
     workers: list[Worker]
     target_mix: dict[str, float]
     session_ttl_s: float = 60.0
     max_sessions: int = 100_000
-    hold: HoldQueue = field(default_factory=HoldQueue)
-    pending: PendingSet = field(default_factory=PendingSet)
     live: dict[int, Session] = field(default_factory=dict)          # traj id -> unfinished session
     by_key: dict[str, Session] = field(default_factory=dict)        # unfinished sessions with a key
     parked: OrderedDict = field(default_factory=OrderedDict)        # traj id -> Session, oldest first
-    active_by_class: dict[str, int] = field(default_factory=dict)
-    tool_waiting: dict[int, int] = field(default_factory=dict)
     completed: Counter = field(default_factory=Counter)            # finished sessions per class
     recent: deque = field(default_factory=lambda: deque(maxlen=256))  # classes of the latest finishes
     batch_size: int = 1024          # the trainer's batch: MISA-T keeps each batch-sized cohort on the mix
-    credits: CreditModel = field(init=False)
+    controller: LiveController = field(init=False)
     _ids: itertools.count = field(default_factory=itertools.count)
 
     def __post_init__(self) -> None:
-        self.credits = CreditModel(self.batch_size, UNBOUNDED, UNBOUNDED)
+        given, self.workers = self.workers, []
+        self.engines = RouterEngines(self.workers)
+        self.controller = LiveController(self.policy, self.engines, batch_size=self.batch_size)
+        self.workers = self.controller.workers
+        self.engines.workers = self.workers
+        for w in given:
+            self.add_worker(w)
+
+    def add_worker(self, worker: Worker) -> None:
+        self.controller.add_worker(worker)
+
+    @property
+    def hold(self):
+        """The HOLD queue: new sessions in arrival order, per class (the controller's fresh queue)."""
+        return self.controller.fresh
+
+    @property
+    def pending(self):
+        return self.controller.pending
+
+    @property
+    def active_by_class(self) -> dict[str, int]:
+        return self.controller.active_by_class
+
+    @property
+    def tool_waiting(self) -> dict[int, int]:
+        return self.controller.tool_waiting
+
+    @property
+    def credits(self):
+        return self.controller.credits
 
     # -- events -----------------------------------------------------------------------------------
 
@@ -86,7 +102,7 @@ class LiveState:
                               response=HiddenLength(0, _SEALED), workload_class=cls, route_key=route_key,
                               max_new_tokens=max_new_tokens)
         session = Session(key, Trajectory(spec, pin=pin), arrived_at=now)
-        self.hold.push(session.traj)
+        self.controller.submit(session.traj)
         self.live[spec.id] = session
         if key is not None:
             self.by_key[key] = session
@@ -103,13 +119,12 @@ class LiveState:
             raise ActionError(f"session {session.key!r} has a request in flight")
         del self.parked[traj.id]
         traj.pin = pin
-        back_from_tool(traj, max(0, prompt_len - traj.context), self.tool_waiting, self.pending, now)
+        self.controller.next_turn(traj, max(0, prompt_len - traj.context), now)
 
     def turn_ended(self, session: Session, generated: int, now: float) -> None:
         """A reply is complete and more turns may follow: park the session on its worker."""
         traj = session.traj
-        to_tool(traj, self.workers, self.tool_waiting, now)
-        traj.tokens += generated
+        self.controller.turn_ended(traj, generated, now)
         traj.pin = None
         session.parked_at = now
         self.parked[traj.id] = session
@@ -117,28 +132,24 @@ class LiveState:
 
     def finished(self, session: Session, generated: int, now: float) -> None:
         """The session's last reply is complete."""
-        traj = session.traj
-        detach(traj, self.workers, now)
-        traj.tokens += generated
-        self._done(session, now)
+        self.controller.finished(session.traj, generated, now)
+        self._done(session)
 
     def end_parked(self, session: Session) -> None:
         """A parked session ends (its TTL passed, or the client said so): it finished at its last reply."""
-        traj = session.traj
-        del self.parked[traj.id]
-        self.tool_waiting[traj.version] -= 1
-        self._done(session, session.parked_at)
+        del self.parked[session.traj.id]
+        self.controller.end_waiting(session.traj, session.parked_at)
+        self._done(session)
 
     def withdraw(self, session: Session) -> None:
         """A held session gives up (its wait passed the bound, or its client left): never admitted."""
-        self.hold.take(session.traj)
-        session.traj.state = State.DONE
+        self.controller.withdraw(session.traj)
         self._forget(session)
 
     def drop_pending(self, session: Session, now: float) -> None:
         """A placed session's request could not be placed again (no server left): it ends here."""
-        self.pending.remove(session.traj)
-        self._done(session, now)
+        self.controller.drop(session.traj, now)
+        self._done(session)
 
     def refuse_longer_than(self, limit: int, now: float) -> list[Session]:
         """The waiting sessions (held for admission, or a next turn waiting for a server) whose
@@ -171,11 +182,7 @@ class LiveState:
 
     def bounce(self, session: Session, now: float) -> None:
         """A placed request failed before its first token: back to pending, to be placed again."""
-        traj = session.traj
-        detach(traj, self.workers, now)
-        traj.state = State.PENDING
-        traj.departed_at = now
-        self.pending.add(traj)
+        self.controller.bounce(session.traj, now)
 
     def expire(self, now: float) -> int:
         """End the sessions parked longer than the TTL; how many ended."""
@@ -193,51 +200,21 @@ class LiveState:
         w = self.workers[worker]
         if figures.kv_capacity_tokens:
             w.kv_capacity = figures.kv_capacity_tokens
-        w.engine_kv = int(figures.kv_cache_usage * w.kv_capacity)
-        w.num_waiting, w.preemptions = figures.num_requests_waiting, figures.num_preemptions_total
+        engine = EngineStats(int(figures.kv_cache_usage * w.kv_capacity), figures.num_requests_running,
+                             figures.num_requests_waiting, figures.num_preemptions_total)
+        self.engines.figures[worker] = engine
+        w.engine_kv, w.num_waiting, w.preemptions = engine.kv_tokens, engine.waiting, engine.preemptions
 
     # -- decisions --------------------------------------------------------------------------------
 
     def view(self, now: float) -> PoolView:
-        """What the policy sees, with its admission gate handed over as the controller hands it."""
-        return PoolView(now=now, trainer_version=0, next_batch=0, workers=self.workers, pending=self.pending,
-                        fresh=self.hold, credits=self.credits, trainer_busy=False,
-                        in_flight=sum(self.active_by_class.values()), tool_waiting=self.tool_waiting,
-                        gate=self.policy.gate, active_by_class=self.active_by_class)
+        """What the policy sees, with its admission gate handed over, as the controller builds it."""
+        return self.controller.view(now)
 
     def decide(self, now: float, exclude: frozenset[int] = frozenset()) -> list[Action]:
-        """One pass of the policy over the live state; its Admit and Place actions, applied.
-
-        `exclude` hides workers for this pass only (a request that just failed on one)."""
-        hidden = [w for w in self.workers if w.id in exclude and w.alive]
-        if len(hidden) == sum(w.alive for w in self.workers):
-            return []                     # no server to place on: nothing to decide
-        for w in hidden:
-            w.alive = False
-        try:
-            actions = []
-            for action in self.policy.decide(self.view(now)):
-                self._apply(action, now)
-                actions.append(action)
-            return actions
-        finally:
-            for w in hidden:
-                w.alive = True
-
-    def _apply(self, action: Action, now: float) -> None:
-        if isinstance(action, Admit):
-            traj = self._traj_fresh(action.traj)
-            self.hold.take(traj)
-            start(traj, 0, self.active_by_class, now)
-            attach(traj, live_worker(self.workers, action.worker), self.workers, now)
-        elif isinstance(action, Place):
-            traj = next((t for t in self.pending if t.id == action.traj), None)
-            if traj is None:
-                raise ActionError(f"trajectory {action.traj} is not pending")
-            self.pending.remove(traj)
-            attach(traj, live_worker(self.workers, action.worker), self.workers, now)
-        else:
-            raise ActionError(f"a live router cannot apply {action!r} (use a router policy)")
+        """One pass of the policy over the live state; its actions, checked and applied by the
+        controller. `exclude` hides workers for this pass only (a request that just failed on one)."""
+        return self.controller.decide(now, exclude)
 
     def route_outside(self, group: int, prompt_len: int, route_key: str, now: float,
                       exclude: frozenset[int] = frozenset()) -> int | None:
@@ -255,15 +232,7 @@ class LiveState:
 
     # -- bookkeeping, as the controller keeps it ---------------------------------------------------
 
-    def _traj_fresh(self, tid: int) -> Trajectory:
-        for cls in self.hold.classes():
-            head = self.hold.peek({cls})
-            if head is not None and head.id == tid:
-                return head
-        raise ActionError(f"trajectory {tid} is not at the head of the hold queue")
-
-    def _done(self, session: Session, when: float) -> None:
-        retire(session.traj, self.workers, self.active_by_class, when)
+    def _done(self, session: Session) -> None:
         cls = session.traj.workload_class
         self.completed[cls] += 1
         self.recent.append(cls)
