@@ -39,18 +39,10 @@ class ClientTrainer:
     def next_batch(self) -> int:
         return self.version
 
-    all_consumed = True
-
     def finished(self, traj: Trajectory) -> None:
         self.consumed += 1
         self.staleness[self.version - traj.tag] += 1
         self.credits.consumed(traj.tag)
-
-    def try_start(self, now: float) -> None:
-        return None
-
-    def wake_request(self, now: float) -> None:
-        return None
 
     def publish(self, now: float) -> None:
         self.version += 1
@@ -60,13 +52,13 @@ class ClientTrainer:
 class LiveController(Controller):
     """`Controller` driven by a router: its entry points are the events a client's requests make."""
 
-    def __init__(self, policy: Policy, backend: Backend, *, batch_size: int = 1024, tick_s: float = 0.5) -> None:
-        super().__init__(policy, backend, [], [], batch_size=batch_size, params=ControllerSpec(tick_s=tick_s),
+    def __init__(self, policy: Policy, backend: Backend, workers: list[Worker], *, batch_size: int = 1024,
+                 tick_s: float = 0.5) -> None:
+        super().__init__(policy, backend, workers, [], batch_size=batch_size, params=ControllerSpec(tick_s=tick_s),
                          train_time_s=0.0, sample_every_s=float("inf"))
         self.credits = CreditModel(batch_size, UNBOUNDED, UNBOUNDED)
         self.trainer = ClientTrainer(self.credits)
         self.applied: list[Action] = []     # the actions of the decision pass under way
-        self.ended = 0                      # trajectories whose session ended without a last reply
 
     # -- what the clients bring ------------------------------------------------------------------
 
@@ -164,5 +156,4 @@ class LiveController(Controller):
             self.trainer.finished(traj)
         else:
             self.credits.consumed(traj.tag)
-            self.ended += 1
         del self.trajectories[traj.id]

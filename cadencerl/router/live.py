@@ -59,11 +59,9 @@ class LiveState:
     _ids: itertools.count = field(default_factory=itertools.count)
 
     def __post_init__(self) -> None:
-        given, self.workers = self.workers, []
+        given, self.workers = self.workers, []      # the controller's list, which the engines read too
         self.engines = RouterEngines(self.workers)
-        self.controller = LiveController(self.policy, self.engines, batch_size=self.batch_size)
-        self.workers = self.controller.workers
-        self.engines.workers = self.workers
+        self.controller = LiveController(self.policy, self.engines, self.workers, batch_size=self.batch_size)
         for w in given:
             self.add_worker(w)
 
