@@ -1,81 +1,12 @@
 """MISA-T: admission for mixed RLVR / RLHF / agentic rollouts, in front of any placement policy.
 
-Three mechanisms (MISA-T abstract; reference/hardware.md), every figure observable:
-
-* Adaptive session admission, ramped from measured capacity. A worker's cap on concurrently
-  admitted sessions (admitted until it finishes: while it decodes, and while it waits on a tool
-  with its prefix cached) is its KV budget over the KV a session holds on average, weighted by
-  block-time (a class whose sessions stay longer holds its share longer):
-      cap_w = scale_w * HIGH * K_w * sum_c m_c d_c / sum_c m_c d_c f_c
-  with m the trainer's target mix, f_c a session's mean footprint and d_c its time from admission
-  to completion, both learned from completed sessions (`misa_learn.py`). `scale_w` corrects the
-  estimate from the pressure the engine reports, counting KV held across tool waits: it shrinks
-  by DECREASE on a preemption, a waiting queue or use above HIGH, but never below DECREASE of the
-  sessions in flight (anti-windup: sessions grow as they age, so pressure outlasts the last
-  admission, and a cap already under them stops nothing), and moves use toward TARGET
-  (at most 1/DECREASE a look) when that estimate is in use and use is below LOW, but only once every
-  class has finished WARMUP sessions: KV use lags admissions by a session's lifetime, so before
-  the capacity is measured the cap only shrinks. No slow start: the first cap is INITIAL_SCALE of
-  the capacity estimate, whose footprints are at least what running sessions already hold.
-  In front of a router the engine's running batch is a capacity too: the cap is at most
-      HIGH * max_num_seqs_w / (share of admitted sessions running or queued at an engine)
-  (Little's law; the share is observed, the rest wait on tools). Past it the engine queues, and
-  a queued continuation's prefix, released longest ago, is the first the LRU evicts: the queue
-  grows, its re-prefills slow every step, and the hit rate falls off a cliff (mixed-h200-235b,
-  rollout-only: 90% prefix hits at 256 sessions a worker, 6% at 384; benchmarks/misa/README.md).
-  Without the bound the KV cap overshot into that queue and the pressure then cut it under the
-  running batch: sessions a worker swung between 120 and 300 with a period of about 700 s.
-  In front of a router the caps are pooled: a new session may start on any worker (of the
-  cohort's version, below) while the pool holds fewer sessions than the sum of the workers' caps,
-  each worker bounded only by its running batch; the router picks among them. Capped one worker
-  at a time, a cohort fits only the workers that happen to be on its version, and the caps, each
-  moved by its own worker's noisy pressure, wander apart (0.3x to 3.5x the estimate across
-  identical workers): the pool admitted in swings of 20 to 150 sessions a worker, and at 50
-  batches ran 2.5% slower on mixed-h100 and 1.9% on mixed-h200. Pooling costs the 235B trainer
-  loops 1-4%: there the pooled caps sit in the band where none moves and hold a smaller decode
-  batch, and a worker fresh on new weights takes a burst past its own KV. Four bounds on a worker
-  contained the burst but none won the loss back; `misa-goodput`, which over-commits when measured
-  goodput pays, won most of it (benchmarks/misa/README.md, eighth round).
-* Workload-aware KV-capacity allocation. Class c gets a protected KV quota
-      Q_c = K * m_c BT_c / sum_j m_j BT_j,    BT_c = f_c d_c (block-time of one session)
-  and a session cap Q_c / f_c, also bounded by its Little's-law share of the pool's session caps.
-  Quota a class leaves unused is lent to the others (work conserving: a short class's small cap
-  must not idle the pool when credits open after a publish); a class under its own quota always
-  passes, so what was lent comes back as the borrowers finish.
-* Mixture fidelity: the next session admitted is of the waiting, open class furthest below its
-  share of the current version's cohort (what the trainer version admits; under the staleness
-  bound a cohort is consumed by the next eta+1 batches, so each cohort must hold the target mix),
-  where each class's share is moved ahead by the sessions the pool admits while one of its
-  sessions runs longer than the mix's mean (rate x (d_c - mean d)), fading to zero as the cohort
-  fills: slow agentic sessions start first in their cohort, early enough to land in the batch
-  that wants them. A class more than MAX_AHEAD of a batch ahead of its share waits. Each class
-  has its places in the cohort, its target share of what the cohort will hold (admitted so far
-  plus the room the eta budget leaves this version): a class that used them waits even while a
-  class behind it is held by its cap, so quota lending never trades a held class's places away.
-  Under eta 1 a cohort that fills its room is consumed whole by one batch (the staleness bound
-  forces it), so a lent place would be a permanent deviation of that batch. Deficits are taken
-  among the classes with places left: one of them is always at or below its share, so only the
-  caps ever close the gate, and they open as sessions finish. In front of a router the cohort
-  being filled is the oldest version a live worker is on that still has eta budget (the router
-  fills it before that worker moves on), and only that version's workers take new sessions:
-  otherwise sessions balanced for the trainer's cohort would land in an older one.
-
-In front of a placement policy that never over-commits KV (any the controller places for, e.g.
-CadenceRL; only `misa+cadence` is measured), full KV is that policy's
-packing, not pressure: only preemptions and engine queues shrink the caps there, and the per-class
-KV quotas step aside. They protect each class's KV from the others' over-commit, which that policy
-never does, so there they only pace admissions by completions: on mixed-16a8h every waiting class
-was at its cap in 51-72% of the gate's answers, a cohort took 1.6-2x as long to admit, and its slow
-agentic sessions started last (benchmarks/misa/README.md). The cohort places still hold the mix.
-There the caps stay per worker: each moves only with its own worker's preemptions and queue, a
-bound on that worker that pooling would lift (misa+cadence on mixed-16a8h, 16 batches: 1.6% slower
-pooled).
-
-Continuations of admitted sessions always pass. In front of a router, a continuation returns to
-the worker holding its prefix unless that worker is overloaded or above its version's mean load
-(then the router places it).
-Where the paper is silent (choices, documented and tested): the constants below and K = HIGH times
-the pool's KV.
+Three mechanisms (the MISA-T abstract), every figure observable: adaptive session admission (a
+worker's session cap ramped from the KV block-time learned per class, corrected by the pressure the
+engine reports and, in front of a router, bounded by the running batch and pooled across workers);
+workload-aware KV quotas per class, unused quota lent out; and admission by class deficit against
+the current version's cohort, so each batch gets the trainer's mix. Continuations always pass.
+Where the paper is silent the constants below and K = HIGH x the pool's KV are this code's choices.
+The formulas, the reasons and what was measured for each: docs/policies/misa-t.md.
 """
 
 from __future__ import annotations
@@ -126,7 +57,7 @@ class MisaT:
     @property
     def pooled(self) -> bool:
         """One cap for the pool, the workers' caps summed: wherever a cohort fills one version's
-        workers at a time (in front of a router; see the module docstring)."""
+        workers at a time (in front of a router; docs/policies/misa-t.md, "Pooled caps")."""
         return self.one_cohort
 
     # -- observation ------------------------------------------------------------------------------
@@ -355,11 +286,7 @@ class Admitted(Gated):
 def keep_home(view: PoolView) -> Iterator[Action]:
     """A router's continuations go back to the worker holding their prefix unless it is overloaded
     (the router's balance rule would otherwise move them and lose it) or above the mean load of its
-    version's workers: a hot spot. Without the second bound the homes of long agentic sessions pile
-    up on a light load (16 H200 at a quarter of the batch: 45 sessions on one worker, 1 on another),
-    which costs more decode time than the prefixes save (0.90x the router). Under KV pressure the
-    bound costs some prefixes (mixed-h200, 50 batches: 3.7% of throughput), a cost that keeping the
-    home unbounded only under pressure did not win back (benchmarks/misa/README.md)."""
+    version's workers: a hot spot (why, and what it cost: docs/policies/misa-t.md, "Continuations")."""
     for v in view.pending.versions():
         peers = [w for w in view.alive() if w.version == v]
         total = sum(w.load for w in peers)

@@ -1,19 +1,10 @@
 """Over-commit when it pays: a hill climb on MISA-T's KV bands that follows measured goodput.
 
-MISA-T holds the KV it measures (HIGH of the pool, tool waits included). A router gets its
-throughput the other way, by over-committing and re-prefilling what it loses, which costs little
-where prefill is cheap (a 3.3 B-active MoE at TP=2 on H100) and much where it is not. This climber
-lets the pool decide from what it observes: `boost` multiplies MISA-T's KV bands (HIGH, LOW,
-TARGET and the capacity estimate), and at every publish of new weights it compares the pool's
-decode goodput over the iteration just ended (tokens the sessions it admitted decoded per second:
-re-prefill and queueing show up as tokens not decoded) with the iteration before. One step an
-iteration: under the staleness bound a cohort is admitted in a burst after a publish and then
-drains, so goodput over any shorter period swings 4-5x with the cohort's phase (measured on
-mixed-h100: 25,000 to 5,000 tok/s within one iteration), far more than with the boost. Perturb and observe: keep stepping the way that raised goodput by
-more than DEADBAND, reverse on a fall, and step back toward holding KV (boost 1) when the change is
-within the deadband; from boost 1 it probes one step up again, so an over-commit that starts to
-pay is found, after a hold that doubles with each probe that did not pay (a probe where
-over-commit costs, as on H200, costs one iteration's goodput). Observable signals only: tokens streamed back, no lengths.
+`boost` multiplies MISA-T's KV bands; at every publish the pool's decode goodput over the iteration
+just ended is compared with the one before (one step an iteration: shorter windows swing with the
+cohort's phase), perturb and observe, stepping back to boost 1 within the deadband and probing up
+again after a hold. Observable signals only: tokens streamed back, no lengths. Why and what was
+measured: docs/policies/misa-t.md, "The goodput variant".
 """
 
 from __future__ import annotations

@@ -1,14 +1,10 @@
 """A fixed cap on sessions in flight: the static admission a rollout driver already has.
 
-RL frameworks bound the rollouts they keep open at once (AReaL's `max_concurrent_rollouts`, for
-one): a router alone passes every new session straight to the engines' queues, so when sessions
-flood in (a rollout-only run, or a large eta) the engines thrash their KV. `cap<N>+<policy>`
-(`runs/registry.py`) puts this cap in front of any placement policy. It is the baseline MISA-T's
-adaptive admission must beat there, with N swept by the user as a deployment would tune it
-(benchmarks/misa/README.md): one number for the whole pool, blind to classes and to KV.
-
-A session counts from its admission until it completes, tool waits included, as a driver counts
-the rollouts it has open. Continuations are never held.
+`cap<N>+<policy>` (`runs/registry.py`) puts one number for the whole pool, blind to classes and to
+KV, in front of any placement policy, as AReaL's `max_concurrent_rollouts` does. It is the baseline
+MISA-T's adaptive admission must beat, N swept as a deployment would (docs/policies/misa-t.md).
+A session counts from its admission until it completes, tool waits included, as a driver counts the
+rollouts it has open. Continuations are never held.
 """
 
 from __future__ import annotations
