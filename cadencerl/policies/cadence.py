@@ -204,7 +204,7 @@ class Cadence(Policy):
     def _spread_pick(self, rule: str, traj: Trajectory, index: RoomIndex, need: int, mean_load: float,
                      caps: dict[int, float] | None) -> Worker | None:
         """While the home is not taken whenever feasible (`rule`, from `_home_rule`): the prompt's home
-        while it is no hot spot (see the module docstring), else the least-loaded feasible worker;
+        while it is no hot spot (docs/policies/cadence.md, `spread.home`), else the least-loaded feasible worker;
         with `caps`, only a worker under its fair share, else None."""
         w = index.least_loaded(need, caps)
         home = self._home(traj, index, need)
