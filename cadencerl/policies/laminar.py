@@ -1,15 +1,9 @@
 """Laminar: independent weight advancement plus dynamic repack (arXiv 2510.12633, summary App. D).
 
-Each worker pulls new weights on its own as soon as its residents of the old version are gone (no
-global barrier). Fresh work goes to the least-loaded worker whose version still has budget. Once
-a version can admit no more fresh work its remaining trajectories are a long tail; a repack then
-consolidates the tail from under-utilized workers onto the fullest workers of that version that
-have room, so the freed workers advance. Moves restore KV over the cluster link where the
-workers are compatible, else re-prefill.
-
-Where the paper is silent: a worker is under-utilized below `REPACK_UTILIZATION` of its sequence
-slots, targets keep `TARGET_MARGIN` of their KV free, and a source moves only if all of its
-residents fit (a partial move frees nothing).
+Each worker pulls new weights on its own once its residents of the old version are gone; fresh work
+goes to the least-loaded worker whose version still has budget; once a version admits no more fresh
+work, a repack consolidates its tail from under-utilized workers onto the fullest ones with room, so
+the freed workers advance. Where the paper is silent (the constants below): docs/baselines.md.
 """
 
 from __future__ import annotations

@@ -1,23 +1,11 @@
 """Request routers, as the serving routers run them (see reference/routers.md).
 
-A router places every request (a new session's first turn, or a continuation) on a worker as it
-arrives and never moves it afterwards; the engine queues what it cannot run yet. Load is the
-router's own in-flight count per worker: it sees no KV or token figures.
-
-* `round-robin`, `least-loaded-router` (fewest in flight; `least-loaded` is the controller policy), `consistent-hash` (on the request's affinity
-  key, with virtual nodes), `sticky-least-loaded` (first turn least-loaded, then back to the same worker);
-* `cache-aware` (vLLM Router / SGLang router): if the pool is imbalanced, least-loaded; else the
-  worker holding the longest prefix of the request when the match rate clears `cache_threshold`,
-  else least-loaded; the request's text is then inserted in the chosen worker's tree.
-
-How a router's workers take new weights is the rollout system's choice, not the router's, and the
-simulator models it here (`version_switch`): `when-idle` (a worker moves once it holds no resident,
-its version's eta budget is spent and it is not the last home of that version's unfinished work),
-`interrupt` (every worker moves at publish, its running requests aborted and re-prefilled:
-AReaL, verl's and slime's partial rollout) or `in-place` (every worker moves at publish, its
-running requests frozen through the update and resumed on their KV: vLLM's `/pause?mode=keep`,
-OpenRLHF, PipelineRL). The cache-aware router's sweep covers all three, so `cache-aware-tuned`
-runs with the best.
+A router places every request (a first turn or a continuation) on a worker as it arrives and never
+moves it; the engine queues what it cannot run yet, and load is the router's own in-flight count.
+Here: `round-robin`, `least-loaded-router`, `consistent-hash`, `sticky-least-loaded` and `cache-aware`
+(vLLM Router / SGLang router), plus how a router's workers take new weights (`version_switch`:
+`when-idle`, `interrupt`, `in-place`), the rollout system's choice the simulator models here. Each
+rule, and why `cache-aware-tuned` is tuned over all three: docs/baselines.md.
 """
 
 from __future__ import annotations

@@ -1,22 +1,10 @@
 """Tune the cache-aware router the way its users do: a grid over its three thresholds.
 
-The best setting per scenario (highest throughput) is cached on disk, keyed by the scenario's
-content and by the source of the code that decides a simulated result (a changed simulator or
-router re-tunes), so `cache-aware-tuned` is the sweep-tuned router the MISA-T paper compares against.
-Tuning runs use at most `TUNE_TRAJECTORIES` trajectories of the scenario to stay quick.
-
-The grid holds both of vllm-router's documented defaults, which disagree (reference/routers.md):
-its CLI parser's 0.3 / 64 / 1.5 (what `cache-aware` runs untuned, and where a user starts) and its
-load-balancing docs' 0.5 / 32 / 1.1.
-
-A second stage tunes how the router's workers take new weights (`version_switch`, see
-`policies/routers.py`) at the best thresholds. Which pays depends on the load (interrupting at
-publish wins under KV pressure, where waiting for a worker to empty idles it; it loses on a light
-load, where it throws away prefixes; updating in place keeps the workers busy and the KV, at the
-price of tokens decoded on KV computed under the old weights), and it only shows across publishes,
-so this stage runs `UPDATE_TUNE_BATCHES` trainer batches and compares steady throughput: a two-batch
-tuning run holds one publish and cannot tell them apart. Over a longer run the order can differ
-(`benchmarks/misa/weight_updates.py` runs all three on the whole scenario).
+The grid holds both of vllm-router's documented defaults; a second stage tunes how the router's
+workers take new weights (`version_switch`) over `UPDATE_TUNE_BATCHES` batches, as it only shows
+across publishes. The best setting per scenario is cached on disk, keyed by the scenario and by the
+source of the code that decides a simulated result, and is what `cache-aware-tuned` runs. The grid,
+the cache and why each stage is sized so: docs/baselines.md, "cache-aware-tuned".
 """
 
 from __future__ import annotations
