@@ -1,16 +1,13 @@
 """The trainer-facing API: a rollout pool over real vLLM servers, driven by the CadenceRL controller.
 
-A trainer (AReaL-, verl- or slime-style) submits prompts, iterates over completed batches tagged
-with the policy versions that produced them, and publishes each new version; a weight-update hook
-is called for every worker as it moves to that version. Rollout goes on while the trainer trains:
-the controller runs in a background thread, and the staleness bound eta holds across batches.
+A trainer submits prompts, iterates over completed batches tagged with their policy versions and
+publishes each new version (a hook updates each worker's weights); the controller runs in a thread,
+so rollout goes on while the trainer trains, under the staleness bound eta (docs/internals.md, api).
 
     with RolloutPool(urls, batch_size=64, eta=1, weight_update=push) as pool:
-        for prompt in prompts:
-            pool.submit(prompt.ids, group=prompt.group, max_tokens=512)
+        pool.submit(prompt.ids, group=prompt.group, max_tokens=512)   # for each prompt
         for batch in pool.batches():
-            train(batch.samples)
-            pool.publish()
+            train(batch.samples); pool.publish()
 """
 
 from __future__ import annotations

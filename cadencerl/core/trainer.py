@@ -1,19 +1,11 @@
 """The trainer as the rollout pool sees it: it consumes batches and publishes versions.
 
-A trajectory tagged t must be consumed by batch t + eta at the latest. Batch k takes completed
-trajectories oldest tag first, and is formed only if afterwards, for every tag t, the trajectories
-tagged <= t still unconsumed fit in the batches k+1..t+eta that remain for them. Otherwise the
-trainer waits for stragglers: so no sample is ever consumed more than eta versions after the
-version it started under, whatever order trajectories finish in. Training takes a fixed time (plus an optional per-token
-time), then version k+1 is published.
-
-With a mix rule (`MixRule`: a target mix and a wait bound) the batch asks for that mixture (`core/mix.py`): the trajectories due now
-(staleness first), then each class up to its target count, oldest tag first. When a class is short
-the trainer waits for it, at most the rule's `wait_s` from the moment the batch could have formed by
-count; then it takes what is there, fills the missing places from the other classes' oldest
-completions, and counts them (`mix_shortfall`, and `mix_short_batches`). If the mixed batch would
-strand a straggler, the batch falls back to oldest tag first, and its places off the target are
-counted the same way.
+A trajectory tagged t must be consumed by batch t + eta at the latest: batch k takes completed
+trajectories oldest tag first and forms only if every older tag still fits in the batches left for
+it, else the trainer waits for stragglers. Training takes a fixed time (plus an optional per-token
+time), then version k+1 is published. With a mix rule (`MixRule`) a batch asks for the target mix,
+waits at most `wait_s` for a short class, then fills and counts the shortfall. The rule in full:
+docs/internals.md, "core/trainer".
 """
 
 from __future__ import annotations

@@ -1,14 +1,8 @@
 """A CPU quota for one local vLLM server: how a CPU server is made slower, like a slower accelerator.
 
-Why this shape:
-- On this kind of machine the cgroup v1 `cpu` controller is mounted (/sys/fs/cgroup/cpu) and
-  writable as root: a child group with `cpu.cfs_quota_us` = share x `cpu.cfs_period_us` caps every
-  process moved into it (threads included, children inherit) at that share of one core, whatever
-  else runs. `taskset` or fewer OMP threads cannot go below one core, and a co-load's effect
-  depends on the rest of the machine; a quota is exact and needs no extra process.
-- The group is created per server and removed on `release()`, its processes moved back to the
-  parent group first (a cgroup with members cannot be removed). A cgroup v2 machine has one
-  unified hierarchy with `cpu.max` instead; both are handled.
+A cgroup per server (v1 `cpu.cfs_quota_us`, or v2 `cpu.max`) caps every process moved into it at a
+share of one core, exactly and with no extra process; `release()` moves them back and removes the
+group. Why a cgroup and not `taskset` or a co-load: docs/internals.md, "devpool".
 """
 
 from __future__ import annotations

@@ -1,19 +1,9 @@
 """Start and stop a pool of local vLLM CPU servers serving the tiny model, for dev and tests.
 
-Why this shape:
-- Each server runs in its own session/process group (vLLM forks an engine core, a worker and a
-  resource tracker), so stopping a server means signalling its group: SIGTERM, then SIGKILL.
-- A JSON state file is written as soon as each server is spawned, so `down(state_dir)` can stop
-  exactly those process groups from another process, even after a crash mid-start. The leader's
-  start time is recorded too, so a recycled pid is never signalled.
-- KV capacity is given in tokens and turned into `--kv-cache-memory-bytes` with the model's KV
-  bytes per token, because `VLLM_CPU_KVCACHE_SPACE` only takes whole GiB (and overrides the flag,
-  so it is removed from the servers' environment).
-- The interpreter that runs vLLM may differ from the caller's (vLLM pins its own torch): it is
-  `PoolConfig.python`, else `$CADENCERL_VLLM_PYTHON`, else the current one. The model is built by
-  that interpreter too, so the caller needs neither torch nor transformers.
-- Servers bind 127.0.0.1 only. Their environment, and the directory each one's ZMQ socket files
-  go to (removed at `down`), are `server_env`'s.
+Each server runs in its own process group, and a JSON state file written as each one spawns lets
+`down(state_dir)` stop exactly those groups from another process, even after a crash mid-start. KV
+capacity is given in tokens; the vLLM interpreter may differ from the caller's; servers bind
+127.0.0.1 only. Why each of these: docs/internals.md, "devpool".
 """
 
 from __future__ import annotations

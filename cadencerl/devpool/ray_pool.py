@@ -1,20 +1,10 @@
 """vLLM servers launched by Ray: one actor per worker of a scenario's pool, placed by accelerator type.
 
-Why this shape:
-- Ray is what RL frameworks (verl, AReaL, slime, OpenRLHF) already use to place rollout engines, so
-  a pool that spans nodes comes up the same way here: each worker gets a placement group of one
-  bundle holding its TP devices, and the worker's accelerator type is a Ray custom resource
-  (`accelerator_type:<catalog name>`, which nodes advertise with `ray start --resources`), so each
-  type of the pool lands on a node that has it.
-- The actor owns its vLLM server as a subprocess (started by `LocalPool`, with the vLLM interpreter
-  of `CADENCERL_VLLM_PYTHON`), bound to its node's address, and the server is told to die with its
-  parent: a lost node takes its server down, the controller sees the worker's streams fail and
-  resumes its trajectories elsewhere, as for any lost worker.
-- Actors and placement groups are named and detached, so `pool up` and `pool down` (or a run) may
-  be separate processes; servers launched by another framework stay reachable by URL or by the
-  name of a Ray actor that answers `url()`.
-- The model folder is passed by path: on several machines it must be on a shared filesystem.
-- Ray is an optional extra (`pip install 'cadencerl[ray]'`): it is imported inside functions only.
+Ray is what RL frameworks already use to place rollout engines: each worker gets a placement group
+of its TP devices on a node advertising its accelerator type (a Ray custom resource), and its actor
+owns the vLLM server as a subprocess that dies with it. Actors are named and detached, so `pool up`
+and `pool down` may be separate processes. Ray is an optional extra, imported inside functions only.
+Why this shape: docs/internals.md, "devpool".
 """
 
 from __future__ import annotations

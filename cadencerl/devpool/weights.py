@@ -1,24 +1,10 @@
 """Real policy versions on real servers: write version v of the tiny model's weights, push it in.
 
-Why this shape:
-- vLLM 0.32's RL weight-update API (`/init_weight_transfer_engine`, `/start_weight_update`,
-  `/update_weights`, `/finish_weight_update`) moves tensors over NCCL or CUDA IPC, neither of which
-  the CPU build has. The nearest path that works there uses the same server's dev-mode routes
-  (`VLLM_SERVER_DEV_MODE=1`): `/pause?mode=abort` (drop anything in flight, clear the prefix
-  cache: cached KV of the old weights must not be reused), `/collective_rpc` `reload_weights`
-  with `weights_path` (the workers reload in place from a checkpoint folder), then
-  `/update_weight_version` (what `/weight_info` reports) and `/resume`.
-- A version is a checkpoint folder the servers can read: the base model with every floating-point
-  tensor deterministically perturbed for that version (a stand-in for a trained step). It is written
-  once per version with numpy alone (safetensors is a JSON header plus raw bytes), so the caller
-  needs no torch. Servers on other nodes need the folder on a shared filesystem.
-- The push is synchronous: the controller calls it as a worker advances, when by construction the
-  worker holds no residents, so pausing that one server costs the pool nothing but the pause.
-  A worker updated in place (`keep_kv`) pauses with `mode=keep&clear_cache=false` instead: its
-  requests are frozen through the reload and go on with the new weights on the KV they hold, as
-  OpenRLHF's partial rollout does. `clear_cache=false` matters: the route's docs say the flag is
-  ignored in that mode, but the engine still clears on it, preempting every running request (its
-  KV recomputed on resume).
+A version is a checkpoint folder (the base model, every float tensor deterministically perturbed),
+written with numpy alone. The push uses vLLM's dev-mode routes, since the RL weight-update API needs
+NCCL or CUDA IPC, which the CPU build lacks: pause (abort, or keep for an in-place update), reload
+the weights, set the version, resume. Why each step, and the `clear_cache=false` pitfall:
+docs/internals.md, "devpool".
 """
 
 from __future__ import annotations

@@ -1,16 +1,10 @@
 """EngineBackend: the controller's Backend protocol over real vLLM servers, on wall-clock time.
 
-Why this shape:
-- The clock (`clock.WallClock`) runs the streams only inside `advance()`, `connect()` and
-  `finish()`, so decisions see a frozen snapshot; the streams (`streams.Streams`) keep every
-  trajectory's ids and resume, retry or lose workers; this class wires the two to the protocol.
-- The backend plays the environment, like SimBackend: it alone opens the sealed target lengths
-  and asks a server for exactly the tokens left in the current turn (`max_tokens`, EOS ignored),
-  and it plays the tools of multi-turn trajectories (a wait, then seeded observation ids).
-- A trainer outside the controller (the trainer API) takes each publish: `on_publish_due` is called
-  when the controller schedules one, and `publish_now()` delivers it when the trainer is done.
-- KV use is the controller's own token accounting (contexts of the placed trajectories);
-  /metrics is polled alongside only to cross-check it and to report preemptions and prefix hits.
+This class wires the clock (`clock.WallClock`: streams run only inside `advance()`, `connect()` and
+`finish()`, so decisions see a frozen snapshot) and the streams (`streams.Streams`) to the protocol.
+Like SimBackend it plays the environment: it alone opens the sealed target lengths, and it plays
+the tools. KV use is the controller's own accounting; /metrics only cross-checks it (the reasons:
+docs/internals.md, "engine").
 """
 
 from __future__ import annotations

@@ -1,19 +1,10 @@
 """An asyncio client for one vLLM server: token ids in, token ids out, abort, metrics.
 
-Why this shape:
-- Generation goes through vLLM's token-in/token-out endpoint `POST /inference/v1/generate`
-  (served with `--enable-scale-out`) rather than `/v1/completions`, because it takes the caller's
-  request id, which makes an explicit abort possible. The server prefixes that id with
-  `generate-tokens-`; `abort()` adds the prefix (the bare id is silently ignored by the server).
-- Closing the stream (e.g. when the asyncio task running `generate` is cancelled) disconnects,
-  and vLLM aborts a disconnected request and frees its KV, so cancellation needs no extra call.
-- A failed generation is an *outcome*, not an exception: the tokens streamed before the failure
-  are what lets the controller resume the trajectory elsewhere, so `generate` returns them with
-  `finish_reason="error"` and the `EngineError` that ended it.
-- The endpoint silently truncates at max_model_len instead of rejecting, so `generate` checks the
-  length itself once `check_model` has learned the server's limit.
-- Every call has a timeout; connection failures (nothing was sent yet) are retried a bounded number
-  of times with a short backoff; everything else becomes one `EngineError` naming the URL.
+Generation goes through `POST /inference/v1/generate`, which takes the caller's request id (so an
+explicit abort is possible). A failed generation is an outcome, not an exception: the tokens
+streamed before it let the controller resume the trajectory elsewhere. Every call has a timeout;
+connection failures are retried a bounded number of times. The pitfalls each rule answers:
+docs/internals.md, "engine".
 """
 
 from __future__ import annotations

@@ -1,14 +1,9 @@
 """The controller's live state on a Prometheus `/metrics` endpoint, for a user watching a long run.
 
-Why this shape:
-- A custom collector reads the controller at scrape time, so nothing is sampled or stored between
-  scrapes and the controller's loop pays nothing. Every value is a counter or a length the
-  controller already keeps; a read that races the controller's thread is retried once (a dict that
-  changed size while copied), never locked.
-- The controller is given as a callable: the trainer API builds its controller only when the first
-  batch is asked for, and the endpoint may be up before that (it then exports nothing but `up`).
-- Each exporter has its own registry and HTTP server (no global state), bound to 127.0.0.1
-  unless told otherwise; port 0 picks a free one (`port` then says which).
+A custom collector reads the controller at scrape time (nothing sampled between scrapes, never a
+lock); the controller is given as a callable, as it may be built after the endpoint is up. Each
+exporter has its own registry and HTTP server, bound to 127.0.0.1 unless told otherwise; port 0
+picks a free one. Why: docs/internals.md, "engine".
 """
 
 from __future__ import annotations

@@ -1,16 +1,10 @@
 """Per-request streaming on real servers: one placement of a turn, its retries, resume and abort.
 
-Why this shape:
-- Every trajectory's token ids (prompt, generated, tool observations) are kept here, so an evicted
-  or lost trajectory resumes on any worker from its last received token (token transfer +
-  re-prefill; the prefix cache makes a return to the same worker cheap).
-- A broken stream is not a broken run: the worker is probed; a dead server (refused, or answering
-  unhealthy) is lost (its residents go back to pending), a live one gets the request re-issued from
-  its last token, a bounded number of times. A server that is only slow to answer (a starved
-  machine) is probed again for a while before it counts as lost, and every loss says why.
-- A request the server rejects (HTTP 4xx) is a bug or bad input, not a dead worker: it ends the run
-  with the server's message instead of re-sending it to every worker in turn.
-- Each placement is the trajectory's meter while it runs: policies read its live context.
+Every trajectory's token ids are kept here, so an evicted or lost trajectory resumes on any worker
+from its last received token. A broken stream is not a broken run: a dead server is lost (its
+residents go back to pending), a live one gets the request re-issued; a 4xx ends the run with the
+server's message. Each placement is the trajectory's meter while it runs. The fault rules in full:
+docs/internals.md, "engine".
 """
 
 from __future__ import annotations

@@ -1,16 +1,10 @@
 """`cadencerl report`: the paper's section-6 evaluation matrix, run on seeded workloads in the simulator.
 
-`build_report(out)` writes `out/report.md` (tables, captions, the setup of every experiment and the
-command that reproduces each row), `out/figures/*.png`, `out/results.json` (every run's figures, as
-`simulate` returned them, plus the setup it ran under) and `out/scenarios/*.yaml` (every scenario
-that is not a built-in one, so `cadencerl sim/compare --config` can rerun it).
-
-Numbers are reported as measured. Ratios compare CadenceRL with the best of *all* other policies
-run on the same pool (least-loaded included), so a loss anywhere shows up as a loss.
-
-One function per experiment (`report/sections/`: `homogeneous`, `heterogeneous`, ...): each takes the
-`Report` context (`report/context.py`), runs what it needs through its cached `Runner`
-(`report/runner.py`), and returns its markdown section. What runs is defined in `report/matrix.py`.
+`build_report(out)` writes `out/report.md`, `out/figures/*.png`, `out/results.json` and
+`out/scenarios/*.yaml` (every non-built-in scenario, so `sim/compare --config` can rerun it).
+Numbers are reported as measured; ratios compare CadenceRL with the best of all other policies on
+the same pool. One function per experiment lives in `report/sections/`; what runs is defined in
+`report/matrix.py` (docs/internals.md, "report").
 """
 
 from __future__ import annotations

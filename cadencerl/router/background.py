@@ -1,22 +1,10 @@
 """A background response's generation, followed to its end so that admission paces it.
 
-`POST /v1/responses` with `background: true` (not streamed) is answered at once (status `queued`)
-while the server goes on generating. Released then, its session would leave the server's load and
-MISA-T's count while the server still decodes it, and admission would fill the server past what it
-measured. The router keeps the session placed and asks the server for the response
-(`GET /v1/responses/{id}`, as a client polls it) every poll interval until its status is final;
-the session is released then, with the response's output tokens, and the context the server holds
-for it is learned. It is released with none when the server is removed, stays down, no longer
-knows the response (a restart), or the follow passes its deadline (the request timeout: vLLM can
-leave a response `queued` for good when its generation dies of an unexpected error).
-
-A streamed background response is relayed as any stream; one whose client leaves, or whose
-stream breaks, before its last event is followed the same way from there (`proxy._relay`): vLLM
-generates it in a task of its own, whoever reads its stream.
-
-A client that polls too may see the response final before the router does; its next turn (the
-same session, or `previous_response_id` naming the response) wakes the follower and waits for it
-(`Followers.settle`), so it is a continuation sized with the final context, not a new session.
+`POST /v1/responses` with `background: true` is answered at once while the server goes on
+generating; released then, its session would leave the server's load and MISA-T's count. So the
+router keeps it placed and polls `GET /v1/responses/{id}` until its status is final, then releases
+it with its output tokens. When it is released with none, and how a broken stream or a polling
+client is handled: docs/internals.md, "router".
 """
 
 from __future__ import annotations

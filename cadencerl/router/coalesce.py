@@ -1,15 +1,10 @@
 """A stream's chunks in runs: those that were ready together, as one list.
 
-httpx yields an upstream SSE stream one HTTP chunk at a time, and vLLM (or the benchmark's stub)
-writes one chunk per event, so a relay that sends each chunk on its own makes one ASGI send, one
-write() and one TCP segment per event, even for events that came in one read from the socket. Here
-a task of its own reads the stream into a bounded queue, and the reader takes everything queued at
-once: a chunk is never held back for a later one, and a relay that falls behind (a busy router)
-catches up in one send instead of one per event. The bound keeps back-pressure: a client that
-stops reading stops the upstream read after `LIMIT` chunks.
-
-The stream is read only in that task, so its own deadlines and cancel scopes (httpcore's read
-timeout) stay in it; stopping the runs cancels the task, which reaches the stream as a cancel would.
+httpx yields an upstream SSE stream one chunk per event, so a relay sending each on its own makes one
+send, write() and TCP segment per event. A task of its own reads the stream into a bounded queue and
+the reader takes everything queued at once: nothing is held back, a relay that falls behind catches
+up in one send, and the bound (`LIMIT`) keeps back-pressure. Why the read stays in that task:
+docs/internals.md, "router".
 """
 
 from __future__ import annotations

@@ -1,20 +1,10 @@
 """Routes the router places and relays without making them sessions: embeddings and rerank.
 
-vllm-router serves `/v1/embeddings`, `/v1/rerank` and `/rerank` beside completions, and vLLM
-answers them from a pooling model. Such a request is one prefill with no decode: it holds no KV once
-answered and has no next turn, so MISA-T has nothing to admit (its caps count sessions that hold KV
-across turns, and its class mix is the trainer's rollouts); it is neither held nor counted as a
-session. It is placed by the placement policy's own rule over the servers up
-(`LiveState.route_outside`: consistent-hash keeps a key on one server, cache-aware sends an input
-back where it went) and relayed with completions' fault rules: a server that fails before answering
-leaves rotation if it refused the connection and the request is tried once on another; the server's
-own answers, errors too, pass unchanged. While it runs it counts in its server's load
-(`Worker.outside`, released however it ends: answer, error, failed connection, client gone), so a
-load-based rule (least-loaded, cache-aware's balance) spreads a burst of them and the sessions
-placed beside them; MISA-T's caps still count sessions only.
-
-`/v1/responses` generates, so it is not relayed here: it is admitted like chat completions
-(`app.py`), and its stored responses' GET and cancel go to their owner (`responses.py`).
+`/v1/embeddings`, `/v1/rerank` and `/rerank` are one prefill with no decode: no KV held once answered
+and no next turn, so MISA-T has nothing to admit. They are placed by the placement policy's own rule
+(`LiveState.route_outside`), relayed with completions' fault rules, and counted in their server's
+load while they run (`Worker.outside`). `/v1/responses` generates, so it is admitted (`app.py`).
+Details: docs/internals.md, "router".
 """
 
 from __future__ import annotations

@@ -1,17 +1,10 @@
 """Forwarding one placed request to its server, with the router's fault rules.
 
-* A request that fails before its first token (no connection, or the stream breaks before any
-  byte) is retried once on another server; a server that refuses the connection is taken out of
-  rotation until a health poll gets through.
-* A stream that breaks after its first token ends with an OpenAI-style error event and
-  `data: [DONE]` (a Responses stream: the Responses API's `event: error`, `stored.py`), never a
-  hang (the upstream read timeout bounds a silent server).
-* The client's request headers go upstream and the server's response headers come back, less the
-  hop-by-hop ones (RFC 9110 7.6.1) and those that describe a body the router re-frames
-  (content-length; content-type is set upstream; accept-encoding is not forwarded, as the router
-  reads replies to count tokens).
-* The server's own error answers (4xx and 5xx) pass through unchanged, as vllm-router passes them:
-  a 5xx can belong to one request alone, so it neither takes the server out nor is retried.
+A request that fails before its first token is retried once on another server (one that refused the
+connection leaves rotation until a health poll gets through); a stream that breaks after it ends with
+an error event and `[DONE]`, never a hang. Headers pass both ways less the hop-by-hop ones and those
+of a re-framed body; the server's own 4xx / 5xx pass unchanged, as vllm-router passes them. The rules
+with their reasons: docs/internals.md, "router".
 """
 
 from __future__ import annotations

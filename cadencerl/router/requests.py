@@ -1,22 +1,11 @@
 """What the router reads from a request: who sent it (session, class), how long its prompt is, and
 whether it is well formed. Bad input is an `ApiError` with an OpenAI-style body, never a crash.
-The prompt is a completion's `prompt`, a chat's `messages`, or a response's `instructions` and
-`input` (with its `previous_response_id`, whose earlier turns the server holds, not the request: the
-turn is sized with them where it is placed, `service.py`).
 
-Headers (documented in the README):
-  X-Session-Id      ties the turns of one session (without it a request is a single reply, as vllm-router
-                    treats it; the OpenAI `user` field is an affinity key only and holds no capacity)
-  X-Workload-Class  the request's class, one of the classes file (else the default class)
-  X-Session-End     `1`/`true` on a session's last request, so it finishes at once instead of at its TTL
-  X-User-Id, X-Tenant-Id, X-Correlation-Id
-                    the other session headers vllm-router reads, in its order after X-Session-Id:
-                    affinity keys like `user` (consistent-hash keeps each on one server, as vllm-router
-                    does), not sessions: a client or gateway that sets one per user or per call would
-                    otherwise hold a MISA-T slot per request until the session TTL. X-Request-Id and
-                    X-Trace-Id, which vllm-router reads last, name one request: no placement key here.
-Body fields vllm-router reads after those headers, affinity keys too: `session_params.session_id`,
-`user`, `session_id`, `user_id`.
+The prompt is a completion's `prompt`, a chat's `messages`, or a response's `instructions` and
+`input` (earlier turns of a `previous_response_id` are sized where the turn is placed, `service.py`).
+Headers: `X-Session-Id`, `X-Workload-Class`, `X-Session-End`; `X-User-Id`, `X-Tenant-Id`,
+`X-Correlation-Id` and the body fields vllm-router reads are affinity keys only, not sessions.
+What each means and why: the README and docs/internals.md, "router".
 """
 
 from __future__ import annotations

@@ -1,16 +1,10 @@
 """Which server holds each stored response, and how much context it holds for it, learned from the
 answers as they pass.
 
-vLLM keeps a Responses API answer on the server that made it (when the request's `store` is not
-false and the server stores at all), and only that server can continue it (`previous_response_id`),
-return it (`GET /v1/responses/{id}`) or cancel it. The router reads the id from the answer: a JSON
-body's `id`, or in a stream the first event that carries the response object (`response.created`),
-read as the chunks go by, never holding one back (the same reader counts the stream's tokens). With
-the id it keeps the context the server holds for the response, which a turn that continues it adds
-to its new input (`RouterService.acquire`): the response's `usage.input_tokens + output_tokens` (the
-body's, or the stream's last response object's), else what the router counted itself (the turn's
-prompt, as sized, and the tokens generated). The map is bounded: the oldest ids are forgotten
-first, and a forgotten id is answered as an unknown one (404), never sent to a server at random.
+vLLM keeps a Responses API answer on the server that made it, and only that server can continue,
+return or cancel it. The router reads the id from the answer as it passes (never holding a chunk
+back) and keeps the context the server holds for it, which a continuing turn adds to its input. The
+map is bounded: a forgotten id is answered as unknown (404). Details: docs/internals.md, "router".
 """
 
 from __future__ import annotations

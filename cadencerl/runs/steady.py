@@ -1,16 +1,9 @@
 """Steady-state figures: a run for days is judged away from its start-up and its drain.
 
-The steady window is from the end of the first training iteration to the start of the last one
-(the publish of version 1 .. the publish of version n-1, n batches in all), so the first iteration
-(the pool filling from empty) and the last (the pool draining with no fresh work) are left out; it
-needs at least three. (A run ends when its last batch is consumed, before version n is published.)
-Where the trainer is the slower side, the pool can finish its last trajectory before version n-1 is
-published: the window then ends at that completion, not in the trainer's time after it.
-
-Latency is reported from admission (what the pool did with a trajectory) and from submission (when
-the trajectory became available to the controller: the eta budget let it start), since holding
-work back lowers the former but not the latter. Trajectory i of batch size B is available once
-version i // B - eta is published (the credit model's bound, the same for every policy).
+The steady window runs from the publish of version 1 to the publish of version n-1 (n batches, at
+least three), or to the last completion where the pool finishes first. Latency is reported from
+admission and from submission (when the eta budget let a trajectory start), since holding work back
+lowers the former but not the latter. Details: docs/internals.md, "runs/steady".
 """
 
 from __future__ import annotations

@@ -1,15 +1,10 @@
 """One simulated vLLM V1 engine: a running set bounded by max_num_seqs and KV, a FCFS waiting
 queue, chunked prefill, and preemption by recompute when the KV of the running set would overflow.
 
-vLLM V1 gives every step one token budget (`max_num_batched_tokens`): the running decodes take one
-token each, then prefill chunks of the admitted requests, oldest first, fill what is left. So a
-long prefill shares several steps with decoding instead of stalling the batch; the step that
-computes a prompt's last chunk also samples its first token. Admission reserves a request's whole
-context of KV (vLLM allocates it chunk by chunk: a slightly conservative simplification).
-
-Between events a pure-decode batch is fixed, so decode advances in closed form (see `DecodeLine`);
-a step that carries prefill chunks is one event of its own. `exact` mode takes one step per event
-everywhere, as a reference for checking.
+Each step has one token budget: running decodes first, then prefill chunks, oldest first. Between
+events a pure-decode batch is fixed, so decode advances in closed form (`DecodeLine`); `exact` mode
+takes one step per event, as a reference. The model and its simplifications: docs/internals.md,
+"sim/engine".
 """
 
 from __future__ import annotations

@@ -1,17 +1,9 @@
 """Moving a departed trajectory's KV to its next worker, or deciding not to.
 
-Two mechanisms, both over shared links (`links.py`):
-
-* Late-bound KV preparation (CadenceRL section 4.4, `staging=True`): at departure the KV is
-  snapshotted to the source's host memory, then striped over the relay nodes of the source's
-  cluster before any destination is known; at placement the destination fetches every stripe at
-  once (fan-in): the relays' NIC rates add, up to what the destination's own NICs take in.
-* Direct transfer (Laminar's and DORA*'s moves, made as the trajectory departs): at placement the
-  KV goes GPU to GPU, out of the source's NICs into the destination's.
-
-Either way KV only moves between compatible workers (one type, one cluster); otherwise, or when the
-transfer would take longer than re-prefilling the context on the destination, the move falls back
-to sending the tokens and re-prefilling (the caller sees None).
+Two mechanisms over shared links (`links.py`): late-bound KV preparation (CadenceRL section 4.4,
+`staging=True`: snapshot to host, striped over relays, fan-in at placement) and direct GPU-to-GPU
+transfer (Laminar's and DORA*'s moves). KV only moves between compatible workers and when it beats
+re-prefilling; otherwise the caller sees None (tokens and re-prefill). docs/internals.md, "sim".
 """
 
 from __future__ import annotations

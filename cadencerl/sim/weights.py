@@ -1,18 +1,9 @@
 """Weight synchronization: what a version update costs a worker, under its policy's overlap.
 
-A new version travels once to each cluster (a broadcast crosses each link once) over the trainer's
-egress, which every cluster's copy shares (the cross-cluster link; none for the trainer's own
-cluster), then each worker loads it from its cluster's copy over its own RDMA NICs. The policy's
-style decides when the cluster copy starts:
-
-* "on-demand": when the first worker of the cluster takes the version (Sync at its barrier, AReaL at
-  its interrupt, CadenceRL as it advances workers one at a time), so the copy is on that worker's
-  critical path and later workers of the cluster only pay their own load;
-* "prefetch": at publish, while rollout goes on with the old weights (One-off overlaps the update
-  with the rollout step in flight; Laminar's relays hold the weights so each worker pulls when
-  ready).
-
-A worker whose weights have not arrived runs nothing; its queued work waits (the pause).
+A new version crosses to each cluster once over the trainer's egress, then each worker loads it over
+its own NICs. The policy's style decides when the cluster copy starts: "on-demand" (when the first
+worker of the cluster takes the version) or "prefetch" (at publish). A worker whose weights have not
+arrived runs nothing. Which policy uses which: docs/internals.md, "sim/weights".
 """
 
 from __future__ import annotations
