@@ -28,9 +28,6 @@ SIDEWAYS = {("config", "hardware"), ("config", "user_files"), ("admission", "pol
 MAX_MODULE_LINES = 400
 MAX_FUNCTION_LINES = 80
 MAX_DOCSTRING_LINES = 15   # what a module does and why; figures, history and measurements go to docs/ (issue 35)
-# The report prints this module's docstring as its derivation (report/sections/bound.py reads `bounds.__doc__`),
-# so shortening it would change the report: it stays until the derivation has a home of its own.
-LONG_DOCSTRING_ALLOWED = {"cadencerl.runs.bounds"}
 
 
 def modules() -> dict[str, Path]:
@@ -127,8 +124,6 @@ def test_modules_stay_small(module: str) -> None:
 
 @pytest.mark.parametrize("module", sorted(GRAPH))
 def test_module_docstrings_stay_short(module: str) -> None:
-    if module in LONG_DOCSTRING_ALLOWED:
-        return
     doc = ast.get_docstring(ast.parse(modules()[module].read_text())) or ""
     lines = len(doc.splitlines())
     assert lines <= MAX_DOCSTRING_LINES, (f"{module}'s docstring has {lines} lines (at most {MAX_DOCSTRING_LINES}): "

@@ -2,8 +2,20 @@
 
 This is one of the two places outside the engine that open the sealed target lengths (the other is
 the clairvoyant reference policy, `policies/oracle.py`, which gets its key from here), and it is
-named so. Derivation (also in the report):
+named so. Its derivation is `DERIVATION`, which the report prints.
+"""
 
+from __future__ import annotations
+
+import numpy as np
+
+from cadencerl.config import Scenario
+from cadencerl.core.spec import TrajectorySpec
+from cadencerl.core.worker import Worker
+from cadencerl.hardware.catalog import GB
+from cadencerl.hardware.perf import WorkerPerf
+
+DERIVATION = """\
 * Makespan, three ways; the run cannot end before the largest of them.
   - Bandwidth and step overhead. Every decoded token at context c reads c tokens of KV, so the
     KV bytes of a run are fixed by the lengths: sum over trajectories of kv_bytes * ((L-1)*P +
@@ -25,16 +37,6 @@ named so. Derivation (also in the report):
   later tokens are counted as decode steps. Each policy's latency is at least this per
   trajectory, so every percentile of it is at least the same percentile of the bounds.
 """
-
-from __future__ import annotations
-
-import numpy as np
-
-from cadencerl.config import Scenario
-from cadencerl.core.spec import TrajectorySpec
-from cadencerl.core.worker import Worker
-from cadencerl.hardware.catalog import GB
-from cadencerl.hardware.perf import WorkerPerf
 
 
 def _segments(spec: TrajectorySpec, key: object) -> list[tuple[int, int]]:

@@ -25,7 +25,7 @@ def physical_bound(ctx: Report) -> str:
     path, rel = ctx.figure("bound")
     plots.bound_scatter(path, [r for rs in by_pool.values() for r in rs.values()],
                         "Every run against the oracle's physical bound")
-    derivation = bounds.__doc__.split("Derivation (also in the report):", 1)[-1].strip()
+    derivation = bounds.DERIVATION.strip()
     return "\n".join([
         "## 8. Distance from the physical bound and from the clairvoyant reference\n",
         "`bound_throughput_tok_s` and `bound_latency_p95_s` come from an explicitly named oracle "
