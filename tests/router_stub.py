@@ -100,6 +100,9 @@ def stub_app(state: StubState) -> Starlette:
                                  "model": "tiny", "choices": [choice],
                                  "usage": {"prompt_tokens": 1, "completion_tokens": n, "total_tokens": n + 1}},
                                 headers={"x-stub": state.name})
+        if body.get("return_tokens_as_token_ids") and body.get("logprobs") is not None:
+            return StreamingResponse(_token_events(state, body["prompt"], n, body.get("stream_options")),
+                                     media_type="text/event-stream", headers={"x-stub": state.name})
         return StreamingResponse(_events(state, n, chat), media_type="text/event-stream",
                                  headers={"x-stub": state.name})
 
@@ -209,6 +212,35 @@ async def _events(state: StubState, n: int, chat: bool):
             lingered += state.ping_s or state.linger_s
             if state.ping_s:
                 yield ": ping\n\n"
+    finally:
+        state.running -= 1
+
+
+def stub_token(context: list[int]) -> int:
+    """The stub's model: the next token id, a function of the context alone (so a resumed request
+    goes on exactly as if it had never been cut)."""
+    return (len(context) * 7 + (context[-1] if context else 0)) % 997 + 1
+
+
+async def _token_events(state: StubState, prompt: list[int], n: int, options: dict | None):
+    """A token-id completion stream as vLLM sends it with `return_tokens_as_token_ids` and logprobs:
+    one token per event, `token_id:N`, then the usage when `stream_options.include_usage` asks."""
+    state.running += 1
+    context = list(prompt)
+    try:
+        for i in range(n):
+            if state.token_delay_s:
+                await asyncio.sleep(state.token_delay_s)
+            token = stub_token(context)
+            context.append(token)
+            choice = {"index": 0, "text": f" w{token}", "finish_reason": "length" if i == n - 1 else None,
+                      "logprobs": {"text_offset": [0], "token_logprobs": [-0.5], "tokens": [f"token_id:{token}"],
+                                   "top_logprobs": [{f"token_id:{token}": -0.5}]}}
+            yield f"data: {json.dumps({'id': 'cmpl-stub', 'object': 'text_completion', 'choices': [choice]})}\n\n"
+        if options and options.get("include_usage"):
+            usage = {"prompt_tokens": len(prompt), "completion_tokens": n, "total_tokens": len(prompt) + n}
+            yield f"data: {json.dumps({'id': 'cmpl-stub', 'choices': [], 'usage': usage})}\n\n"
+        yield "data: [DONE]\n\n"
     finally:
         state.running -= 1
 

@@ -12,7 +12,7 @@ from cadencerl.core.trajectory import State
 from cadencerl.core.worker import Worker
 from cadencerl.engine.server_metrics import parse_metrics
 from cadencerl.router.live import LiveState
-from cadencerl.router.service import build_policy
+from cadencerl.router.policy import router_policy
 from cadencerl.router.settings import make_settings, read_classes
 
 pytestmark = pytest.mark.timeout(30)
@@ -22,7 +22,7 @@ def _state(policy: str = "misa+cache-aware", workers: int = 2, ttl: float = 10.0
     settings = make_settings(workers=[f"http://w{i}:1" for i in range(workers)], policy=policy)
     ws = [Worker(id=i, accelerator="vllm", cluster="f", tp=1, kv_capacity=10_000, max_num_seqs=8, rank=0)
           for i in range(workers)]
-    return LiveState(build_policy(settings), ws, settings.target_mix, session_ttl_s=ttl, max_sessions=max_sessions)
+    return LiveState(router_policy(settings), ws, settings.target_mix, session_ttl_s=ttl, max_sessions=max_sessions)
 
 
 def test_a_session_is_admitted_then_its_continuation_returns_to_its_worker() -> None:
@@ -148,7 +148,7 @@ vllm:cache_config_info{block_size="16",num_gpu_blocks="512"} 1.0
 
 @pytest.mark.parametrize("fields, field", [
     ({"workers": []}, "workers"), ({"workers": ["ftp://x"]}, "workers"),
-    ({"workers": ["http://a:1"], "policy": "cadence"}, "policy"),
+    ({"workers": ["http://a:1"], "policy": "sync"}, "policy"), ({"workers": ["http://a:1"], "policy": "nope"}, "policy"),
     ({"workers": ["http://a:1"], "classes": {"a": 0}}, "classes"),
     ({"workers": ["http://a:1"], "cache_threshold": 2}, "cache_threshold"),
     ({"workers": ["http://a:1"], "default_class": "zzz"}, "default_class"),

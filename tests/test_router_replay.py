@@ -21,7 +21,7 @@ from cadencerl.core.trajectory import State, Trajectory
 from cadencerl.core.worker import Worker
 from cadencerl.engine.server_metrics import EngineMetrics
 from cadencerl.router.live import LiveState
-from cadencerl.router.service import build_policy
+from cadencerl.router.policy import router_policy
 from cadencerl.router.settings import make_settings
 
 pytestmark = pytest.mark.timeout(60)
@@ -67,7 +67,7 @@ def _specs(n: int, rng: random.Random) -> list[TrajectorySpec]:
 def _controller(policy_name: str, specs: list[TrajectorySpec]) -> tuple[Controller, RecordedBackend]:
     workers = _workers()
     backend = RecordedBackend(workers)
-    policy = build_policy(make_settings(workers=["http://a:1", "http://b:1"], policy=policy_name, classes=MIX))
+    policy = router_policy(make_settings(workers=["http://a:1", "http://b:1"], policy=policy_name, classes=MIX))
     ctl = Controller(policy, backend, workers, [Trajectory(s) for s in specs], batch_size=len(specs),
                      params=ControllerSpec(eta=10), train_time_s=0.0)
     return ctl, backend
@@ -139,7 +139,7 @@ def replay_sim(policy_name: str, specs: list[TrajectorySpec], events: list[tuple
 
 def replay_live(policy_name: str, specs: list[TrajectorySpec], events: list[tuple]) -> list[list[tuple]]:
     settings = make_settings(workers=["http://a:1", "http://b:1"], policy=policy_name, classes=MIX)
-    live = LiveState(build_policy(settings), _workers(), settings.target_mix, session_ttl_s=1e9,
+    live = LiveState(router_policy(settings), _workers(), settings.target_mix, session_ttl_s=1e9,
                      batch_size=len(specs))  # the recording controller's trainer batch
     sessions = [live.new_session(f"s{s.id}", s.workload_class, s.prompt_len, s.group, 0.0) for s in specs]
     decisions = []

@@ -282,7 +282,7 @@ def test_a_waiting_turn_no_decision_can_place_on_its_server_is_refused_at_the_po
     exc = asyncio.run(run())
     if why == "left":
         assert isinstance(exc, Rejected) and (exc.status, exc.param) == (503, "previous_response_id")
-        assert exc.retry_after == svc._retry_after()
+        assert exc.retry_after == svc.retry_after()
         assert svc.metrics.rejections.labels("no_worker")._value.get() == 1
     else:
         assert isinstance(exc, ApiError) and (exc.status, exc.param) == (400, "input") and "63 at most" in exc.message

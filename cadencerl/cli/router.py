@@ -1,4 +1,4 @@
-"""`cadencerl router`: serve MISA-T as an OpenAI-compatible router in front of vLLM servers."""
+"""`cadencerl router`: serve a registered policy as an OpenAI-compatible router in front of vLLM servers."""
 
 from __future__ import annotations
 
@@ -15,12 +15,13 @@ from cadencerl.config import ConfigError
 def router(
     workers: str = typer.Option(..., "--workers", help="vLLM server URLs, comma-separated"),
     policy: str = typer.Option("misa+cache-aware", "--policy",
-                               help="[misa+]cache-aware | round-robin | least-loaded-router | "
-                                    "sticky-least-loaded | consistent-hash"),
+                               help="a registered policy, as sim names it: cadence, areal, least-loaded, "
+                                    "[misa+]cache-aware, round-robin, ... (or a variant file)"),
     classes: Optional[Path] = typer.Option(None, "--classes", help="class shares: a YAML/JSON/TOML map "
                                            "class -> share (optional `default: CLASS`)"),
     config: Optional[Path] = typer.Option(None, "--config", help="a scenario file: the target mix from its "
-                                          "workload classes, max_num_seqs from its pool"),
+                                          "workload classes, max_num_seqs from its pool, the policy's knobs "
+                                          "from its controller: and cadence: sections"),
     host: str = typer.Option("127.0.0.1", "--host", help="address to listen on (0.0.0.0: every interface)"),
     port: int = typer.Option(8000, "--port", help="port to listen on (0: any free one, said at start-up)"),
     cache_threshold: Optional[float] = typer.Option(None, "--cache-threshold", help="vllm-router's name (0.3)"),
@@ -53,7 +54,7 @@ def router(
                                                   "each server's /health and /metrics (0.5)"),
 ) -> None:
     """Serve /v1/completions, /v1/chat/completions and /v1/responses, routing with the simulator's
-    decision code (a previous_response_id, GET /v1/responses/{id} and its cancel go to the server
+    controller and policy (a previous_response_id, GET /v1/responses/{id} and its cancel go to the server
     that made the response); /v1/embeddings and /v1/rerank are placed and relayed outside admission.
 
     Headers: X-Session-Id (a multi-turn session), X-Workload-Class, X-Session-End; X-User-Id,
@@ -72,6 +73,7 @@ def router(
             shares, seqs = scenario_classes(config)
         settings = make_settings(
             workers=[w.strip() for w in workers.split(",") if w.strip()], policy=policy, classes=shares,
+            scenario_file=str(config) if config is not None else None,
             default_class=default, host=host, port=port, cache_threshold=cache_threshold,
             balance_abs_threshold=balance_abs_threshold, balance_rel_threshold=balance_rel_threshold,
             hold_max=hold_max, hold_timeout_s=hold_timeout, session_ttl_s=session_ttl, kv_capacity=kv_capacity,

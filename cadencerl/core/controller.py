@@ -262,6 +262,8 @@ class Controller:
         traj = self._traj(a.traj)
         if traj.state is not State.RESIDENT:
             raise ActionError(f"trajectory {traj.id} is not resident")
+        if not traj.resumable:
+            raise ActionError(f"trajectory {traj.id} cannot be evicted: its client does not resume a request")
         self.backend.evict(traj)
         detach(traj, self.workers, now)
         traj.state = State.PENDING

@@ -91,7 +91,10 @@ class LiveController(Controller):
 
     def finished(self, traj: Trajectory, generated: int, now: float) -> None:
         """The session's last reply is complete: its sample is the client's."""
-        detach(traj, self.workers, now)
+        if traj.state is State.PENDING:     # evicted as its last token came: it finished all the same
+            self.pending.remove(traj)
+        else:
+            detach(traj, self.workers, now)
         traj.tokens += generated
         self._close(traj, now, sample=True)
 

@@ -52,6 +52,8 @@ class Trajectory:
     home: int | None = None                # worker it last ran on, until it finishes (session affinity)
     pin: int | None = None                 # the one worker its request may run on (it holds the request's
                                            # state, e.g. a live router's stored response); None: any
+    resumable: bool = True                 # its request may be evicted: its client resumes what it is handed
+                                           # (every simulated one; a live router's AReaL-style requests)
     admitted_at: float = -1.0
     completed_at: float = -1.0
     placed_at: float = -1.0

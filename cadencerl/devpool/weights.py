@@ -97,6 +97,21 @@ class WeightPush:
     reload_s: float
 
 
+def update_steps(path: str, version: int, keep_kv: bool = False) -> list[tuple[str, dict]]:
+    """The dev-mode routes that put version `version` (its checkpoint at `path`) into a server, with
+    their request arguments, in order; the last, /resume, is sent even when a step before it fails."""
+    pause = {"mode": "keep", "clear_cache": "false"} if keep_kv else {"mode": "abort", "clear_cache": "true"}
+    return [("/pause", {"params": pause}),
+            ("/collective_rpc", {"json": {"method": "reload_weights", "kwargs": {"weights_path": path}}}),
+            ("/update_weight_version", {"json": {"new_version": str(version)}}),
+            ("/resume", {})]
+
+
+def push_failed(url: str, route: str, status: int, text: str) -> WeightPushError:
+    hint = " (start the server with VLLM_SERVER_DEV_MODE=1)" if status == 404 else ""
+    return WeightPushError(f"weights: {route} on {url} answered {status}{hint}: {text[:200]}")
+
+
 class WeightPusher:
     """A `WeightUpdate` hook: pushes each version into the server of the worker that advances."""
 
@@ -109,15 +124,15 @@ class WeightPusher:
     def __call__(self, worker: int, url: str, version: int, keep_kv: bool = False) -> None:
         path = str(self.versions.path(version))      # written before the pause, not during it
         start = time.perf_counter()
-        pause = {"mode": "keep", "clear_cache": "false"} if keep_kv else {"mode": "abort", "clear_cache": "true"}
-        self._post(url, "/pause", params=pause)
+        (pause, pause_args), (reload, reload_args), (tag, tag_args), (resume, _) = update_steps(path, version, keep_kv)
+        self._post(url, pause, **pause_args)
         try:
             before = time.perf_counter()
-            self._post(url, "/collective_rpc", json={"method": "reload_weights", "kwargs": {"weights_path": path}})
+            self._post(url, reload, **reload_args)
             reload_s = time.perf_counter() - before
-            self._post(url, "/update_weight_version", json={"new_version": str(version)})
+            self._post(url, tag, **tag_args)
         finally:
-            self._post(url, "/resume")
+            self._post(url, resume)
         self.pushes.append(WeightPush(worker, url, version, time.perf_counter() - start, reload_s))
 
     def start_at_base(self, urls: list[str]) -> None:
@@ -147,9 +162,7 @@ class WeightPusher:
         except httpx.HTTPError as exc:
             raise WeightPushError(f"weights: {route} failed on {url}: {exc}") from exc
         if response.status_code != 200:
-            hint = " (start the server with VLLM_SERVER_DEV_MODE=1)" if response.status_code == 404 else ""
-            raise WeightPushError(f"weights: {route} on {url} answered {response.status_code}{hint}: "
-                                  f"{response.text[:200]}")
+            raise push_failed(url, route, response.status_code, response.text)
 
 
 def pause_summary(pushes: list[WeightPush]) -> dict:

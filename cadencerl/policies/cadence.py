@@ -97,7 +97,10 @@ class Cadence(Policy):
             if pacing:
                 self.paced_bound.add(w.version)
             longest = longest or _longest_first(w)
-            yield Evict(next(longest).id)
+            victim = next(longest, None)
+            if victim is None:
+                return          # the rest cannot leave: their clients do not resume a request
+            yield Evict(victim.id)
 
     def _terms(self, workers: list[Worker]) -> RoomTerms:
         return RoomTerms.read(workers, self.growth.rates, self.floor_frac, self.growth.horizon_s)
@@ -266,7 +269,8 @@ class Cadence(Policy):
             # Work only moves up the affinity order; between equals it consolidates onto fuller workers.
             targets = [w for w in workers if w.rank < src.rank
                        or (w.rank == src.rank and w is not src and (w.kv_used, w.id) > (src.kv_used, src.id))]
-            if not targets or (self.params.drain.whole_source and not self._absorbs(targets, src)):
+            if not targets or (self.params.drain.whole_source and not self._absorbs(targets, src)) \
+                    or not all(t.resumable for t in src.residents.values()):
                 continue
             for traj in sorted(src.residents.values(), key=lambda t: -t.context):
                 yield Evict(traj.id)
@@ -317,9 +321,11 @@ class Cadence(Policy):
 
 
 def _longest_first(w: Worker) -> Iterator[Trajectory]:
-    """`w`'s residents, longest first (equal ones in residence order), read as they are evicted:
-    each context is read once, one scan finds the first, and only a second eviction sorts the rest."""
-    residents = list(w.residents.values())
+    """`w`'s residents that may leave, longest first (equal ones in residence order), read as they are
+    evicted: each context is read once, one scan finds the first, and only a second eviction sorts the rest."""
+    residents = [t for t in w.residents.values() if t.resumable]
+    if not residents:
+        return
     lengths = contexts(residents)
     first = lengths.index(max(lengths))
     yield residents[first]

@@ -21,6 +21,8 @@ from starlette.routing import Route
 
 from cadencerl.admission.misa import MisaT
 from cadencerl.engine.urls import check_server_url
+from cadencerl.router.areal import ROUTES as AREAL_ROUTES
+from cadencerl.router.areal import while_paused
 from cadencerl.router.disconnect import CLIENT_CLOSED, while_connected
 from cadencerl.router.passthrough import PASS_THROUGH, pass_through
 from cadencerl.router.proxy import forward
@@ -61,6 +63,7 @@ def create_app(settings: RouterSettings, admin_token: str | None = None) -> Star
         Route("/admin/workers", _admin(token, _add_worker), methods=["POST"]),
         Route("/admin/workers/remove", _admin(token, _remove_worker), methods=["POST"]),
         Route("/admin/workers/drain", _admin(token, _drain_worker), methods=["POST"]),
+        *AREAL_ROUTES,
     ]
     # an unhandled exception's 500 is RequestIdMiddleware's, so that it carries the request id
     handlers = {ApiError: _api_error, HTTPException: _http_error, ClientDisconnect: _client_left}
@@ -93,10 +96,14 @@ async def _serve(svc: RouterService, path: str, routed: Routed, headers, field: 
     previous = routed.previous_response_id
     await svc.settle_background(routed.session_key, previous)
     try:
-        pin = None if previous is None else svc.owner(previous, "previous_response_id", generate=True).id
-        held = 0 if previous is None else svc.owners.context(previous)
-        session = await svc.acquire(routed.session_key, routed.workload_class, routed.prompt_len, routed.group,
-                                    routed.route_key, field, pin, held, routed.max_new_tokens)
+        await while_paused(svc)
+        session = svc.resumes.take(routed.group) if routed.prompt_ids is not None else None
+        if session is None or not await svc.resume(session, field):
+            pin = None if previous is None else svc.owner(previous, "previous_response_id", generate=True).id
+            held = 0 if previous is None else svc.owners.context(previous)
+            session = await svc.acquire(routed.session_key, routed.workload_class, routed.prompt_len, routed.group,
+                                        routed.route_key, field, pin, held, routed.max_new_tokens,
+                                        resumable=routed.prompt_ids is not None)
     except Rejected as exc:
         return error_response(exc.status, str(exc), exc.param, exc.reason, {"Retry-After": str(exc.retry_after)})
     except ApiError as exc:           # an unknown previous response, or it stopped fitting any server's KV

@@ -9,7 +9,8 @@ Details: docs/internals.md, "router".
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
+from contextlib import contextmanager
 
 import httpx
 from starlette.requests import Request
@@ -44,13 +45,37 @@ def pass_through(path: str):
     return handler
 
 
+def place_outside(svc: RouterService, group: int, prompt_len: int, route_key: str,
+                  exclude: frozenset[int] = frozenset()) -> Upstream:
+    """The server for a request outside sessions, after a decision pass (what waits goes first);
+    Rejected (503) when no server other than `exclude` is up."""
+    now = svc.now()
+    svc.decide(now)
+    worker = svc.state.route_outside(group, prompt_len, route_key, now, exclude)
+    if worker is None:
+        raise Rejected(503, "no_worker", "no server is up; retry later", svc.retry_after())
+    return svc.upstreams[worker]
+
+
+@contextmanager
+def outside(svc: RouterService, up: Upstream) -> Iterator[None]:
+    """A request outside sessions counts in its server's load while it runs (so load-based rules
+    see it), whichever way it ends: answer, error, or the client leaving (a cancellation)."""
+    worker = svc.state.workers[up.id]
+    worker.outside += 1
+    try:
+        yield
+    finally:
+        worker.outside -= 1
+
+
 async def _relay(svc: RouterService, path: str, req: PassThrough, headers) -> Response:
     fwd = forwarded_headers(headers)
     failed: frozenset[int] = frozenset()
     why = ""
     while True:
         try:
-            up = svc.place_outside(req.group, req.prompt_len, req.route_key, failed)
+            up = place_outside(svc, req.group, req.prompt_len, req.route_key, failed)
         except Rejected as exc:
             if failed:      # no other server to retry on: the failure is the answer, not a rejection
                 return error_response(502, f"upstream server failed ({why}); no other server is up",
@@ -60,7 +85,7 @@ async def _relay(svc: RouterService, path: str, req: PassThrough, headers) -> Re
         if failed:
             svc.metrics.retries.inc()
         try:
-            with svc.outside(up):
+            with outside(svc, up):
                 return await relay_once(svc, up, "POST", path, req.raw, fwd, stream=False)
         except httpx.ReadTimeout:
             return timed_out(svc).response()

@@ -17,6 +17,7 @@ import httpx
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
+from cadencerl.router import resumable
 from cadencerl.router.background import running_id
 from cadencerl.router.coalesce import ready_runs
 from cadencerl.router.framing import EventFramer
@@ -95,7 +96,8 @@ async def _attempt(svc: RouterService, session: Session, url: httpx.URL, req: Ro
                    worker: int) -> Response:
     # Straight to the transport: the client's layers (cookies, auth, redirects, default headers such
     # as Accept-Encoding, which a raw relay must not ask for) do nothing a forwarded request needs.
-    request = httpx.Request("POST", url, content=req.raw, headers=fwd, extensions={"timeout": svc.forward_timeout})
+    content = req.raw if req.prompt_ids is None else resumable.upstream_body(req.raw)
+    request = httpx.Request("POST", url, content=content, headers=fwd, extensions={"timeout": svc.forward_timeout})
     try:
         resp = await svc.transport.handle_async_request(request)
     except httpx.ConnectError:     # refused or unreachable: the server is gone
@@ -107,6 +109,8 @@ async def _attempt(svc: RouterService, session: Session, url: httpx.URL, req: Ro
     if resp.status_code >= 500:
         svc.metrics.errors.labels("upstream_5xx").inc()
     out_headers = returned_headers(resp, worker)
+    if resp.status_code == 200 and req.prompt_ids is not None:
+        return await resumable.answer(svc, session, resp, req, out_headers)
     if resp.status_code != 200 or not req.stream:
         try:
             content = await resp.aread()

@@ -20,6 +20,7 @@ from starlette.responses import JSONResponse
 SESSION_HEADER = "x-session-id"
 CLASS_HEADER = "x-workload-class"
 END_HEADER = "x-session-end"
+RESUMABLE_HEADER = "x-cadencerl-resumable"   # `0`: never evict this request, though its shape resumes
 AFFINITY_HEADERS = ("x-user-id", "x-tenant-id", "x-correlation-id")     # vllm-router's order
 BODY_AFFINITY_FIELDS = ("user", "session_id", "user_id")                 # after session_params.session_id
 CHARS_PER_TOKEN = 4          # a text prompt's length in tokens, without a tokenizer (an estimate)
@@ -64,6 +65,8 @@ class Routed:
     responses: bool = False                   # /v1/responses: a stream's tokens are its usage, not its events
     background: bool = False                  # /v1/responses, `background: true`: answered before it is generated
     max_new_tokens: int | None = None         # max_tokens (max_completion_tokens, max_output_tokens), if given
+    prompt_ids: tuple[int, ...] | None = None  # a resumable request's prompt: its client re-sends it with the
+                                               # tokens it was handed when evicted (`resumable.py`)
 
 
 @dataclass(frozen=True)
@@ -108,7 +111,23 @@ def _route(raw: bytes, headers, field: str, classes: dict[str, float], default_c
     previous = body.get("previous_response_id") if field == "input" else None
     return Routed(raw, bool(body.get("stream", False)), key, route_key, cls, last, _length(prompt), group,
                   previous, field == "input" and body.get("store", True) is True, field == "input",
-                  field == "input" and body.get("background") is True, _max_new_tokens(body, field, prompt))
+                  field == "input" and body.get("background") is True, _max_new_tokens(body, field, prompt),
+                  tuple(prompt) if _resumes(body, field, prompt, headers) else None)
+
+
+def _resumes(body: dict, field: str, prompt: object, headers) -> bool:
+    """Whether the client resumes the request when handed `finish_reason: "abort"` and the tokens so
+    far (AReaL's shape: one completion of a token-id prompt, answered whole, with the generated token
+    ids, `return_tokens_as_token_ids` and `logprobs`), so that the router may evict it."""
+    return (field == "prompt" and not body.get("stream") and body.get("n", 1) == 1
+            and isinstance(prompt, list) and bool(prompt) and isinstance(prompt[0], int)
+            and body.get("return_tokens_as_token_ids") is True and body.get("logprobs") is not None
+            and headers.get(RESUMABLE_HEADER, "1").lower() not in ("0", "false", "no"))
+
+
+def resume_group(prompt_ids: tuple[int, ...], tokens: list[int]) -> int:
+    """The group of the request that resumes one handed `tokens`: its prompt is the two together."""
+    return _group(repr([*prompt_ids, *tokens]).encode())
 
 
 def _json_object(raw: bytes) -> dict:

@@ -10,25 +10,24 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 
 import httpx
 
-from cadencerl.admission.misa import Admitted, MisaT
-from cadencerl.core.actions import Admit
-from cadencerl.core.policy import Policy
-from cadencerl.core.trajectory import State
+from cadencerl.core.actions import Admit, Batch, Place
+from cadencerl.core.trajectory import State, Trajectory
 from cadencerl.core.worker import Worker
-from cadencerl.policies.routers import CacheAware, ConsistentHash, LeastLoadedRouter, RoundRobin, StickyLeastLoaded
 from cadencerl.router.background import Followers, follow
 from cadencerl.router.live import LiveState, Session
 from cadencerl.router.metrics import RouterMetrics
+from cadencerl.router.policy import router_policy
 from cadencerl.router.requests import ApiError
+from cadencerl.router.resumes import Resumes
 from cadencerl.router.settings import RouterSettings
 from cadencerl.router.stored import ResponseOwners
 from cadencerl.router.transport import ShardedTransport
 from cadencerl.router.upstream import Upstream, probe, scrape
+from cadencerl.router.weights import WeightVersions
 
 GROUPS_PER_WORKER = 4096    # prompt groups remembered per server, for the router's own hit count
 
@@ -55,27 +54,13 @@ def too_long(tokens: int, field: str, largest: int) -> ApiError:
                          f"({largest - 1} tokens at most)", field)
 
 
-def build_policy(settings: RouterSettings) -> Policy:
-    """The admission/ decision code the settings name (the simulator runs the very same objects)."""
-    admission, _, placement = settings.policy.rpartition("+")
-    if placement == "cache-aware":
-        inner = CacheAware(cache_threshold=settings.cache_threshold,
-                           balance_abs_threshold=settings.balance_abs_threshold,
-                           balance_rel_threshold=settings.balance_rel_threshold,
-                           eviction_interval_s=settings.eviction_interval_s, max_tree_size=settings.max_tree_size)
-    else:
-        inner = {"round-robin": RoundRobin, "least-loaded-router": LeastLoadedRouter,
-                 "sticky-least-loaded": StickyLeastLoaded, "consistent-hash": ConsistentHash}[placement]()
-    return Admitted(MisaT(settings.target_mix), inner) if admission == "misa" else inner
-
-
 class RouterService:
     def __init__(self, settings: RouterSettings, clock: Callable[[], float] = time.monotonic) -> None:
         self.settings = settings
         self.clock = clock
         self._t0 = clock()
         self.upstreams: list[Upstream] = []
-        self.state = LiveState(build_policy(settings), [], settings.target_mix, settings.session_ttl_s,
+        self.state = LiveState(router_policy(settings), [], settings.target_mix, settings.session_ttl_s,
                                settings.max_sessions, batch_size=settings.batch_size)
         self.metrics = RouterMetrics()
         self.waiters: dict[int, asyncio.Future] = {}
@@ -87,6 +72,14 @@ class RouterService:
         self._poller: asyncio.Task | None = None
         self.followers = Followers()        # background responses followed to their end
         self._stopping = False
+        self.paused = False
+        self.unpaused = asyncio.Event()
+        self.resumes = Resumes()            # resumable requests in flight, and those evicted until re-sent
+        self.weights = WeightVersions()     # the clients' weight versions, pushed to servers as they switch
+        self.state.engines.on_place = self._wake
+        self.state.engines.on_evict = self.resumes.evicted
+        self.state.engines.on_version = lambda worker, version: self.weights.switched(
+            self.client, self.upstreams[worker].url, version)
         for url in settings.workers:
             self.add_worker(url)
 
@@ -117,7 +110,7 @@ class RouterService:
     def add_worker(self, url: str) -> Upstream:
         up = Upstream(len(self.upstreams), url)
         self.upstreams.append(up)
-        self.state.workers.append(Worker(id=up.id, accelerator="vllm", cluster="fleet", tp=1,
+        self.state.add_worker(Worker(id=up.id, accelerator="vllm", cluster="fleet", tp=1,
                                          kv_capacity=self.settings.kv_capacity,
                                          max_num_seqs=self.settings.max_num_seqs, rank=0))
         self.groups_seen.append(OrderedDict())
@@ -141,6 +134,7 @@ class RouterService:
         await asyncio.gather(*(self._poll(u) for u in self.upstreams if not u.removed))
         now = self.now()
         self.state.expire(now)
+        self.resumes.end_unsent(self.state, now, self.settings.session_ttl_s)
         self._refuse_unfittable(now)
         self.decide(now)
 
@@ -159,7 +153,7 @@ class RouterService:
         for s in self.state.refuse_pinned_to_dead(now):
             self.metrics.rejections.labels("no_worker").inc()
             refused.append((s, Rejected(503, "no_worker", "previous_response_id: the server that holds it left "
-                                        "rotation", self._retry_after(), "previous_response_id")))
+                                        "rotation", self.retry_after(), "previous_response_id")))
         for s in self.state.refuse_pinned_too_long(now):        # counted where it is answered (`app._serve`)
             refused.append((s, self._pinned_too_long(s)))
         for session, exc in refused:
@@ -218,7 +212,7 @@ class RouterService:
 
     async def acquire(self, key: str | None, cls: str, prompt_len: int, group: int,
                       route_key: str | None = None, field: str = "prompt", pin: int | None = None,
-                      held: int = 0, max_new_tokens: int | None = None) -> Session:
+                      held: int = 0, max_new_tokens: int | None = None, resumable: bool = False) -> Session:
         """Admit (a new session) or place (a continuation) one request; waits in HOLD if it must.
         `field` names the prompt in the 400 of a request that stops fitting while it waits. `pin`:
         the server holding the stored response the request continues; it goes there alone, and its
@@ -229,7 +223,7 @@ class RouterService:
         now = self.now()
         if not any(w.alive for w in self.state.workers):
             self.metrics.rejections.labels("no_worker").inc()
-            raise Rejected(503, "no_worker", "no server is up; retry later", self._retry_after())
+            raise Rejected(503, "no_worker", "no server is up; retry later", self.retry_after())
         session = self.state.session(key)
         if session is not None and session.traj.state is State.TOOL:
             self.state.continuation(session, prompt_len + (session.traj.context if pin is not None else 0), now, pin)
@@ -237,8 +231,10 @@ class RouterService:
         else:
             if session is not None:   # its last request is still in flight: this one is a reply of its own
                 key = None
-            session = self.state.new_session(key, cls, prompt_len + held, group, now, route_key, pin, max_new_tokens)
+            session = self.state.new_session(key, cls, prompt_len + held, group, now, route_key, pin, max_new_tokens,
+                                             resumable)
             kind = "new"
+        session.traj.resumable = resumable
         self.metrics.requests_of(session.traj.workload_class, kind).inc()
         if pin is not None and session.traj.context >= self.state.workers[pin].kv_capacity:
             if kind == "new":                   # its new input fit; in all, it does not
@@ -250,10 +246,23 @@ class RouterService:
         if session.traj.state is State.FRESH and len(self.state.hold) > self.settings.hold_max:
             self.state.withdraw(session)
             self.metrics.rejections.labels("hold_full").inc()
-            raise Rejected(429, "hold_full", "the admission queue is full; retry later", self._retry_after())
+            raise Rejected(429, "hold_full", "the admission queue is full; retry later", self.retry_after())
         if session.traj.state is not State.RESIDENT:
             await self._wait(session, field)
         return session
+
+    async def resume(self, session: Session, field: str) -> bool:
+        """The re-send of an evicted resumable request: it runs where its trajectory is placed (at
+        once if placed already). False when its session ended meanwhile (a new request, then)."""
+        if session.traj.state is State.PENDING:
+            self.decide()
+            if session.traj.state is not State.RESIDENT:
+                await self._wait(session, field)
+        return session.traj.state is State.RESIDENT
+
+    def progress(self, session: Session, tokens: int) -> None:
+        """A resumable request's tokens, counted as its stream brings them: the context the policy sees."""
+        session.traj.tokens += tokens
 
     async def _wait(self, session: Session, field: str) -> None:
         traj = session.traj
@@ -281,30 +290,8 @@ class RouterService:
             if held:
                 self.metrics.rejections.labels("hold_timeout").inc()
                 raise Rejected(429, "hold_timeout", "waited too long for admission; retry later",
-                               self._retry_after()) from None
+                               self.retry_after()) from None
             raise Rejected(503, "no_worker", "no server can take this request now") from None
-
-    def place_outside(self, group: int, prompt_len: int, route_key: str,
-                      exclude: frozenset[int] = frozenset()) -> Upstream:
-        """The server for a request outside sessions (`passthrough.py`), after a decision pass (what
-        waits goes first); Rejected (503) when no server other than `exclude` is up."""
-        now = self.now()
-        self.decide(now)
-        worker = self.state.route_outside(group, prompt_len, route_key, now, exclude)
-        if worker is None:
-            raise Rejected(503, "no_worker", "no server is up; retry later", self._retry_after())
-        return self.upstreams[worker]
-
-    @contextmanager
-    def outside(self, up: Upstream) -> Iterator[None]:
-        """A request outside sessions counts in its server's load while it runs (so load-based rules
-        see it), whichever way it ends: answer, error, or the client leaving (a cancellation)."""
-        worker = self.state.workers[up.id]
-        worker.outside += 1
-        try:
-            yield
-        finally:
-            worker.outside -= 1
 
     def owner(self, response_id: str, field: str, generate: bool = False) -> Upstream:
         """The server that made (and stores) a response; a 404 naming `field` when the router knows
@@ -318,33 +305,44 @@ class RouterService:
         if generate and not up.routable:
             self.metrics.rejections.labels("no_worker").inc()
             raise Rejected(503, "no_worker", f"{field}: the server that holds {response_id!r} takes no new "
-                                             "requests now (down or draining)", self._retry_after(), field)
+                                             "requests now (down or draining)", self.retry_after(), field)
         return up
 
-    def _retry_after(self) -> int:
+    def retry_after(self) -> int:
         """Seconds a rejected client should wait: a quarter of the hold bound, at least one."""
         return max(1, round(self.settings.hold_timeout_s / 4))
 
     def decide(self, now: float | None = None, exclude: frozenset[int] = frozenset()) -> None:
+        """One decision pass (none while paused for a weight update); the requests it placed go."""
+        if self.paused:
+            return
         now = self.now() if now is None else now
         for action in self.state.decide(now, exclude):
-            session = self.state.placed(action.traj)
-            traj = session.traj
-            seen = self.groups_seen[action.worker]
-            if isinstance(action, Admit):
-                self.metrics.admissions_of(traj.workload_class).inc()
-                self.metrics.hold_wait.observe(max(0.0, now - session.arrived_at))
-                if traj.group in seen:
-                    self.metrics.prefix_hits_of("group").inc()
-            elif traj.kv_home == action.worker:
-                self.metrics.prefix_hits_of("sticky").inc()
-            seen[traj.group] = None
-            seen.move_to_end(traj.group)
-            if len(seen) > GROUPS_PER_WORKER:
-                seen.popitem(last=False)
-            fut = self.waiters.pop(action.traj, None)
-            if fut is not None and not fut.done():
-                fut.set_result(None)
+            for step in action.actions if isinstance(action, Batch) else (action,):
+                if isinstance(step, (Admit, Place)):
+                    self._placed(self.state.placed(step.traj), step, now)
+
+    def _placed(self, session: Session, action: Admit | Place, now: float) -> None:
+        traj = session.traj
+        seen = self.groups_seen[action.worker]
+        if isinstance(action, Admit):
+            self.metrics.admissions_of(traj.workload_class).inc()
+            self.metrics.hold_wait.observe(max(0.0, now - session.arrived_at))
+            if traj.group in seen:
+                self.metrics.prefix_hits_of("group").inc()
+        elif traj.kv_home == action.worker:
+            self.metrics.prefix_hits_of("sticky").inc()
+        seen[traj.group] = None
+        seen.move_to_end(traj.group)
+        if len(seen) > GROUPS_PER_WORKER:
+            seen.popitem(last=False)
+
+    def _wake(self, traj: Trajectory, worker: int) -> None:
+        """The engines' hook: a placement (an admission, a move, a resume after a version switch)
+        lets the request waiting for it go."""
+        fut = self.waiters.pop(traj.id, None)
+        if fut is not None and not fut.done():
+            fut.set_result(None)
 
     async def reroute(self, session: Session, failed: int) -> bool:
         """Retry a request that failed before its first token, once, on another server; counted as

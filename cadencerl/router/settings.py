@@ -16,9 +16,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from cadencerl.config import ConfigError, format_validation_error, load_scenario_file
 from cadencerl.engine.urls import check_server_url
+from cadencerl.router.policy import router_policy
 
 DEFAULT_MIX = {"agent": 48.6, "rlvr": 33.1, "rlhf": 18.2}
-ROUTER_PLACEMENTS = ("cache-aware", "round-robin", "least-loaded-router", "sticky-least-loaded", "consistent-hash")
 ADMIN_TOKEN_ENV = "CADENCERL_ROUTER_ADMIN_TOKEN"
 
 
@@ -26,7 +26,8 @@ class RouterSettings(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     workers: list[str] = Field(min_length=1)
-    policy: str = "misa+cache-aware"
+    policy: str = Field(default="misa+cache-aware", min_length=1)   # a registry name (router/policy.py)
+    scenario_file: str | None = None       # --config: the policy's knobs (controller:, cadence:)
     classes: dict[str, float] = Field(default_factory=lambda: dict(DEFAULT_MIX))
     default_class: str | None = None
     host: str = "127.0.0.1"
@@ -72,11 +73,12 @@ class RouterSettings(BaseModel):
 
     @model_validator(mode="after")
     def _names(self) -> "RouterSettings":
-        admission, _, placement = self.policy.rpartition("+")
-        if admission not in ("", "misa", "none") or placement not in ROUTER_PLACEMENTS:
-            raise ValueError(f"policy: {self.policy!r} is not [misa+]{{{'|'.join(ROUTER_PLACEMENTS)}}}")
         if self.default_class is not None and self.default_class not in self.classes:
             raise ValueError(f"default_class: {self.default_class!r} is not one of the classes")
+        try:
+            router_policy(self)         # built once here so that a bad name fails at start-up, naming it
+        except ConfigError as exc:
+            raise ValueError(str(exc)) from None
         return self
 
     @property

@@ -90,10 +90,12 @@ def policy_names() -> list[str]:
 
 
 def make_policy(name: str, scenario: Scenario, admission: str | None = None,
-                version_switch: str | None = None, grouped: bool = False) -> Policy:
+                version_switch: str | None = None, grouped: bool = False,
+                target_mix: dict[str, float] | None = None, cache_aware: dict | None = None) -> Policy:
     """A fresh policy (policies keep state across one run) by name, for `scenario`. `version_switch`
     fixes how `cache-aware-tuned`'s workers take new weights instead of tuning it; `grouped` gives
-    a baseline of GROUPABLE the prefix-aware group routing of its real deployments."""
+    a baseline of GROUPABLE the prefix-aware group routing of its real deployments. A live router
+    gives its own `target_mix` (its classes) and `cache_aware`'s thresholds (its vllm-router flags)."""
     if "+" in name:
         if admission is not None:
             raise ConfigError(f"policy: {name!r} already names an admission layer; drop --admission")
@@ -106,7 +108,7 @@ def make_policy(name: str, scenario: Scenario, admission: str | None = None,
         raise ConfigError(f"version_switch: {version_switch!r} is not one of {', '.join(VERSION_SWITCHES)} "
                           f"or {name} is not cache-aware-tuned")
     if admission not in ADMISSIONS and cap is None:
-        policy = _placement(name, scenario, grouped)
+        policy = _placement(name, scenario, grouped, cache_aware)
         if version_switch is not None:
             policy.version_switch = version_switch
         return policy
@@ -115,7 +117,7 @@ def make_policy(name: str, scenario: Scenario, admission: str | None = None,
         if cap is not None:
             return Capped(SessionCap(cap), inner)
         climb = GoodputClimb() if admission == "misa-goodput" else None
-        return Admitted(MisaT(scenario.workload.target_mix(), climb=climb), inner, label=admission)
+        return Admitted(MisaT(target_mix or scenario.workload.target_mix(), climb=climb), inner, label=admission)
 
     if name == "cache-aware-tuned":   # the tuned router's thresholds; the version switch tuned for this system
         from cadencerl.runs.sweep import tuned_version_switch
@@ -125,10 +127,10 @@ def make_policy(name: str, scenario: Scenario, admission: str | None = None,
             router.version_switch = update
             return admitted(router)
         return build(version_switch or tuned_version_switch(scenario, f"{admission}+{name}", build))
-    return admitted(_placement(name, scenario, grouped))
+    return admitted(_placement(name, scenario, grouped, cache_aware))
 
 
-def _placement(name: str, scenario: Scenario, grouped: bool) -> Policy:
+def _placement(name: str, scenario: Scenario, grouped: bool, cache_aware: dict | None = None) -> Policy:
     """The placement policy `name` names: a registered one, or a CadenceRL variant file."""
     if is_variant_path(name):
         variant = load_variant_file(name)
@@ -139,6 +141,8 @@ def _placement(name: str, scenario: Scenario, grouped: bool) -> Policy:
         raise ConfigError(f"policy: unknown policy {name!r} (known: {', '.join(FACTORIES)}, or a variant file "
                           "such as benchmarks/variants/cadence-home-first.yaml)")
     if not grouped:
+        if cache_aware is not None and name == "cache-aware":
+            return CacheAware(**cache_aware)
         return FACTORIES[name](scenario)
     if name not in GROUPABLE:
         raise ConfigError(f"grouped: {name} has no grouped routing (the baselines that do: {', '.join(GROUPABLE)})")

@@ -1,0 +1,49 @@
+"""The books of resumable requests: each one's eviction signal while it runs, and each evicted one
+until its client re-sends it (matched by the prompt it will send: the old one and the tokens it was
+handed, `requests.resume_group`). A re-send that never comes ends with the session TTL."""
+
+from __future__ import annotations
+
+import asyncio
+
+from cadencerl.core.trajectory import State, Trajectory
+from cadencerl.router.live import LiveState, Session
+from cadencerl.router.requests import resume_group
+
+
+class Resumes:
+    def __init__(self) -> None:
+        self.running: dict[int, asyncio.Event] = {}             # traj id -> set when it is evicted
+        self.evicted_at: dict[int, tuple[Session, float]] = {}  # resume group -> (session, when evicted)
+
+    def start(self, session: Session) -> asyncio.Event:
+        """A resumable request goes to its server: the event its relay waits on besides its stream."""
+        self.running[session.traj.id] = event = asyncio.Event()
+        return event
+
+    def evicted(self, traj: Trajectory) -> None:
+        """The engines' hook: the policy (or a version switch) took `traj` off its worker."""
+        if (event := self.running.get(traj.id)) is not None:
+            event.set()
+
+    def ended(self, session: Session) -> None:
+        self.running.pop(session.traj.id, None)
+
+    def handed_back(self, session: Session, prompt_ids: tuple[int, ...], tokens: list[int], now: float) -> None:
+        """Its client got `tokens` and "abort": it will re-send prompt + tokens."""
+        self.ended(session)
+        self.evicted_at[resume_group(prompt_ids, tokens)] = (session, now)
+
+    def take(self, group: int) -> Session | None:
+        """The evicted session a request resumes, if it is one (its prompt's group names it)."""
+        found = self.evicted_at.pop(group, None)
+        return found[0] if found is not None else None
+
+    def end_unsent(self, state: LiveState, now: float, ttl_s: float) -> None:
+        """End the evicted sessions whose client did not re-send within `ttl_s`."""
+        for group in [g for g, (_, since) in self.evicted_at.items() if now - since >= ttl_s]:
+            session = self.evicted_at.pop(group)[0]
+            if session.traj.state is State.PENDING:
+                state.drop_pending(session, now)
+            elif session.traj.state is State.RESIDENT:        # placed again, never re-sent
+                state.finished(session, 0, now)
