@@ -24,7 +24,8 @@ runner = CliRunner()
     (["--workers", "http://127.0.0.1:0"], "workers"),
     (["--workers", "http://127.0.0.1:80x"], "workers"),
     (["--workers", "http://:80"], "workers"),
-    (["--workers", "http://a:1", "--policy", "misa+cadence"], "policy"),
+    (["--workers", "http://a:1", "--policy", "no-such-policy"], "policy"),
+    (["--workers", "http://a:1", "--policy", "sync"], "policy"),          # batch-paced: no live form
     (["--workers", "http://a:1", "--port", "70000"], "port"),
     (["--workers", "http://a:1", "--cache-threshold", "1.5"], "cache_threshold"),
     (["--workers", "http://a:1", "--hold-timeout", "0"], "hold_timeout_s"),
