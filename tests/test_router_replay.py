@@ -13,7 +13,7 @@ import random
 import pytest
 
 from cadencerl.config import ControllerSpec
-from cadencerl.core.actions import Admit
+from cadencerl.core.actions import Batch
 from cadencerl.core.backend import EngineStats, Finished, ToolReturned, TurnEnded
 from cadencerl.core.controller import Controller
 from cadencerl.core.spec import HiddenLength, TrajectorySpec
@@ -26,9 +26,10 @@ from cadencerl.router.settings import make_settings
 
 pytestmark = pytest.mark.timeout(60)
 
-KV = 8192
+KV = 4096
 MIX = {"agent": 48.6, "rlvr": 33.1, "rlhf": 18.2}
 KEY = object()
+ETA = 10
 
 
 class RecordedBackend:
@@ -43,12 +44,14 @@ class RecordedBackend:
     def schedule(self, time, tag): pass
     def publish_at(self, time): pass
     def place(self, traj, worker, restore, delay_s): pass
+    def evict(self, traj): pass
     def kv_committed(self, worker): return sum(t.context for t in self.workers[worker].residents.values())
     def stats(self, worker): return self.figures[worker]
 
 
 def _workers() -> list[Worker]:
-    return [Worker(id=i, accelerator="cpu", cluster="c", tp=1, kv_capacity=KV, max_num_seqs=8, rank=0)
+    """A fast worker (affinity rank 0) and a slow one, as a router's --config describes them."""
+    return [Worker(id=i, accelerator=f"cpu-{i}", cluster="c", tp=1, kv_capacity=KV, max_num_seqs=16, rank=i)
             for i in range(2)]
 
 
@@ -69,7 +72,7 @@ def _controller(policy_name: str, specs: list[TrajectorySpec]) -> tuple[Controll
     backend = RecordedBackend(workers)
     policy = router_policy(make_settings(workers=["http://a:1", "http://b:1"], policy=policy_name, classes=MIX))
     ctl = Controller(policy, backend, workers, [Trajectory(s) for s in specs], batch_size=len(specs),
-                     params=ControllerSpec(eta=10), train_time_s=0.0)
+                     params=ControllerSpec(eta=ETA), train_time_s=0.0)
     return ctl, backend
 
 
@@ -83,6 +86,9 @@ def record(policy_name: str, specs: list[TrajectorySpec], steps: int, seed: int)
     for step in range(1, steps + 1):
         t = step * 0.25
         for traj in sorted(ctl.trajectories.values(), key=lambda tr: tr.id):
+            if traj.state is State.RESIDENT and rng.random() < 0.5:     # its stream brought tokens
+                events.append(("progress", t, traj.id, rng.randint(16, 128)))
+                _apply_sim(ctl, events[-1])
             if traj.state is State.RESIDENT and rng.random() < 0.3:
                 more = traj.workload_class == "agent" and traj.turn < 2
                 ev = ("turn_end" if more else "finish", t, traj.id, rng.randint(16, 256))
@@ -114,6 +120,8 @@ def _apply_sim(ctl: Controller, ev: tuple, backend: RecordedBackend | None = Non
         ctl._handle(ToolReturned(traj, t, ev[3]))
         return
     traj.tokens += ev[3]
+    if kind == "progress":
+        return
     ctl._handle(TurnEnded(traj, t) if kind == "turn_end" else Finished(traj, t))
 
 
@@ -126,7 +134,7 @@ def replay_sim(policy_name: str, specs: list[TrajectorySpec], events: list[tuple
             original = ctl.apply
 
             def spy(action, now, _orig=original, _out=view_actions):
-                _out.append(_key(action))
+                _out.extend(_keys(action))
                 _orig(action, now)
             ctl.apply = spy
             ctl._decide(ev[1])
@@ -137,22 +145,26 @@ def replay_sim(policy_name: str, specs: list[TrajectorySpec], events: list[tuple
     return decisions
 
 
-def replay_live(policy_name: str, specs: list[TrajectorySpec], events: list[tuple]) -> list[list[tuple]]:
+def replay_live(policy_name: str, specs: list[TrajectorySpec], events: list[tuple],
+                resumable: bool = True) -> list[list[tuple]]:
     settings = make_settings(workers=["http://a:1", "http://b:1"], policy=policy_name, classes=MIX)
     live = LiveState(router_policy(settings), _workers(), settings.target_mix, session_ttl_s=1e9,
-                     batch_size=len(specs))  # the recording controller's trainer batch
-    sessions = [live.new_session(f"s{s.id}", s.workload_class, s.prompt_len, s.group, 0.0) for s in specs]
+                     batch_size=len(specs), eta=ETA)  # the recording controller's trainer batch and budget
+    sessions = [live.new_session(f"s{s.id}", s.workload_class, s.prompt_len, s.group, 0.0, resumable=resumable)
+                for s in specs]            # by default, clients that resume an evicted request (AReaL's)
     decisions = []
     for ev in events:
         kind, t = ev[0], ev[1]
         if kind == "decide":
-            decisions.append([_key(a) for a in live.decide(t)])
+            decisions.append([k for a in live.decide(t) for k in _keys(a)])
         elif kind == "stats":
             for wid, (kv, running, waiting, preemptions) in enumerate(ev[2]):
                 live.set_figures(wid, EngineMetrics(kv / KV, running, waiting, preemptions, 0, 0))
         else:
             session = sessions[ev[2]]
-            if kind == "tool_return":
+            if kind == "progress":
+                session.traj.tokens += ev[3]            # what the service's `progress` counts
+            elif kind == "tool_return":
                 live.continuation(session, session.traj.context + ev[3], t)
             elif kind == "turn_end":
                 live.turn_ended(session, ev[3], t)
@@ -161,20 +173,33 @@ def replay_live(policy_name: str, specs: list[TrajectorySpec], events: list[tupl
     return decisions
 
 
-def _key(action) -> tuple:
-    return ("admit" if isinstance(action, Admit) else "place", action.worker, action.traj)
+def _keys(action) -> list[tuple]:
+    """An action as comparable tuples, a batch as its steps."""
+    steps = action.actions if isinstance(action, Batch) else (action,)
+    return [(type(a).__name__, getattr(a, "worker", None), getattr(a, "traj", None)) for a in steps]
 
 
-@pytest.mark.parametrize("policy_name", ["misa+cache-aware", "cache-aware", "sticky-least-loaded",
-                                         "misa+round-robin", "consistent-hash"])
+@pytest.mark.parametrize("policy_name", ["cadence", "misa+cadence", "areal", "least-loaded", "misa+cache-aware",
+                                         "cache-aware", "sticky-least-loaded", "misa+round-robin", "consistent-hash"])
 def test_live_adapter_makes_the_simulators_decisions(policy_name: str) -> None:
     specs = _specs(40, random.Random(1))
     events = record(policy_name, specs, steps=60, seed=7)
     sim = replay_sim(policy_name, specs, events)
     live = replay_live(policy_name, specs, events)
-    assert sum(len(d) for d in sim) > len(specs)          # admissions and continuation placements happened
-    assert any(a[0] == "place" for d in sim for a in d)
+    assert len({a[2] for d in sim for a in d if a[0] == "Admit"}) >= len(specs) // 3   # sessions admitted,
+    assert any(a[0] == "Place" for d in sim for a in d)  # and their next turns placed
+    if policy_name == "cadence":                          # KV-bound: its residency control acted
+        assert any(a[0] == "Evict" for d in sim for a in d)
     assert live == sim
+
+
+def test_cadence_never_evicts_a_client_that_does_not_resume() -> None:
+    """The same sequence from clients that would lose an aborted reply: no eviction, every session placed."""
+    specs = _specs(40, random.Random(1))
+    events = record("cadence", specs, steps=60, seed=7)
+    live = replay_live("cadence", specs, events, resumable=False)
+    kinds = {a[0] for d in live for a in d}
+    assert "Evict" not in kinds and {a[2] for d in live for a in d if a[0] == "Admit"} == {s.id for s in specs}
 
 
 def test_misa_holds_sessions_in_the_recorded_sequence() -> None:

@@ -20,8 +20,9 @@ def router(
     classes: Optional[Path] = typer.Option(None, "--classes", help="class shares: a YAML/JSON/TOML map "
                                            "class -> share (optional `default: CLASS`)"),
     config: Optional[Path] = typer.Option(None, "--config", help="a scenario file: the target mix from its "
-                                          "workload classes, max_num_seqs from its pool, the policy's knobs "
-                                          "from its controller: and cadence: sections"),
+                                          "workload classes; its pool says what each server is (the i-th URL is "
+                                          "its i-th worker: accelerator, affinity rank, max_num_seqs); the "
+                                          "policy's knobs from its controller: and cadence: sections"),
     host: str = typer.Option("127.0.0.1", "--host", help="address to listen on (0.0.0.0: every interface)"),
     port: int = typer.Option(8000, "--port", help="port to listen on (0: any free one, said at start-up)"),
     cache_threshold: Optional[float] = typer.Option(None, "--cache-threshold", help="vllm-router's name (0.3)"),
@@ -33,9 +34,13 @@ def router(
     kv_capacity: Optional[int] = typer.Option(None, "--kv-capacity",
                                               help="KV tokens per server until it reports its own"),
     max_num_seqs: Optional[int] = typer.Option(None, "--max-num-seqs", help="sequences each server runs at once (its "
-                                               "vLLM --max-num-seqs), as routing assumes (default: --config's pool's, else 256)"),
+                                               "vLLM --max-num-seqs), as routing assumes (default: each --config pool "
+                                               "worker's, else 256)"),
     batch_size: Optional[int] = typer.Option(None, "--batch-size", help="the trainer's batch: MISA-T keeps "
                                              "each batch-sized cohort of sessions on the target mix (1024)"),
+    eta: Optional[int] = typer.Option(None, "--eta", help="staleness budget: sessions start at most eta versions "
+                                      "ahead of training, a version being a weight update (default: none, the "
+                                      "clients keep their own)"),
     max_response_ids: Optional[int] = typer.Option(None, "--max-response-ids", help="stored responses whose "
                                                    "server the router remembers, the oldest forgotten first (65536)"),
     max_sessions: Optional[int] = typer.Option(None, "--max-sessions", help="parked sessions kept, the oldest "
@@ -64,20 +69,20 @@ def router(
     from cadencerl.router.settings import make_settings, read_classes, scenario_classes
 
     try:
-        shares, default, seqs = None, None, None
+        shares, default = None, None
         if classes is not None and config is not None:
             raise ConfigError("classes: give --classes or --config, not both")
         if classes is not None:
             shares, default = read_classes(classes)
         elif config is not None:
-            shares, seqs = scenario_classes(config)
+            shares = scenario_classes(config)
         settings = make_settings(
             workers=[w.strip() for w in workers.split(",") if w.strip()], policy=policy, classes=shares,
             scenario_file=str(config) if config is not None else None,
             default_class=default, host=host, port=port, cache_threshold=cache_threshold,
             balance_abs_threshold=balance_abs_threshold, balance_rel_threshold=balance_rel_threshold,
             hold_max=hold_max, hold_timeout_s=hold_timeout, session_ttl_s=session_ttl, kv_capacity=kv_capacity,
-            max_num_seqs=max_num_seqs if max_num_seqs is not None else seqs, batch_size=batch_size,
+            max_num_seqs=max_num_seqs, batch_size=batch_size, eta=eta,
             max_response_ids=max_response_ids, max_sessions=max_sessions, request_timeout_s=request_timeout,
             max_body_bytes=max_payload_size, eviction_interval_s=eviction_interval, max_tree_size=max_tree_size,
             failures_to_down=health_failure_threshold, metrics_interval_s=poll_interval)

@@ -20,18 +20,20 @@ from cadencerl.core.residency import back_from_tool, detach, retire, to_tool
 from cadencerl.core.trajectory import State, Trajectory
 from cadencerl.core.worker import Worker
 
-UNBOUNDED = 1 << 62     # a live router holds no staleness budget of its own: its clients pace their requests
+UNBOUNDED = 1 << 62     # no staleness budget (eta None): the clients pace their own requests
 
 
 @dataclass
 class ClientTrainer:
-    """The trainer of the router's clients, which trains elsewhere: a completion is consumed as it is
-    handed back, and a version is published when the clients push one (AReaL's weight update)."""
+    """The trainer of the router's clients, which trains elsewhere. A completion waits to be trained
+    on; each version the clients publish (AReaL's weight update) says one batch was: the oldest
+    `batch_size` completions are consumed then, as AReaL's staleness manager counts them."""
 
     credits: CreditModel
     version: int = 0
     busy_until: None = None
     consumed: int = 0
+    ready: Counter = field(default_factory=Counter)       # completed, not yet trained on: tag -> count
     staleness: Counter = field(default_factory=Counter)   # versions behind at completion -> trajectories
     publish_times: list[float] = field(default_factory=list)
 
@@ -40,11 +42,18 @@ class ClientTrainer:
         return self.version
 
     def finished(self, traj: Trajectory) -> None:
-        self.consumed += 1
         self.staleness[self.version - traj.tag] += 1
-        self.credits.consumed(traj.tag)
+        self.ready[traj.tag] += 1
 
     def publish(self, now: float) -> None:
+        """A batch was trained: the oldest completions are consumed, and the next version exists."""
+        for _ in range(min(self.credits.batch_size, self.ready.total())):
+            tag = min(self.ready)
+            self.ready[tag] -= 1
+            if not self.ready[tag]:
+                del self.ready[tag]
+            self.credits.consumed(tag)
+            self.consumed += 1
         self.version += 1
         self.publish_times.append(now)
 
@@ -53,10 +62,12 @@ class LiveController(Controller):
     """`Controller` driven by a router: its entry points are the events a client's requests make."""
 
     def __init__(self, policy: Policy, backend: Backend, workers: list[Worker], *, batch_size: int = 1024,
-                 tick_s: float = 0.5) -> None:
-        super().__init__(policy, backend, workers, [], batch_size=batch_size, params=ControllerSpec(tick_s=tick_s),
+                 eta: int | None = None, tick_s: float = 0.5) -> None:
+        """`eta`: the staleness budget (None: the clients keep their own, every admission is allowed)."""
+        params = ControllerSpec(tick_s=tick_s) if eta is None else ControllerSpec(tick_s=tick_s, eta=eta)
+        super().__init__(policy, backend, workers, [], batch_size=batch_size, params=params,
                          train_time_s=0.0, sample_every_s=float("inf"))
-        self.credits = CreditModel(batch_size, UNBOUNDED, UNBOUNDED)
+        self.credits = CreditModel(batch_size, UNBOUNDED if eta is None else eta, UNBOUNDED)
         self.trainer = ClientTrainer(self.credits)
         self.applied: list[Action] = []     # the actions of the decision pass under way
 

@@ -55,13 +55,15 @@ class LiveState:
     completed: Counter = field(default_factory=Counter)            # finished sessions per class
     recent: deque = field(default_factory=lambda: deque(maxlen=256))  # classes of the latest finishes
     batch_size: int = 1024          # the trainer's batch: MISA-T keeps each batch-sized cohort on the mix
+    eta: int | None = None          # the staleness budget, None where the clients keep their own
     controller: LiveController = field(init=False)
     _ids: itertools.count = field(default_factory=itertools.count)
 
     def __post_init__(self) -> None:
         given, self.workers = self.workers, []      # the controller's list, which the engines read too
         self.engines = RouterEngines(self.workers)
-        self.controller = LiveController(self.policy, self.engines, self.workers, batch_size=self.batch_size)
+        self.controller = LiveController(self.policy, self.engines, self.workers, batch_size=self.batch_size,
+                                         eta=self.eta)
         for w in given:
             self.add_worker(w)
 

@@ -16,11 +16,10 @@ import httpx
 
 from cadencerl.core.actions import Admit, Batch, Place
 from cadencerl.core.trajectory import State, Trajectory
-from cadencerl.core.worker import Worker
 from cadencerl.router.background import Followers, follow
 from cadencerl.router.live import LiveState, Session
 from cadencerl.router.metrics import RouterMetrics
-from cadencerl.router.policy import router_policy
+from cadencerl.router.policy import described_workers, router_policy, router_worker
 from cadencerl.router.requests import ApiError
 from cadencerl.router.resumes import Resumes
 from cadencerl.router.settings import RouterSettings
@@ -60,8 +59,9 @@ class RouterService:
         self.clock = clock
         self._t0 = clock()
         self.upstreams: list[Upstream] = []
+        self.described = described_workers(settings)     # --config's pool: what each server is
         self.state = LiveState(router_policy(settings), [], settings.target_mix, settings.session_ttl_s,
-                               settings.max_sessions, batch_size=settings.batch_size)
+                               settings.max_sessions, batch_size=settings.batch_size, eta=settings.eta)
         self.metrics = RouterMetrics()
         self.waiters: dict[int, asyncio.Future] = {}
         self.groups_seen: list[OrderedDict] = []
@@ -110,9 +110,7 @@ class RouterService:
     def add_worker(self, url: str) -> Upstream:
         up = Upstream(len(self.upstreams), url)
         self.upstreams.append(up)
-        self.state.add_worker(Worker(id=up.id, accelerator="vllm", cluster="fleet", tp=1,
-                                         kv_capacity=self.settings.kv_capacity,
-                                         max_num_seqs=self.settings.max_num_seqs, rank=0))
+        self.state.add_worker(router_worker(self.settings, self.described, up.id))
         self.groups_seen.append(OrderedDict())
         return up
 

@@ -48,6 +48,7 @@ class RouterSettings(BaseModel):
     kv_capacity: int = Field(default=1 << 20, gt=0)      # tokens, until a server reports its own
     max_num_seqs: int = Field(default=256, gt=0)
     batch_size: int = Field(default=1024, gt=0)          # the trainer's batch: MISA-T sizes its cohorts by it
+    eta: int | None = Field(default=None, ge=0, le=1000)  # staleness budget; None: the clients keep their own
     max_response_ids: int = Field(default=65536, gt=0)  # stored responses whose server the router remembers
 
     @field_validator("workers")
@@ -119,10 +120,10 @@ def read_classes(path: Path) -> tuple[dict[str, float], str | None]:
     return data, default
 
 
-def scenario_classes(path: Path) -> tuple[dict[str, float], int]:
-    """The target mix and max_num_seqs of a scenario file (`--config`)."""
+def scenario_classes(path: Path) -> dict[str, float]:
+    """The target mix of a scenario file (`--config`)."""
     try:
         scenario = load_scenario_file(path)
     except ConfigError as exc:
         raise ConfigError(f"--config {path.name}: {str(exc).removeprefix('config: ')}") from None
-    return scenario.workload.target_mix(), scenario.pool[0].max_num_seqs
+    return scenario.workload.target_mix()
