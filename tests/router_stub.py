@@ -9,7 +9,8 @@ many events, without the end of the chunked body; with `cut_event`, after part o
 `token_delay_s` (sleep between events), `metrics` ("current" gauge names, "old": the KV gauge by its older name, or "none": /metrics
 answers 404), `kv_blocks` (a KV of that many 16-token blocks in `vllm:cache_config_info`; None: no
 KV size), `pooled_delay_s` (embeddings and rerank answer after that long), `usage` (False: a
-response object carries no usage). It counts the
+response object carries no usage). vLLM's dev-mode weight routes (/pause, /collective_rpc,
+/update_weight_version, /resume) answer 200 and are recorded in `dev_calls`. It counts the
 X-Request-Id of every request it serves and keeps the latest one's headers.
 
 The Responses API as vLLM serves it with its store on: `POST /v1/responses` (a response object, or
@@ -37,6 +38,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+DEV_ROUTES = ("/pause", "/collective_rpc", "/update_weight_version", "/resume")
 # uvloop and httptools, as the router is served in production (cadencerl/router/serve.py)
 FAST = dict(lifespan="on", loop="uvloop", http="httptools", backlog=4096, timeout_keep_alive=75)
 
@@ -63,6 +65,7 @@ class StubState:
     held: dict = field(default_factory=dict)        # response id -> its context, in tokens
     served: Counter = field(default_factory=Counter)
     last_headers: object = None      # the headers of the latest completion request
+    dev_calls: list = field(default_factory=list)   # vLLM dev-mode weight routes called: (route, args)
 
 
 class BrokenStream(Exception):
@@ -187,13 +190,20 @@ def stub_app(state: StubState) -> Starlette:
     async def health(request: Request) -> Response:
         return PlainTextResponse("")
 
+    async def dev(request: Request) -> Response:
+        """vLLM's dev-mode routes (VLLM_SERVER_DEV_MODE=1) a weight update uses, recorded."""
+        raw = await request.body()
+        state.dev_calls.append((request.url.path, json.loads(raw) if raw else dict(request.query_params)))
+        return JSONResponse({})
+
     return Starlette(routes=[Route("/v1/completions", complete, methods=["POST"]),
                              Route("/v1/chat/completions", complete, methods=["POST"]),
                              *(Route(p, pooled, methods=["POST"]) for p in ("/v1/embeddings", "/v1/rerank", "/rerank")),
                              Route("/v1/responses", responses, methods=["POST"]),
                              Route("/v1/responses/{response_id}", stored, methods=["GET"]),
                              Route("/v1/responses/{response_id}/cancel", stored, methods=["POST"]),
-                             Route("/metrics", metrics), Route("/v1/models", models), Route("/health", health)])
+                             Route("/metrics", metrics), Route("/v1/models", models), Route("/health", health),
+                             *(Route(p, dev, methods=["POST"]) for p in DEV_ROUTES)])
 
 
 async def _events(state: StubState, n: int, chat: bool):

@@ -239,3 +239,36 @@ def test_misa_caps_do_not_hold_a_pinned_session_but_its_class_gate_still_does() 
     assert st.decide(0.1) == [Admit(0, pinned.traj.id)], "its worker's cap does not hold it"
     second = st.new_session(None, "rlvr", 50, group=99, pin=1)
     assert st.decide(0.2) == [] and second.traj.state is State.FRESH, "its class is over its quota now"
+
+
+@pytest.mark.parametrize("policy", ["cadence", "least-loaded"])
+def test_eta_holds_new_sessions_until_a_weight_update_consumes_a_batch(policy: str) -> None:
+    """--eta 0, batch 2: two sessions run; their completions wait to be trained on, so no third
+    starts until the clients publish a version (the batch is consumed), as AReaL's staleness
+    manager counts `(eta + version + 1) * batch - (accepted + running)`."""
+    settings = make_settings(workers=["http://w0:1", "http://w1:1"], policy=policy)
+    ws = [Worker(id=i, accelerator="vllm", cluster="f", tp=1, kv_capacity=10_000, max_num_seqs=8, rank=0)
+          for i in range(2)]
+    st = LiveState(router_policy(settings), ws, settings.target_mix, batch_size=2, eta=0)
+    sessions = [st.new_session(None, "rlvr", 50, group=i) for i in range(5)]
+    st.decide(0.0)
+    running = [s for s in sessions if s.traj.state is State.RESIDENT]
+    assert len(running) == 2
+    for s in running:
+        st.finished(s, 10, 1.0)
+    st.decide(1.0)
+    assert sum(s.traj.state is State.RESIDENT for s in sessions) == 0       # accepted, not yet trained on
+    st.controller.publish(2.0)              # what /areal_update_weights does: the next version, on every worker
+    st.controller.switch_all(2.0)
+    st.decide(2.0)
+    again = [s for s in sessions if s.traj.state is State.RESIDENT]
+    assert len(again) == 2 and all(s.traj.tag == 1 for s in again)
+    trainer = st.controller.trainer
+    assert trainer.consumed == 2 and dict(trainer.staleness) == {0: 2}
+
+
+def test_without_eta_every_session_may_start() -> None:
+    st = _state("least-loaded")
+    sessions = [st.new_session(None, "rlvr", 50, group=i) for i in range(12)]
+    st.decide(0.0)
+    assert sum(s.traj.state is State.RESIDENT for s in sessions) == 12

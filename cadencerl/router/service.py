@@ -72,6 +72,7 @@ class RouterService:
         self._poller: asyncio.Task | None = None
         self.followers = Followers()        # background responses followed to their end
         self._stopping = False
+        self.loop: asyncio.AbstractEventLoop | None = None
         self.paused = False
         self.unpaused = asyncio.Event()
         self.resumes = Resumes()            # resumable requests in flight, and those evicted until re-sent
@@ -95,6 +96,7 @@ class RouterService:
         self.forward_timeout = timeout.as_dict()
         await self.poll_once()
         self._poller = asyncio.create_task(self._poll_forever())
+        self.loop = asyncio.get_running_loop()      # where another thread hands the service work
 
     async def stop(self) -> None:
         self._stopping = True
