@@ -96,6 +96,9 @@ def test_an_eviction_hands_back_every_token_and_the_resend_resumes_exactly() -> 
         assert got + token_ids(r.json()) == expected(PROMPT, 60)
         assert settle(lambda: svc.state.controller.done == 1 and not svc.state.live)
         assert traj.placements == 2 and traj.tokens == 60 and traj.state is State.DONE   # one trajectory, resumed
+        metrics = c.get("/metrics").text
+        assert 'cadencerl_router_handed_back_total{why="evicted"} 1.0' in metrics
+        assert "cadencerl_router_resumed_total 1.0" in metrics
 
 
 def test_a_client_that_does_not_resume_is_never_evicted() -> None:
@@ -144,6 +147,9 @@ def test_pause_update_continue_is_applied_to_every_server() -> None:
         assert got + token_ids(later[0].json()) == expected(PROMPT, 60)
         assert settle(lambda: svc.state.controller.done == 1 and not svc.state.live)
         assert traj.versions == [0, 1] and svc.state.controller.trainer.version == 1
+        metrics = c.get("/metrics").text
+        assert 'cadencerl_router_handed_back_total{why="pause"} 1.0' in metrics
+        assert "cadencerl_router_weight_version 1.0" in metrics
 
 
 def test_what_the_router_cannot_do_is_a_clear_error() -> None:

@@ -37,8 +37,7 @@ async def while_paused(svc: RouterService) -> None:
 def pause(svc: RouterService) -> None:
     svc.paused = True
     svc.unpaused.clear()
-    for evicted in list(svc.resumes.running.values()):
-        evicted.set()
+    svc.resumes.pause()
 
 
 def resume(svc: RouterService) -> None:
@@ -54,6 +53,7 @@ async def update_weights(svc: RouterService, model_path: str) -> int:
     svc.weights.paths[version] = model_path
     svc.state.controller.switch_all(now)
     await svc.weights.settle()
+    svc.metrics.weight_version.set(version)
     return version
 
 

@@ -22,6 +22,13 @@ class RouterMetrics:
                                     "admission (embeddings, rerank), by route", ["route"], registry=r)
         self.retries = Counter("cadencerl_router_retries", "Requests retried on another server before "
                                "their first token", registry=r)
+        self.handed_back = Counter("cadencerl_router_handed_back", "Resumable requests answered \"abort\" with "
+                                   "their tokens so far, by why: the policy evicted it, or a weight update "
+                                   "paused generation", ["why"], registry=r)
+        self.resumed = Counter("cadencerl_router_resumed", "Re-sends matched to the trajectory they resume",
+                               registry=r)
+        self.weight_version = Gauge("cadencerl_router_weight_version", "The clients' latest weight version",
+                                    registry=r)
         self.prefix_hits = Counter("cadencerl_router_prefix_hits", "Placements on a server the router "
                                    "believes holds the prefix: the session's last server (sticky) or one "
                                    "that served its prompt group (group)", ["kind"], registry=r)

@@ -120,7 +120,8 @@ async def answer(svc: RouterService, session: Session, resp: httpx.Response, req
         svc.release(session, 0, last=req.last)
         raise ApiError(502, f"upstream stream failed ({type(failure).__name__})", kind="upstream_error")
     else:                               # evicted, or its stream broke: the client resumes what it got
-        svc.resumes.handed_back(session, req.prompt_ids, reply.token_ids(), svc.now())
+        why = svc.resumes.handed_back(session, req.prompt_ids, reply.token_ids(), svc.now())
+        svc.metrics.handed_back.labels(why).inc()
     out = Response(reply.body(reply.finish_reason if finished else "abort"), media_type="application/json")
     out.raw_headers.extend((k, v) for k, v in headers if k.lower() != b"content-type")
     return out

@@ -15,6 +15,7 @@ class Resumes:
     def __init__(self) -> None:
         self.running: dict[int, asyncio.Event] = {}             # traj id -> set when it is evicted
         self.evicted_at: dict[int, tuple[Session, float]] = {}  # resume group -> (session, when evicted)
+        self.paused: set[int] = set()                           # traj ids handed back by a pause
 
     def start(self, session: Session) -> asyncio.Event:
         """A resumable request goes to its server: the event its relay waits on besides its stream."""
@@ -26,13 +27,22 @@ class Resumes:
         if (event := self.running.get(traj.id)) is not None:
             event.set()
 
+    def pause(self) -> None:
+        """A weight update is coming: every running request is handed back to its client."""
+        self.paused.update(self.running)
+        for event in self.running.values():
+            event.set()
+
     def ended(self, session: Session) -> None:
         self.running.pop(session.traj.id, None)
+        self.paused.discard(session.traj.id)
 
-    def handed_back(self, session: Session, prompt_ids: tuple[int, ...], tokens: list[int], now: float) -> None:
-        """Its client got `tokens` and "abort": it will re-send prompt + tokens."""
+    def handed_back(self, session: Session, prompt_ids: tuple[int, ...], tokens: list[int], now: float) -> str:
+        """Its client got `tokens` and "abort": it will re-send prompt + tokens. Why it was: "pause" or "evicted"."""
+        why = "pause" if session.traj.id in self.paused else "evicted"
         self.ended(session)
         self.evicted_at[resume_group(prompt_ids, tokens)] = (session, now)
+        return why
 
     def take(self, group: int) -> Session | None:
         """The evicted session a request resumes, if it is one (its prompt's group names it)."""
