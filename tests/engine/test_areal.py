@@ -1,0 +1,93 @@
+"""AReaL's own rollout client through `cadencerl router --policy cadence` over two vLLM CPU servers.
+
+AReaL 1.0.4's `RemotevLLMEngine` and `WorkflowExecutor` (its `StalenessManager` pacing episodes)
+run unchanged in a process of their own (`areal_client.py`, under vLLM's interpreter with the
+`areal` extra that `make test` installs into .venv-areal). A batch of single-turn and multi-turn
+episodes, a pause + weight update from disk mid-rollout: every episode completes once with its
+exact lengths, its version segments recorded, none consumed staler than eta; every request the
+router handed back ("abort") was re-sent and resumed; the router's books balance.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+import pytest
+
+from cadencerl.devpool.local_pool import LocalPool, vllm_python
+from cadencerl.devpool.weights import WeightVersions
+
+pytestmark = [pytest.mark.engine, pytest.mark.timeout(420)]
+
+AREAL_PATH_ENV = "CADENCERL_AREAL_PATH"      # the folder `make test` installs the areal extra into
+CLIENT = Path(__file__).with_name("areal_client.py")
+SCENARIO = Path(__file__).resolve().parents[2] / "cadencerl" / "scenarios" / "cpu-hetero.yaml"
+EPISODES, BATCH, ETA = 24, 8, 1
+
+
+@pytest.fixture(scope="module")
+def areal_path() -> str:
+    path = os.environ.get(AREAL_PATH_ENV)
+    if not path or not (Path(path) / "areal").is_dir():
+        pytest.skip(f"AReaL is not installed: set {AREAL_PATH_ENV} to the folder `make test` installs it into "
+                    "(.venv-areal)")
+    return path
+
+
+def _metric(text: str, name: str, labels: str = r"[^}]*") -> float:
+    """A Prometheus series summed over its labels (those matching `labels`)."""
+    return sum(float(v) for v in re.findall(rf"^{name}(?:{{{labels}}})? ([0-9.e+]+)$", text, re.M))
+
+
+def test_areal_client_through_the_router(engine_pool: LocalPool, areal_path: str, tiny_model_dir: Path,
+                                         tmp_path: Path) -> None:
+    weights = WeightVersions(tiny_model_dir, tmp_path / "versions").path(1)
+    router = subprocess.Popen([sys.executable, "-m", "cadencerl.cli", "router", "--workers", ",".join(engine_pool.urls),
+                               "--policy", "cadence", "--config", str(SCENARIO), "--port", "0"],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        line = router.stderr.readline()
+        address = re.search(r"listening on http://(127\.0\.0\.1:\d+)", line)
+        assert address, line
+        out = tmp_path / "result.json"
+        env = {**os.environ, "PYTHONPATH": areal_path, "PYTHONWARNINGS": "ignore"}
+        client = subprocess.run([vllm_python(), str(CLIENT), "--addr", address.group(1), "--weights", str(weights),
+                                 "--out", str(out), "--scratch", str(tmp_path), "--episodes", str(EPISODES),
+                                 "--batch", str(BATCH), "--eta", str(ETA)],
+                                env=env, capture_output=True, text=True, timeout=360)
+        assert client.returncode == 0 and "Traceback" not in client.stderr, client.stderr[-4000:]
+        metrics = httpx.get(f"http://{address.group(1)}/metrics", timeout=10).text
+    finally:
+        router.terminate()
+        router.wait(timeout=20)
+    result = json.loads(out.read_text())
+    spec = {d["id"]: d for d in result["spec"]}
+    got = {int(k): v for k, v in result["episodes"].items()}
+    assert sorted(got) == sorted(spec)                                    # every episode, once
+    consumed = [e for _, ids in result["consumed"] for e in ids]
+    assert sorted(consumed) == sorted(spec)                               # and trained on once
+    for eid, episode in got.items():
+        turns = episode["turns"]
+        assert [t["tokens"] for t in turns] == spec[eid]["replies"], eid   # exact lengths, resumed or not
+        assert all(t["stop"] == "length" and len(t["versions"]) == t["tokens"] for t in turns)
+    when = {e: version for version, ids in result["consumed"] for e in ids}
+    first = {eid: min(v for t in ep["turns"] for v in t["versions"]) for eid, ep in got.items()}
+    assert all(when[e] - first[e] <= ETA for e in got)                    # none staler than eta
+    spanning = [e for e, ep in got.items() if len({v for t in ep["turns"] for v in t["versions"]}) > 1]
+    assert spanning, "no episode spans the weight update"                 # version segments recorded
+    handed_back, resumed = _metric(metrics, "cadencerl_router_handed_back_total"), \
+        _metric(metrics, "cadencerl_router_resumed_total")
+    assert handed_back >= 1 and resumed == handed_back                    # each abort was resumed
+    requests = sum(len(d["replies"]) for d in spec.values())
+    assert _metric(metrics, "cadencerl_router_completed_sessions") == requests   # the router's books balance
+    assert _metric(metrics, "cadencerl_router_weight_version") == 1
+    evicted = _metric(metrics, "cadencerl_router_handed_back_total", 'why="evicted"')
+    print(f"areal through cadence: {EPISODES} episodes in {result['wall_s']:.1f} s, update {result['update_s']:.2f} s, "
+          f"handed back {handed_back:.0f} (policy evictions "
+          f"{evicted:.0f}), resumed {resumed:.0f}")
