@@ -2,11 +2,13 @@
 
 It runs under vLLM's interpreter with AReaL on its path (`make test` installs `areal==1.0.4` with only
 what its remote engine imports, `--no-deps`, into .venv-areal). Episodes go through AReaL's
-`RemotevLLMEngine` and `WorkflowExecutor` (its `StalenessManager` paces them); after the first
-batch, a weight update from disk goes as AReaL sends it (pause, update, continue) while the rest
-are in flight. What each episode got is written as JSON for the test to check.
+`RemotevLLMEngine` and `WorkflowExecutor` (its `StalenessManager` paces them); after a batch, a
+weight update from disk goes as AReaL sends it (pause, update, continue) while the rest are in
+flight. What each episode got is written as JSON (for `test_areal.py`, `benchmarks/areal_hetero.py`).
+`--direct`: AReaL is given the servers themselves, which (stock vLLM) lack AReaL's update route:
+the update goes to each through vLLM's dev-mode routes, as `devpool.weights` sends it.
 
-    python areal_client.py --addr 127.0.0.1:PORT --weights DIR --out result.json
+    python areal_client.py --addr 127.0.0.1:PORT --weights DIR[,DIR2...] --out result.json --scratch DIR
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ class TokenEpisode(RolloutWorkflow):
     """One episode of token ids: a single reply (RLVR), or turns with observations between (agentic)."""
 
     async def arun_episode(self, engine, data):
+        started = time.monotonic()
         context = list(data["prompt"])
         turns = []
         for turn, n in enumerate(data["replies"]):
@@ -40,7 +43,7 @@ class TokenEpisode(RolloutWorkflow):
             context += list(resp.output_tokens)
             if turn + 1 < len(data["replies"]):
                 context += data["observation"]       # a tool's answer joins the context
-        RESULTS[data["id"]] = {"turns": turns, "context": len(context)}
+        RESULTS[data["id"]] = {"turns": turns, "context": len(context), "latency_s": time.monotonic() - started}
         versions = [v for t in turns for v in t["versions"]]
         return {"input_ids": torch.tensor([context], dtype=torch.int32),
                 "attention_mask": torch.ones((1, len(context)), dtype=torch.bool),
@@ -62,11 +65,17 @@ def episodes(n: int) -> list[dict]:
     return out
 
 
-def update_weights(engine: RemotevLLMEngine, path: str, version: int) -> float:
+def update_weights(engine: RemotevLLMEngine, path: str, version: int, servers: list[str] | None) -> float:
     """AReaL's disk update as its trainer drives it (`areal/trainer/rl_trainer.py`, `fsdp_engine.py`):
-    pause the rollout, pause generation, publish, update every address, continue, resume."""
+    pause the rollout, pause generation, publish, update every address, continue, resume. `servers`:
+    AReaL was given stock vLLM servers, updated one by one through their dev-mode routes."""
     start = time.monotonic()
     engine.pause()
+    if servers is not None:
+        push_directly(servers, path, version)
+        engine.set_version(version)
+        engine.resume()
+        return time.monotonic() - start
     engine.pause_generation()
     future = engine.update_weights_from_disk(WeightUpdateMeta(type="disk", path=path,
                                                               clear_checkpoint_after_load=False))
@@ -79,15 +88,30 @@ def update_weights(engine: RemotevLLMEngine, path: str, version: int) -> float:
     return time.monotonic() - start
 
 
+def push_directly(addresses: list[str], path: str, version: int) -> None:
+    """Each stock vLLM server: pause (aborting what runs, which AReaL resumes), reload, tag, resume."""
+    import httpx
+
+    from cadencerl.devpool.weights import update_steps
+
+    for addr in addresses:
+        for route, args in update_steps(path, version):
+            httpx.post(f"http://{addr}{route}", timeout=300, **args).raise_for_status()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--addr", required=True, help="host:port of each server AReaL is given (comma-separated)")
-    parser.add_argument("--weights", required=True, help="the folder of version 1's weights")
+    parser.add_argument("--weights", required=True, help="the folders of versions 1, 2, ... (comma-separated): "
+                        "one update after each batch but the last, while there are folders")
     parser.add_argument("--out", required=True)
     parser.add_argument("--episodes", type=int, default=12)
     parser.add_argument("--batch", type=int, default=4)
     parser.add_argument("--eta", type=int, default=1)
     parser.add_argument("--scratch", required=True, help="a folder for AReaL's name_resolve records")
+    parser.add_argument("--episodes-file", help="the episodes as JSON (id, prompt, replies, observation)")
+    parser.add_argument("--train-time", type=float, default=0.0, help="seconds a training step takes")
+    parser.add_argument("--direct", action="store_true", help="--addr are the servers (stock vLLM)")
     args = parser.parse_args()
 
     name_resolve.reconfigure(NameResolveConfig(type="nfs", nfs_record_root=os.path.join(args.scratch, "names")))
@@ -98,27 +122,31 @@ def main() -> None:
                                    pause_grace_period=0.5)
     engine = RemotevLLMEngine(config)
     engine.initialize(addr=args.addr.split(","), train_data_parallel_size=1)
+    spec = json.load(open(args.episodes_file)) if args.episodes_file else episodes(args.episodes)
+    weights = args.weights.split(",")
     start = time.monotonic()
     consumed = []            # (trainer version when the batch was taken, episode ids)
-    update_s = None
+    updates = []             # seconds each weight update held generation
     try:
         workflow = TokenEpisode()
-        for data in episodes(args.episodes):
+        for data in spec:
             engine.submit(data, workflow=workflow)
-        left = args.episodes
+        left = len(spec)
         while left:
             batch = engine.wait(min(args.batch, left), timeout=600)
             version = engine.get_version()
             consumed.append((version, [int(t["episode"][0]) for t in batch if t is not None]))
             left -= len(batch)
-            if update_s is None and left:    # the first training step: the rest are in flight
-                update_s = update_weights(engine, args.weights, version + 1)
+            if left and version < len(weights):     # a training step while the rest are in flight
+                time.sleep(args.train_time)
+                updates.append(update_weights(engine, weights[version], version + 1,
+                                              args.addr.split(",") if args.direct else None))
         stats = engine.workflow_executor.staleness_manager.get_stats()
     finally:
         engine.destroy()
     with open(args.out, "w") as f:
-        json.dump({"episodes": {str(k): v for k, v in RESULTS.items()}, "spec": episodes(args.episodes),
-                   "consumed": consumed, "update_s": update_s, "wall_s": time.monotonic() - start,
+        json.dump({"episodes": {str(k): v for k, v in RESULTS.items()}, "spec": spec,
+                   "consumed": consumed, "updates_s": updates, "wall_s": time.monotonic() - start,
                    "staleness": {k: v for k, v in vars(stats).items()} if hasattr(stats, "__dict__") else str(stats)},
                   f)
 

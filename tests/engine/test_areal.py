@@ -21,7 +21,7 @@ import httpx
 import pytest
 
 from cadencerl.devpool.local_pool import LocalPool, vllm_python
-from cadencerl.devpool.weights import WeightVersions
+from cadencerl.devpool.weights import WeightPusher, WeightVersions
 
 pytestmark = [pytest.mark.engine, pytest.mark.timeout(420)]
 
@@ -47,7 +47,8 @@ def _metric(text: str, name: str, labels: str = r"[^}]*") -> float:
 
 def test_areal_client_through_the_router(engine_pool: LocalPool, areal_path: str, tiny_model_dir: Path,
                                          tmp_path: Path) -> None:
-    weights = WeightVersions(tiny_model_dir, tmp_path / "versions").path(1)
+    versions = WeightVersions(tiny_model_dir, tmp_path / "versions")
+    weights = versions.path(1)
     router = subprocess.Popen([sys.executable, "-m", "cadencerl.cli", "router", "--workers", ",".join(engine_pool.urls),
                                "--policy", "cadence", "--config", str(SCENARIO), "--port", "0"],
                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
@@ -66,6 +67,10 @@ def test_areal_client_through_the_router(engine_pool: LocalPool, areal_path: str
     finally:
         router.terminate()
         router.wait(timeout=20)
+        push = WeightPusher(versions)         # the shared pool goes back to the base weights
+        for index, url in enumerate(engine_pool.urls):
+            push(index, url, 0)
+        push.close()
     result = json.loads(out.read_text())
     spec = {d["id"]: d for d in result["spec"]}
     got = {int(k): v for k, v in result["episodes"].items()}
@@ -86,8 +91,8 @@ def test_areal_client_through_the_router(engine_pool: LocalPool, areal_path: str
     assert handed_back >= 1 and resumed == handed_back                    # each abort was resumed
     requests = sum(len(d["replies"]) for d in spec.values())
     assert _metric(metrics, "cadencerl_router_completed_sessions") == requests   # the router's books balance
-    assert _metric(metrics, "cadencerl_router_weight_version") == 1
+    assert _metric(metrics, "cadencerl_router_weight_version") == len(result["updates_s"]) == 1
     evicted = _metric(metrics, "cadencerl_router_handed_back_total", 'why="evicted"')
-    print(f"areal through cadence: {EPISODES} episodes in {result['wall_s']:.1f} s, update {result['update_s']:.2f} s, "
+    print(f"areal through cadence: {EPISODES} episodes in {result['wall_s']:.1f} s, update {result['updates_s'][0]:.2f} s, "
           f"handed back {handed_back:.0f} (policy evictions "
           f"{evicted:.0f}), resumed {resumed:.0f}")
