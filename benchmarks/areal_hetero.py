@@ -85,6 +85,20 @@ def router(urls: list[str], policy: str) -> tuple[subprocess.Popen, str]:
     return proc, found.group(1)
 
 
+SERVER_COUNTERS = ("vllm:generation_tokens_total", "vllm:prompt_tokens_total", "vllm:num_preemptions_total")
+
+
+def server_counters(urls: list[str]) -> list[dict]:
+    """Each server's own token and preemption counters (vLLM's /metrics), to split a run by server."""
+    import httpx
+    out = []
+    for url in urls:
+        text = httpx.get(f"{url}/metrics", timeout=10).text
+        out.append({name: sum(float(v) for v in re.findall(rf"^{re.escape(name)}(?:{{[^}}]*}})? (\S+)$", text, re.M))
+                    for name in SERVER_COUNTERS})
+    return out
+
+
 def handed_back(addr: str) -> dict:
     import httpx
     text = httpx.get(f"http://{addr}/metrics", timeout=10).text
@@ -104,6 +118,7 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "areal-hetero.json")
     parser.add_argument("--state-dir", type=Path, default=ROOT / "out" / "areal-hetero")
+    parser.add_argument("--configs", default=",".join(CONFIGS), help="which configurations (comma-separated)")
     args = parser.parse_args()
     if not os.environ.get("CADENCERL_AREAL_PATH"):
         raise SystemExit("set CADENCERL_AREAL_PATH to the areal extra (make test installs it into .venv-areal)")
@@ -111,7 +126,8 @@ def main() -> None:
     batch, eta, train_time = scenario.trainer.batch_size, scenario.controller.eta, scenario.trainer.train_time_s
     cadencerl = [sys.executable, "-m", "cadencerl.cli"]
     subprocess.run([*cadencerl, "pool", "up", "-s", "cpu-hetero", "--state-dir", str(args.state_dir)], check=True)
-    runs: dict[str, list[dict]] = {name: [] for name in CONFIGS}
+    chosen = {name: CONFIGS[name] for name in args.configs.split(",")}
+    runs: dict[str, list[dict]] = {name: [] for name in chosen}
     try:
         urls = (args.state_dir / "urls.txt").read_text().strip().split(",")
         model_dir = Path(json.loads((args.state_dir / "pool.json").read_text())["model_dir"])
@@ -122,13 +138,14 @@ def main() -> None:
             versions = WeightVersions(model_dir, scratch / "versions")
             weights = [versions.path(v) for v in range(1, scenario.workload.trajectories // batch)]
             for run in range(args.runs):
-                for name, how in CONFIGS.items():
+                for name, how in chosen.items():
                     proc, addr = router(urls, name) if how == "router" else (None, ",".join(
                         u.removeprefix("http://") for u in urls))
                     try:
-                        started = time.monotonic()
+                        started, before = time.monotonic(), server_counters(urls)
                         result = figures(run_client(addr, spec_file, weights, scratch, batch, eta, train_time,
                                                     direct=proc is None))
+                        result["servers"] = [{k: a[k] - b[k] for k in a} for a, b in zip(server_counters(urls), before)]
                         if proc is not None:
                             result["handed_back"] = handed_back(addr)
                     finally:
@@ -136,8 +153,9 @@ def main() -> None:
                             proc.terminate()
                             proc.wait(timeout=20)
                     runs[name].append(result)
-                    print(f"run {run + 1} {name}: {result['tok_s']:.0f} tok/s, P95 {result['p95_s']:.1f} s "
-                          f"({time.monotonic() - started:.0f} s)", flush=True)
+                    split = " / ".join(f"{s['vllm:generation_tokens_total']:.0f}" for s in result["servers"])
+                    print(f"run {run + 1} {name}: {result['tok_s']:.0f} tok/s, P95 {result['p95_s']:.1f} s, tokens by "
+                          f"server {split} ({time.monotonic() - started:.0f} s)", flush=True)
     finally:
         subprocess.run([*cadencerl, "pool", "down", "--state-dir", str(args.state_dir)], check=False)
     summary = {}
