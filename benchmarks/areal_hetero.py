@@ -99,6 +99,12 @@ def server_counters(urls: list[str]) -> list[dict]:
     return out
 
 
+def cpu_seconds(pid: int) -> float:
+    """CPU time a process has used (user + system), from /proc: the router shares the cores with the servers."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def handed_back(addr: str) -> dict:
     import httpx
     text = httpx.get(f"http://{addr}/metrics", timeout=10).text
@@ -118,7 +124,8 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "areal-hetero.json")
     parser.add_argument("--state-dir", type=Path, default=ROOT / "out" / "areal-hetero")
-    parser.add_argument("--configs", default=",".join(CONFIGS), help="which configurations (comma-separated)")
+    parser.add_argument("--configs", default=",".join(CONFIGS), help="which configurations (comma-separated; a "
+                        "name other than areal is the router with that --policy)")
     args = parser.parse_args()
     if not os.environ.get("CADENCERL_AREAL_PATH"):
         raise SystemExit("set CADENCERL_AREAL_PATH to the areal extra (make test installs it into .venv-areal)")
@@ -126,7 +133,7 @@ def main() -> None:
     batch, eta, train_time = scenario.trainer.batch_size, scenario.controller.eta, scenario.trainer.train_time_s
     cadencerl = [sys.executable, "-m", "cadencerl.cli"]
     subprocess.run([*cadencerl, "pool", "up", "-s", "cpu-hetero", "--state-dir", str(args.state_dir)], check=True)
-    chosen = {name: CONFIGS[name] for name in args.configs.split(",")}
+    chosen = {name: CONFIGS.get(name, "router") for name in args.configs.split(",")}   # any other: a router policy
     runs: dict[str, list[dict]] = {name: [] for name in chosen}
     try:
         urls = (args.state_dir / "urls.txt").read_text().strip().split(",")
@@ -148,14 +155,16 @@ def main() -> None:
                         result["servers"] = [{k: a[k] - b[k] for k in a} for a, b in zip(server_counters(urls), before)]
                         if proc is not None:
                             result["handed_back"] = handed_back(addr)
+                            result["router_cpu_s"] = cpu_seconds(proc.pid)
                     finally:
                         if proc is not None:
                             proc.terminate()
                             proc.wait(timeout=20)
                     runs[name].append(result)
                     split = " / ".join(f"{s['vllm:generation_tokens_total']:.0f}" for s in result["servers"])
+                    cpu = f", router CPU {result['router_cpu_s']:.0f} s" if "router_cpu_s" in result else ""
                     print(f"run {run + 1} {name}: {result['tok_s']:.0f} tok/s, P95 {result['p95_s']:.1f} s, tokens by "
-                          f"server {split} ({time.monotonic() - started:.0f} s)", flush=True)
+                          f"server {split}{cpu} ({time.monotonic() - started:.0f} s)", flush=True)
     finally:
         subprocess.run([*cadencerl, "pool", "down", "--state-dir", str(args.state_dir)], check=False)
     summary = {}
