@@ -13,6 +13,8 @@ from cadencerl.core.worker import Worker
 from cadencerl.engine.server_metrics import parse_metrics
 from cadencerl.router.live import LiveState
 from cadencerl.router.policy import router_policy
+from cadencerl.router.requests import resume_group
+from cadencerl.router.resumes import Resumes
 from cadencerl.router.settings import make_settings, read_classes
 
 pytestmark = pytest.mark.timeout(30)
@@ -272,3 +274,35 @@ def test_without_eta_every_session_may_start() -> None:
     sessions = [st.new_session(None, "rlvr", 50, group=i) for i in range(12)]
     st.decide(0.0)
     assert sum(s.traj.state is State.RESIDENT for s in sessions) == 12
+
+
+def test_handed_back_samples_of_one_prompt_are_each_resumed_once() -> None:
+    """Samples of one prompt handed back with the same tokens (a pause before their first token)
+    look alike to the router: each re-send takes one of them, none is lost or taken twice."""
+    st = _state("least-loaded")
+    resumes = Resumes()
+    prompt = (5, 6, 7)
+    sessions = [st.new_session(None, "rlvr", len(prompt), group=1, resumable=True) for _ in range(3)]
+    st.decide(0.0)
+    for s in sessions:
+        resumes.start(s)
+    resumes.pause()
+    assert [resumes.handed_back(s, prompt, [], 1.0) for s in sessions] == ["pause"] * 3
+    group = resume_group(prompt, [])
+    taken = [resumes.take(group) for _ in range(4)]
+    assert taken == [*sessions, None]
+
+
+def test_a_resend_that_never_comes_ends_without_a_sample() -> None:
+    st = _state("least-loaded")
+    resumes = Resumes()
+    s = st.new_session(None, "rlvr", 3, group=1, resumable=True)
+    st.decide(0.0)
+    resumes.start(s)
+    resumes.handed_back(s, (5, 6, 7), [9, 9], 1.0)          # still resident (a pause keeps it placed)
+    resumes.end_unsent(st, 5.0, ttl_s=10.0)
+    assert s.traj.state is State.RESIDENT
+    resumes.end_unsent(st, 11.0, ttl_s=10.0)
+    assert s.traj.state is State.DONE and not st.live and not resumes.evicted_at
+    assert st.controller.done == 1 and st.controller.trainer.ready.total() == 0    # no sample for the trainer
+    assert all(w.load == 0 for w in st.workers)

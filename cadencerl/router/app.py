@@ -98,9 +98,9 @@ async def _serve(svc: RouterService, path: str, routed: Routed, headers, field: 
     try:
         await while_paused(svc)
         session = svc.resumes.take(routed.group) if routed.prompt_ids is not None else None
-        if session is not None:
+        if session is not None and await svc.resume(session, field):
             svc.metrics.resumed.inc()
-        if session is None or not await svc.resume(session, field):
+        else:
             pin = None if previous is None else svc.owner(previous, "previous_response_id", generate=True).id
             held = 0 if previous is None else svc.owners.context(previous)
             session = await svc.acquire(routed.session_key, routed.workload_class, routed.prompt_len, routed.group,

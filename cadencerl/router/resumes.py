@@ -1,10 +1,13 @@
 """The books of resumable requests: each one's eviction signal while it runs, and each evicted one
 until its client re-sends it (matched by the prompt it will send: the old one and the tokens it was
-handed, `requests.resume_group`). A re-send that never comes ends with the session TTL."""
+handed, `requests.resume_group`; samples of one prompt handed back alike are interchangeable, so
+each re-send takes the oldest of them). A re-send that never comes ends, without a sample, at the
+session TTL."""
 
 from __future__ import annotations
 
 import asyncio
+from collections import deque
 
 from cadencerl.core.trajectory import State, Trajectory
 from cadencerl.router.live import LiveState, Session
@@ -14,7 +17,7 @@ from cadencerl.router.requests import resume_group
 class Resumes:
     def __init__(self) -> None:
         self.running: dict[int, asyncio.Event] = {}             # traj id -> set when it is evicted
-        self.evicted_at: dict[int, tuple[Session, float]] = {}  # resume group -> (session, when evicted)
+        self.evicted_at: dict[int, deque[tuple[Session, float]]] = {}   # resume group -> (session, when), oldest first
         self.paused: set[int] = set()                           # traj ids handed back by a pause
 
     def start(self, session: Session) -> asyncio.Event:
@@ -41,19 +44,28 @@ class Resumes:
         """Its client got `tokens` and "abort": it will re-send prompt + tokens. Why it was: "pause" or "evicted"."""
         why = "pause" if session.traj.id in self.paused else "evicted"
         self.ended(session)
-        self.evicted_at[resume_group(prompt_ids, tokens)] = (session, now)
+        self.evicted_at.setdefault(resume_group(prompt_ids, tokens), deque()).append((session, now))
         return why
 
     def take(self, group: int) -> Session | None:
         """The evicted session a request resumes, if it is one (its prompt's group names it)."""
-        found = self.evicted_at.pop(group, None)
-        return found[0] if found is not None else None
+        waiting = self.evicted_at.get(group)
+        if not waiting:
+            return None
+        session = waiting.popleft()[0]
+        if not waiting:
+            del self.evicted_at[group]
+        return session
 
     def end_unsent(self, state: LiveState, now: float, ttl_s: float) -> None:
-        """End the evicted sessions whose client did not re-send within `ttl_s`."""
-        for group in [g for g, (_, since) in self.evicted_at.items() if now - since >= ttl_s]:
-            session = self.evicted_at.pop(group)[0]
-            if session.traj.state is State.PENDING:
-                state.drop_pending(session, now)
-            elif session.traj.state is State.RESIDENT:        # placed again, never re-sent
-                state.finished(session, 0, now)
+        """End the evicted sessions whose client did not re-send within `ttl_s`: no sample comes of them."""
+        for group in list(self.evicted_at):
+            waiting = self.evicted_at[group]
+            while waiting and now - waiting[0][1] >= ttl_s:
+                session = waiting.popleft()[0]
+                if session.traj.state is State.RESIDENT:    # placed again (or kept through a pause), never re-sent
+                    state.bounce(session, now)
+                if session.traj.state is State.PENDING:
+                    state.drop_pending(session, now)
+            if not waiting:
+                del self.evicted_at[group]
