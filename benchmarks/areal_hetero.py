@@ -34,6 +34,7 @@ from cadencerl.config import builtin_scenario
 from cadencerl.devpool.local_pool import vllm_python
 from cadencerl.devpool.weights import WeightVersions
 from cadencerl.engine.prompts import synthetic_prompt
+from cadencerl.engine.server_metrics import series_total
 from cadencerl.workload.generate import generate
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -94,8 +95,7 @@ def server_counters(urls: list[str]) -> list[dict]:
     out = []
     for url in urls:
         text = httpx.get(f"{url}/metrics", timeout=10).text
-        out.append({name: sum(float(v) for v in re.findall(rf"^{re.escape(name)}(?:{{[^}}]*}})? (\S+)$", text, re.M))
-                    for name in SERVER_COUNTERS})
+        out.append({name: series_total(text, name) for name in SERVER_COUNTERS})
     return out
 
 
@@ -108,8 +108,7 @@ def cpu_seconds(pid: int) -> float:
 def handed_back(addr: str) -> dict:
     import httpx
     text = httpx.get(f"http://{addr}/metrics", timeout=10).text
-    return {why: float(n) for why, n in re.findall(r'^cadencerl_router_handed_back_total\{why="(\w+)"\} (\S+)$',
-                                                    text, re.M)}
+    return {why: series_total(text, "cadencerl_router_handed_back_total", why=why) for why in ("evicted", "pause")}
 
 
 def predicted(policy: str) -> dict:

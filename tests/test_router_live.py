@@ -10,7 +10,7 @@ from cadencerl.config import ConfigError
 from cadencerl.core.actions import Admit, Place
 from cadencerl.core.trajectory import State
 from cadencerl.core.worker import Worker
-from cadencerl.engine.server_metrics import parse_metrics
+from cadencerl.engine.server_metrics import parse_metrics, series_total
 from cadencerl.router.live import LiveState
 from cadencerl.router.policy import router_policy
 from cadencerl.router.requests import resume_group
@@ -306,3 +306,10 @@ def test_a_resend_that_never_comes_ends_without_a_sample() -> None:
     assert s.traj.state is State.DONE and not st.live and not resumes.evicted_at
     assert st.controller.done == 1 and st.controller.trainer.ready.total() == 0    # no sample for the trainer
     assert all(w.load == 0 for w in st.workers)
+
+
+def test_series_total_sums_a_series_over_its_labels() -> None:
+    page = ('# TYPE x counter\nx_total{why="pause"} 12.0\nx_total{why="evicted"} 2.0\n'
+            '# TYPE y gauge\ny 3.0\n')
+    assert series_total(page, "x_total") == 14 and series_total(page, "x_total", why="evicted") == 2
+    assert series_total(page, "y") == 3 and series_total(page, "absent") == 0

@@ -58,6 +58,13 @@ def _read(text: str) -> tuple[dict[str, float], int | None]:
     return totals, kv
 
 
+def series_total(text: str, name: str, **labels: str) -> float:
+    """One series of a Prometheus page (`name` as its samples are named), summed over the samples
+    whose labels include `labels`; 0 when it is absent."""
+    return sum(float(sample.value) for family in text_string_to_metric_families(text) for sample in family.samples
+               if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()))
+
+
 def _kv_from_labels(labels: dict[str, str]) -> int | None:
     tokens = str(labels.get("kv_cache_size_tokens", ""))
     if tokens.isdigit():

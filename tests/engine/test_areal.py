@@ -22,6 +22,7 @@ import pytest
 
 from cadencerl.devpool.local_pool import LocalPool, vllm_python
 from cadencerl.devpool.weights import WeightPusher, WeightVersions
+from cadencerl.engine.server_metrics import series_total
 
 pytestmark = [pytest.mark.engine, pytest.mark.timeout(420)]
 
@@ -38,11 +39,6 @@ def areal_path() -> str:
         pytest.skip(f"AReaL is not installed: set {AREAL_PATH_ENV} to the folder `make test` installs it into "
                     "(.venv-areal)")
     return path
-
-
-def _metric(text: str, name: str, labels: str = r"[^}]*") -> float:
-    """A Prometheus series summed over its labels (those matching `labels`)."""
-    return sum(float(v) for v in re.findall(rf"^{name}(?:{{{labels}}})? ([0-9.e+]+)$", text, re.M))
 
 
 def test_areal_client_through_the_router(engine_pool: LocalPool, areal_path: str, tiny_model_dir: Path,
@@ -86,13 +82,13 @@ def test_areal_client_through_the_router(engine_pool: LocalPool, areal_path: str
     assert all(when[e] - first[e] <= ETA for e in got)                    # none staler than eta
     spanning = [e for e, ep in got.items() if len({v for t in ep["turns"] for v in t["versions"]}) > 1]
     assert spanning, "no episode spans the weight update"                 # version segments recorded
-    handed_back, resumed = _metric(metrics, "cadencerl_router_handed_back_total"), \
-        _metric(metrics, "cadencerl_router_resumed_total")
+    handed_back = series_total(metrics, "cadencerl_router_handed_back_total")
+    resumed = series_total(metrics, "cadencerl_router_resumed_total")
     assert handed_back >= 1 and resumed == handed_back                    # each abort was resumed
     requests = sum(len(d["replies"]) for d in spec.values())
-    assert _metric(metrics, "cadencerl_router_completed_sessions") == requests   # the router's books balance
-    assert _metric(metrics, "cadencerl_router_weight_version") == len(result["updates_s"]) == 1
-    evicted = _metric(metrics, "cadencerl_router_handed_back_total", 'why="evicted"')
+    assert series_total(metrics, "cadencerl_router_completed_sessions") == requests   # the router's books balance
+    assert series_total(metrics, "cadencerl_router_weight_version") == len(result["updates_s"]) == 1
+    evicted = series_total(metrics, "cadencerl_router_handed_back_total", why="evicted")
     print(f"areal through cadence: {EPISODES} episodes in {result['wall_s']:.1f} s, update {result['updates_s'][0]:.2f} s, "
           f"handed back {handed_back:.0f} (policy evictions "
           f"{evicted:.0f}), resumed {resumed:.0f}")
