@@ -24,7 +24,7 @@ from cadencerl.router.requests import ApiError
 from cadencerl.router.resumes import Resumes
 from cadencerl.router.settings import RouterSettings
 from cadencerl.router.stored import ResponseOwners
-from cadencerl.router.transport import ShardedTransport
+from cadencerl.router.transport import RawTransport
 from cadencerl.router.upstream import Upstream, probe, scrape
 from cadencerl.router.weights import WeightVersions
 
@@ -67,7 +67,7 @@ class RouterService:
         self.groups_seen: list[OrderedDict] = []
         self.owners = ResponseOwners(settings.max_response_ids)     # stored response id -> worker
         self.client: httpx.AsyncClient | None = None     # health, metrics and /v1/models
-        self.transport: ShardedTransport | None = None   # forwarded requests go to it directly
+        self.transport: RawTransport | None = None   # forwarded requests go to it directly
         self.forward_timeout: dict = {}
         self._poller: asyncio.Task | None = None
         self.followers = Followers()        # background responses followed to their end
@@ -91,7 +91,7 @@ class RouterService:
 
     async def start(self) -> None:
         timeout = httpx.Timeout(self.settings.request_timeout_s, connect=10.0)
-        self.transport = ShardedTransport()
+        self.transport = RawTransport()
         self.client = httpx.AsyncClient(transport=self.transport, timeout=timeout)
         self.forward_timeout = timeout.as_dict()
         await self.poll_once()

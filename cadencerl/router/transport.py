@@ -1,67 +1,236 @@
-"""The router's connections to its servers: one httpx transport, its pool split in shards.
+"""The router's connections to its servers: an httpx transport over raw asyncio connections.
 
-httpcore scans every connection of a pool each time a request starts or ends, and asks the socket
-of each idle one whether its server closed it (a poll() per idle connection): one pool of hundreds
-of streams costs O(n) a request. Split in shards, each scan covers a few connections. A request
-goes to the shard of the connection to its server that went idle last (most recently used first,
-so at low load one warm connection serves request after request, well within its keep-alive), and
-to the shards in turn when none is idle (a new connection there). The hints are kept per server:
-a shard idle towards another server would open a new connection.
+httpx's own transport (httpcore + h11, pure Python, a pool scanned on every request) was half of the
+router's CPU a request. This one keeps httpx's request, response and error types for the code above
+it, and does the wire work with httptools' C parser on uvloop protocols: one request head written in
+one call, body chunks handed on as they come (all that is buffered in one piece), and per server a
+stack of idle kept-alive connections (the most recently used first, no scan). Measured in
+benchmarks/router_overhead.md.
 """
 
 from __future__ import annotations
 
+import asyncio
+import ssl
+import time
 from collections import deque
 
+import httptools
 import httpx
 
 from cadencerl.engine.client import KEEPALIVE_EXPIRY_S
 
+READ_AHEAD = 1 << 20        # a reply's bytes buffered unread before the server is asked to wait
+IDLE_PER_SERVER = 512       # idle connections kept per server; more are closed as they come back
 
-class ShardedTransport(httpx.AsyncBaseTransport):
-    def __init__(self, shards: int = 64, connections: int = 512) -> None:
-        limits = httpx.Limits(max_connections=connections, max_keepalive_connections=connections // 4,
-                              keepalive_expiry=KEEPALIVE_EXPIRY_S)
-        tls = httpx.create_ssl_context()    # one for all shards: loading the CA bundle takes ~0.1 s each
-        self.shards = [httpx.AsyncHTTPTransport(limits=limits, verify=tls) for _ in range(shards)]
-        self._turn, self._connections = 0, connections
-        # per server, one entry per reply that ended, latest last: the shard that has an idle
-        # connection to it (a hint: the connection may have expired since, and then that shard
-        # opens a new one)
-        self._idle: dict[tuple[bytes, bytes, int | None], deque[int]] = {}
+
+class _Connection(asyncio.Protocol):
+    """One connection, one request at a time: what its current reply has brought so far."""
+
+    def __init__(self) -> None:
+        self.transport: asyncio.Transport | None = None
+        self.parser = httptools.HttpResponseParser(self)
+        self.closed = False
+        self.idle_since = 0.0
+        self._reset()
+
+    def _reset(self) -> None:
+        self.status = 0
+        self.keep_alive = False
+        self.headers: list[tuple[bytes, bytes]] = []
+        self.chunks: list[bytes] = []
+        self.buffered = 0
+        self.complete = False
+        self.error: Exception | None = None
+        self.waiter: asyncio.Future | None = None
+
+    # -- asyncio.Protocol and httptools callbacks --------------------------------------------------
+
+    def connection_made(self, transport) -> None:
+        self.transport = transport
+
+    def data_received(self, data: bytes) -> None:
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserError as exc:
+            self._fail(httpx.RemoteProtocolError(f"malformed reply from the server: {exc}"))
+            self.transport.close()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        if not self.complete:
+            self._fail(httpx.RemoteProtocolError("the server closed the connection before its reply's end"))
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self.headers.append((name, value))
+
+    def on_headers_complete(self) -> None:
+        self.status = self.parser.get_status_code()
+        self.keep_alive = self.parser.should_keep_alive()     # read here: the parser resets at the message's end
+        self._wake()
+
+    def on_body(self, body: bytes) -> None:
+        self.chunks.append(body)
+        self.buffered += len(body)
+        if self.buffered > READ_AHEAD:
+            self.transport.pause_reading()
+        self._wake()
+
+    def on_message_complete(self) -> None:
+        self.complete = True
+        self._wake()
+
+    # -- the transport's side ---------------------------------------------------------------------
+
+    def _fail(self, error: Exception) -> None:
+        if self.error is None:
+            self.error = error
+        self._wake()
+
+    def _wake(self) -> None:
+        if self.waiter is not None and not self.waiter.done():
+            self.waiter.set_result(None)
+
+    async def wait(self, timeout: float | None, what: str) -> None:
+        """Until the reply brings something (or breaks); httpx.ReadTimeout after `timeout` s of nothing."""
+        loop = asyncio.get_running_loop()
+        self.waiter = fut = loop.create_future()
+        timer = None if timeout is None else loop.call_later(timeout, _time_out, fut, what)
+        try:
+            await fut
+        finally:
+            self.waiter = None
+            if timer is not None:
+                timer.cancel()
+
+    def take(self) -> bytes:
+        """What the reply's body brought since the last take, in one piece."""
+        data = self.chunks[0] if len(self.chunks) == 1 else b"".join(self.chunks)
+        self.chunks, resumed = [], self.buffered > READ_AHEAD
+        self.buffered = 0
+        if resumed and not self.closed:
+            self.transport.resume_reading()
+        return data
+
+    @property
+    def reusable(self) -> bool:
+        return self.complete and self.error is None and not self.closed and self.keep_alive
+
+
+def _time_out(fut: asyncio.Future, what: str) -> None:
+    if not fut.done():
+        fut.set_exception(httpx.ReadTimeout(f"no {what} from the server in time"))
+
+
+class _Body(httpx.AsyncByteStream):
+    """A reply's body as it arrives; closing it gives the connection back (or closes it, unread)."""
+
+    def __init__(self, conn: _Connection, pool: deque[_Connection], timeout: float | None) -> None:
+        self._conn, self._pool, self._timeout = conn, pool, timeout
+
+    async def __aiter__(self):
+        conn = self._conn
+        while True:
+            if conn.chunks:
+                yield conn.take()
+            elif conn.error is not None:
+                raise conn.error
+            elif conn.complete:
+                return
+            else:
+                await conn.wait(self._timeout, "reply body")
+
+    async def aclose(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is None:
+            return
+        if conn.reusable and len(self._pool) < IDLE_PER_SERVER:
+            conn._reset()
+            conn.idle_since = time.monotonic()
+            self._pool.append(conn)
+        elif not conn.closed:
+            conn.transport.close()
+
+
+class RawTransport(httpx.AsyncBaseTransport):
+    """httpx's transport interface over `_Connection`s, pooled per server (scheme, host, port)."""
+
+    def __init__(self, tls: ssl.SSLContext | None = None) -> None:
+        self._idle: dict[tuple[bytes, bytes, int | None], deque[_Connection]] = {}
+        self._tls = tls
+        self._closing = False
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         url = request.url
         origin = (url.raw_scheme, url.raw_host, url.port)
-        idle = self._idle.get(origin)
-        if idle is None:
-            idle = self._idle[origin] = deque(maxlen=self._connections)
-        if idle:
-            shard = idle.pop()
-        else:
-            shard = self._turn = (self._turn + 1) % len(self.shards)
-        resp = await self.shards[shard].handle_async_request(request)
-        resp.stream = _Tracked(resp.stream, idle, shard)
-        return resp
+        pool = self._idle.get(origin)
+        if pool is None:
+            pool = self._idle[origin] = deque()
+        timeout = request.extensions.get("timeout", {})
+        head = _head(request)
+        body = request.content if isinstance(request.stream, httpx.ByteStream) else await request.aread()
+        if request.headers.get("transfer-encoding") == "chunked":     # a streamed body, read whole: one chunk
+            body = (b"%x\r\n%s\r\n" % (len(body), body) if body else b"") + b"0\r\n\r\n"
+        conn = self._reused(pool)
+        if conn is not None:
+            try:
+                return await self._exchange(conn, head, body, pool, timeout)
+            except httpx.RemoteProtocolError:
+                if conn.status:           # the server answered, then broke: not a stale connection
+                    raise
+        conn = await self._connect(url, timeout.get("connect"))     # stale (closed by the server while idle), or none idle
+        return await self._exchange(conn, head, body, pool, timeout)
 
-    async def aclose(self) -> None:
-        for shard in self.shards:
-            await shard.aclose()
+    def _reused(self, pool: deque[_Connection]) -> _Connection | None:
+        expired = time.monotonic() - KEEPALIVE_EXPIRY_S
+        while pool:
+            conn = pool.pop()
+            if not conn.closed and conn.idle_since > expired:
+                return conn
+            conn.transport.close()
+        return None
 
-
-class _Tracked(httpx.AsyncByteStream):
-    """A reply's body as the shard's transport gives it; closing it marks the shard's connection idle."""
-
-    def __init__(self, stream: httpx.AsyncByteStream, idle: deque[int], shard: int) -> None:
-        self._stream, self._idle, self._shard = stream, idle, shard
-
-    def __aiter__(self):
-        return self._stream.__aiter__()     # no layer of its own between the chunks and their reader
-
-    async def aclose(self) -> None:
+    async def _connect(self, url: httpx.URL, timeout: float | None) -> _Connection:
+        loop = asyncio.get_running_loop()
+        https = url.raw_scheme == b"https"
+        if https and self._tls is None:
+            self._tls = httpx.create_ssl_context()
+        port = url.port or (443 if https else 80)
         try:
-            await self._stream.aclose()
-        finally:
-            if self._shard >= 0:
-                self._idle.append(self._shard)
-                self._shard = -1
+            _, conn = await asyncio.wait_for(loop.create_connection(
+                _Connection, url.host, port, ssl=self._tls if https else None), timeout)
+        except (OSError, TimeoutError) as exc:
+            raise httpx.ConnectError(f"cannot connect to {url.host}:{port}: {exc}") from None
+        return conn
+
+    async def _exchange(self, conn: _Connection, head: bytes, body: bytes, pool: deque[_Connection],
+                        timeout: dict) -> httpx.Response:
+        conn.transport.write(head + body if len(body) < 65536 else head)
+        if len(body) >= 65536:
+            conn.transport.write(body)
+        try:
+            while not conn.status:
+                if conn.error is not None:
+                    raise conn.error
+                await conn.wait(timeout.get("read"), "reply")
+        except BaseException:
+            if not conn.closed:
+                conn.transport.close()
+            raise
+        return httpx.Response(conn.status, headers=conn.headers, stream=_Body(conn, pool, timeout.get("read")),
+                              extensions={"http_version": b"HTTP/1.1"})
+
+    async def aclose(self) -> None:
+        for pool in self._idle.values():
+            while pool:
+                conn = pool.pop()
+                if not conn.closed:
+                    conn.transport.close()
+
+
+def _head(request: httpx.Request) -> bytes:
+    """The request line and headers, as one piece of bytes (httpx set Host and Content-Length)."""
+    lines = [b"%s %s HTTP/1.1\r\n" % (request.method.encode(), request.url.raw_path)]
+    lines.extend(b"%s: %s\r\n" % (k, v) for k, v in request.headers.raw)
+    lines.append(b"\r\n")
+    return b"".join(lines)
