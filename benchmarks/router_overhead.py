@@ -1,26 +1,20 @@
-"""What a router adds to each request: `cadencerl router` and the real `vllm-router`, on one stub.
+"""A router's capacity: `cadencerl router` and the real `vllm-router`, side by side, on one fast stub.
 
-A stub upstream (tests/router_stub.py, uvloop + httptools) streams its 16 tokens at once, so the
-latency measured is HTTP and routing work only. Closed loop, driven by `wrk` (apt `wrk`; else an
-httpx client in this process): `--concurrency` connections each send streaming completions back to
-back for `--seconds` after a warm-up (MISA-T's caps reach their ceiling in it), then the same with
-one connection. Added latency = the percentile through the router minus the same percentile straight
-to the stub, at the same concurrency. At 200 connections every server is saturated, so latency
-there is queueing (connections / throughput) and the figure to compare is requests/s; the
-one-connection run shows the per-request cost. Both depend on what else runs on the machine; the
-router process's own CPU time per request served (`router_cpu_ms_per_request`, user + system from
-/proc over the measured wrk run; wrk only, Linux only) does much less, so compare code by it.
+The stub (benchmarks/fast_stub.py, raw uvloop + httptools) answers at once, so what is measured is
+the routers' HTTP and decision work. Closed loop, driven by `wrk` (else an httpx client): for each
+row (non-streaming or streaming `--stream-tokens` events, at each of `--connections`), every target
+is measured in turn, `--rounds` times (medians), after a warm-up. Each row gives requests/s, p50,
+p99, the router process's CPU ms per request (user + system from /proc over the measured run) and
+each figure's ratio to vllm-router's. Needs `vllm-router==0.1.17` on PATH (the `bench` extra).
 
-    /work/main/.venv/bin/python benchmarks/router_overhead.py [--concurrency 200] [--seconds 10]
-
-Needs `vllm-router` (PyPI `vllm-router==0.1.17`) on PATH or next to this Python; skipped if absent.
-Prints one JSON object.
+    .venv/bin/python benchmarks/router_overhead.py [--connections 1,64,256] [--rounds 3]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import shutil
@@ -96,7 +90,7 @@ def vllm_router(workers: list[str], port: int, log: Path, *extra: str) -> Proc:
                  "--prometheus-port", str(free_port()), "--log-level", "warning", *extra], log)
 
 
-async def _closed_loop(url: str, concurrency: int, seconds: float, warmup: float) -> dict:
+async def _closed_loop(url: str, concurrency: int, seconds: float, warmup: float, body: dict) -> dict:
     clients = [httpx.AsyncClient(base_url=url, timeout=60, limits=httpx.Limits(max_connections=25))
                for _ in range(-(-concurrency // 25))]
     latencies: list[float] = []
@@ -108,7 +102,7 @@ async def _closed_loop(url: str, concurrency: int, seconds: float, warmup: float
         nonlocal errors
         while (t0 := time.monotonic()) < stop_at:
             try:
-                async with c.stream("POST", "/v1/completions", json=BODY) as r:
+                async with c.stream("POST", "/v1/completions", json=body) as r:
                     async for _ in r.aiter_raw():
                         pass
                     ok = r.status_code == 200
@@ -164,13 +158,13 @@ def _wrk(url: str, connections: int, seconds: float, script: Path) -> dict:
     return row
 
 
-def measure(url: str, args, connections: int | None = None, pid: int | None = None) -> dict:
+def measure(url: str, args, connections: int, stream: bool, pid: int | None = None) -> dict:
     """One closed-loop run; with `pid` (the router's), its CPU ms per request served in the run."""
-    connections = connections or args.concurrency
+    body = {**BODY, "stream": stream, "max_tokens": args.stream_tokens if stream else 16}
     if shutil.which("wrk") is None:
-        return asyncio.run(_closed_loop(url, connections, args.seconds, args.warmup))
+        return asyncio.run(_closed_loop(url, connections, args.seconds, args.warmup, body))
     script = args.logs / "post.lua"
-    script.write_text(WRK_SCRIPT % json.dumps(BODY))
+    script.write_text(WRK_SCRIPT % json.dumps(body))
     _wrk(url, connections, args.warmup, script)
     before = None if pid is None else _cpu_s(pid)
     row = _wrk(url, connections, args.seconds, script)
@@ -178,30 +172,30 @@ def measure(url: str, args, connections: int | None = None, pid: int | None = No
     served = row.pop("requests", 0)
     if before is not None and after is not None and served:
         row["router_cpu_ms_per_request"] = round((after - before) * 1e3 / served, 3)
-    return row
+    return {k: (round(v, 3) if isinstance(v, float) else v) for k, v in row.items()}
 
 
-def measure_both(url: str, args, direct: dict | None = None, pid: int | None = None) -> dict:
-    rows = {f"c{args.concurrency}": measure(url, args, pid=pid), "c1": measure(url, args, 1, pid)}
-    if direct is None:
-        return {k: {q: (round(v, 3) if isinstance(v, float) else v) for q, v in r.items()} for k, r in rows.items()}
-    return {k: _added(r, direct[k]) for k, r in rows.items()}
-
-
-def _added(row: dict, direct: dict) -> dict:
-    out = dict(row)
-    for q in ("p50", "p99"):
-        if row.get(f"{q}_ms") is not None and direct.get(f"{q}_ms") is not None:
-            out[f"added_{q}_ms"] = round(row[f"{q}_ms"] - direct[f"{q}_ms"], 3)
-            out[f"{q}_ms"] = round(row[f"{q}_ms"], 3)
+def ratios(rows: dict[str, dict], reference: str) -> dict[str, dict]:
+    """Each target's figures over the reference's (vllm-router's), where both have them."""
+    ref = rows.get(reference) or {}
+    out = {}
+    for name, row in rows.items():
+        if name in (reference, "direct"):
+            continue
+        out[name] = {q: round(row[q] / ref[q], 3) for q in ("requests_per_s", "p50_ms", "p99_ms",
+                                                              "router_cpu_ms_per_request")
+                     if row.get(q) and ref.get(q)}
     return out
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--concurrency", type=int, default=200)
-    ap.add_argument("--seconds", type=float, default=10.0)
-    ap.add_argument("--warmup", type=float, default=4.0)
+    ap.add_argument("--connections", default="1,64,256", help="closed-loop connections of each row, comma-separated")
+    ap.add_argument("--modes", default="plain,stream", help="plain (one JSON body) and/or stream (SSE)")
+    ap.add_argument("--stream-tokens", type=int, default=64, help="events a streamed reply carries")
+    ap.add_argument("--seconds", type=float, default=8.0)
+    ap.add_argument("--warmup", type=float, default=3.0)
+    ap.add_argument("--rounds", type=int, default=1, help="every target measured once a round, in turn")
     ap.add_argument("--logs", type=Path, default=Path("/tmp/router_overhead"))
     ap.add_argument("--policies", default="misa+cache-aware,cache-aware",
                     help="the cadencerl router policies to measure, comma-separated")
@@ -209,23 +203,46 @@ def main() -> None:
     args.logs.mkdir(parents=True, exist_ok=True)
     stub_port = free_port()
     stub = f"http://127.0.0.1:{stub_port}"
-    result: dict = {"concurrency": args.concurrency, "seconds": args.seconds, "stream_tokens": BODY["max_tokens"]}
-    with Proc([sys.executable, "tests/router_stub.py", "--port", str(stub_port)], args.logs / "stub.log") as s:
-        s.wait_http(f"{stub}/health")
-        direct = result["direct"] = measure_both(stub, args)
+    result: dict = {"seconds": args.seconds, "stream_tokens": args.stream_tokens, "rounds": args.rounds,
+                    "loadavg": Path("/proc/loadavg").read_text().split()[:3], "rows": {}}
+    with contextlib.ExitStack() as stack:
+        stub_proc = stack.enter_context(Proc([sys.executable, "benchmarks/fast_stub.py", "--port", str(stub_port)],
+                                             args.logs / "stub.log"))
+        stub_proc.wait_http(f"{stub}/health")
+        targets: dict[str, tuple[str, int | None]] = {"direct": (stub, None)}
         for policy in args.policies.split(","):
             port = free_port()
-            with cadencerl_router([stub], port, policy, args.logs / f"cadencerl-{policy}.log") as r:
-                r.wait_http(f"http://127.0.0.1:{port}/health")
-                result[f"cadencerl router ({policy})"] = measure_both(f"http://127.0.0.1:{port}", args, direct, r.p.pid)
+            r = stack.enter_context(cadencerl_router([stub], port, policy, args.logs / f"cadencerl-{policy}.log"))
+            r.wait_http(f"http://127.0.0.1:{port}/health")
+            targets[f"cadencerl router ({policy})"] = (f"http://127.0.0.1:{port}", r.p.pid)
+        reference = "vllm-router (cache_aware)"
         if vllm_router_binary() is None:
             result["vllm-router"] = "not installed (pip install vllm-router==0.1.17)"
         else:
             port = free_port()
-            with vllm_router([stub], port, args.logs / "vllm-router.log", "--policy", "cache_aware") as r:
-                r.wait_http(f"http://127.0.0.1:{port}/health")
-                result["vllm-router (cache_aware)"] = measure_both(f"http://127.0.0.1:{port}", args, direct, r.p.pid)
+            r = stack.enter_context(vllm_router([stub], port, args.logs / "vllm-router.log", "--policy", "cache_aware"))
+            r.wait_http(f"http://127.0.0.1:{port}/health")
+            targets[reference] = (f"http://127.0.0.1:{port}", r.p.pid)
+        for mode in args.modes.split(","):
+            for connections in (int(c) for c in args.connections.split(",")):
+                runs: dict[str, list[dict]] = {name: [] for name in targets}
+                for _ in range(args.rounds):
+                    for name, (url, pid) in targets.items():
+                        runs[name].append(measure(url, args, connections, mode == "stream", pid))
+                rows = {name: _median(r) for name, r in runs.items()}
+                result["rows"][f"{mode} c{connections}"] = {**rows, "ratio_to_vllm_router": ratios(rows, reference)}
+                print(f"{mode} c{connections}: " + ", ".join(f"{n} {r.get('requests_per_s')}" for n, r in rows.items()),
+                      file=sys.stderr)
     print(json.dumps(result, indent=2))
+
+
+def _median(runs: list[dict]) -> dict:
+    """Each figure's median over the rounds (errors: their sum)."""
+    out = {}
+    for key in {k for r in runs for k in r}:
+        values = sorted(r[key] for r in runs if r.get(key) is not None)
+        out[key] = sum(values) if key == "errors" else (values[len(values) // 2] if values else None)
+    return out
 
 
 if __name__ == "__main__":
