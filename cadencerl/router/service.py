@@ -1,8 +1,8 @@
 """The router's live core: admission waits, placement, completion accounting, health polling.
 
 Everything that changes the live state runs on the event loop's thread, so there are no locks: a
-request's arrival, its reply's end and each health poll apply their event to `LiveState` and run
-one decision pass; the held requests the pass admitted or placed are woken through their futures.
+request's arrival, its reply's end and each health poll apply their event to `LiveState`, and a
+decision pass (one per loop turn for all of them) wakes the held requests it admitted or placed.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from cadencerl.router.background import Followers, follow
 from cadencerl.router.live import LiveState, Session
 from cadencerl.router.metrics import RouterMetrics
 from cadencerl.router.policy import described_workers, router_policy, router_worker
+from cadencerl.router.rejections import Rejected, TooLong, too_long
 from cadencerl.router.requests import ApiError
 from cadencerl.router.resumes import Resumes
 from cadencerl.router.settings import RouterSettings
@@ -29,28 +30,6 @@ from cadencerl.router.upstream import Upstream, probe, scrape
 from cadencerl.router.weights import WeightVersions
 
 GROUPS_PER_WORKER = 4096    # prompt groups remembered per server, for the router's own hit count
-
-
-class Rejected(Exception):
-    """A request the router will not serve now: 429 (hold queue) or 503 (no server)."""
-
-    def __init__(self, status: int, reason: str, message: str, retry_after: int = 1, param: str | None = None) -> None:
-        super().__init__(message)
-        self.status, self.reason, self.retry_after, self.param = status, reason, retry_after, param
-
-
-class TooLong(Exception):
-    """A waiting request that no server's KV can hold any more: a server reported a smaller capacity."""
-
-    def __init__(self, tokens: int, largest: int) -> None:
-        super().__init__(tokens, largest)
-        self.tokens, self.largest = tokens, largest
-
-
-def too_long(tokens: int, field: str, largest: int) -> ApiError:
-    """The 400 for a prompt no server's KV can hold, naming the request's field (`prompt`, `messages`)."""
-    return ApiError(400, f"{field}: about {tokens} tokens, more than any server's KV capacity "
-                         f"({largest - 1} tokens at most)", field)
 
 
 class RouterService:
@@ -74,6 +53,7 @@ class RouterService:
         self._stopping = False
         self.loop: asyncio.AbstractEventLoop | None = None
         self.paused = False
+        self._decision_due = False          # a pass is scheduled for the loop's next turn (`decide_soon`)
         self.unpaused = asyncio.Event()
         self.resumes = Resumes()            # resumable requests in flight, and those evicted until re-sent
         self.weights = WeightVersions()     # the clients' weight versions, pushed to servers as they switch
@@ -242,7 +222,10 @@ class RouterService:
             else:
                 self.state.drop_pending(session, now)
             raise self._pinned_too_long(session)
-        self.decide(now)
+        if len(self.state.hold) <= self.settings.hold_max:
+            self.decide_soon()
+        else:                           # the queue's bound is judged after the pass that may admit from it
+            self.decide(now)
         if session.traj.state is State.FRESH and len(self.state.hold) > self.settings.hold_max:
             self.state.withdraw(session)
             self.metrics.rejections.labels("hold_full").inc()
@@ -322,6 +305,24 @@ class RouterService:
                 if isinstance(step, (Admit, Place)):
                     self._placed(self.state.placed(step.traj), step, now)
 
+    def decide_soon(self) -> None:
+        """One decision pass at the event loop's next turn, for every admission and release of this
+        one: under load many requests start and end together, and a pass for each was a third of
+        the router's CPU. Outside a running loop (a synchronous caller), the pass runs now."""
+        if self._decision_due:
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            self.decide()
+            return
+        self._decision_due = True
+        loop.call_soon(self._decide_due)
+
+    def _decide_due(self) -> None:
+        self._decision_due = False
+        self.decide()
+
     def _placed(self, session: Session, action: Admit | Place, now: float) -> None:
         traj = session.traj
         seen = self.groups_seen[action.worker]
@@ -366,7 +367,7 @@ class RouterService:
             self.state.finished(session, generated, now)
         else:
             self.state.turn_ended(session, generated, now)
-        self.decide(now)
+        self.decide_soon()
 
     def follow_background(self, session: Session, response_id: str, worker: int, last: bool) -> None:
         """Keep `session` placed until the background response it started ends (`background.py`)."""
