@@ -158,6 +158,7 @@ def test_abort_all_mid_rollout_hands_back_every_token_and_the_resend_resumes() -
             got = new_tokens(answer)
             assert answer["meta_info"]["finish_reason"]["type"] == "abort" and 0 < len(got) < 80
             assert got == answer["output_ids"] == expected(prompt, len(got))
+            assert (answer["meta_info"]["prompt_tokens"], answer["meta_info"]["completion_tokens"]) == (3, len(got))
             r = c.post("/generate", json=slime_payload(prompt + got, 80 - len(got)))   # partial rollout's re-send
             assert r.json()["meta_info"]["finish_reason"]["type"] == "length"
             assert got + r.json()["output_ids"] == expected(prompt, 80)

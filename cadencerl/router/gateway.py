@@ -88,7 +88,9 @@ def _translate(response: Response, body: dict) -> Response:
     if isinstance(response, RelayResponse):
         response.body_iterator = _sglang_stream(response.body_iterator, sglang.StreamAnswer(logprob, rid))
         return response
-    out = sglang.answer(json.loads(response.body), logprob, rid, bool(body.get("top_logprobs_num")))
+    ids = body.get("input_ids")
+    out = sglang.answer(json.loads(response.body), logprob, rid, bool(body.get("top_logprobs_num")),
+                        len(ids) if isinstance(ids, list) else 0)
     worker = next((v.decode() for k, v in response.raw_headers if k.decode().lower() == WORKER_HEADER), None)
     return JSONResponse(out, headers={WORKER_HEADER: worker} if worker is not None else None)
 

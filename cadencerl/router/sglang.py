@@ -75,7 +75,8 @@ def finish_reason(reason: str | None, stop_reason: object, ids: list[int], messa
     if reason == "length":
         return {"type": "length", "length": len(ids)}
     if reason == "abort":
-        return {"type": "abort", "message": message or "aborted by the router (evicted or abort_request)"}
+        return {"type": "abort", "message": message or "aborted by the router (evicted or abort_request)",
+                "status_code": None, "err_type": None}       # FINISH_ABORT.to_json's keys
     matched = stop_reason if stop_reason is not None else (ids[-1] if ids else None)   # EOS: its token id
     return {"type": "stop", "matched": matched}
 
@@ -92,15 +93,17 @@ def _top_items(top: list | None) -> list:
     return [[[lp, int(k.removeprefix(_TOKEN_ID)), None] for k, lp in (entry or {}).items()] for entry in top or ()]
 
 
-def answer(completion: dict, return_logprob: bool, rid: str | None = None, top_logprobs: bool = False) -> dict:
-    """SGLang's `/generate` answer for vLLM's whole completion answer (one choice)."""
+def answer(completion: dict, return_logprob: bool, rid: str | None = None, top_logprobs: bool = False,
+           prompt_tokens: int = 0) -> dict:
+    """SGLang's `/generate` answer for vLLM's whole completion answer (one choice); `prompt_tokens`:
+    the prompt's length when the answer has no usage (one handed back before its end)."""
     choice = (completion.get("choices") or [{}])[0]
     logprobs = choice.get("logprobs") or {}
     ids = token_ids(logprobs.get("tokens") or [])
     usage = completion.get("usage") or {}
     meta = {"id": rid or completion.get("id", ""),
             "finish_reason": finish_reason(choice.get("finish_reason"), choice.get("stop_reason"), ids),
-            "prompt_tokens": usage.get("prompt_tokens", 0), "completion_tokens": len(ids), "cached_tokens": 0}
+            "prompt_tokens": usage.get("prompt_tokens") or prompt_tokens, "completion_tokens": len(ids), "cached_tokens": 0}
     if return_logprob:
         meta["output_token_logprobs"] = _logprob_items(logprobs.get("token_logprobs") or [], ids)
         if top_logprobs:

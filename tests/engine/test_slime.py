@@ -44,6 +44,7 @@ def router(engine_pool: LocalPool):
         line = proc.stderr.readline()
         address = re.search(r"listening on (http://127\.0\.0\.1:\d+)", line)
         assert address, line
+        _wait(lambda: _ready(address.group(1)), "the router ready")
         yield address.group(1)
     finally:
         proc.terminate()
@@ -95,21 +96,33 @@ def test_slime_through_the_router(engine_pool: LocalPool, router: str) -> None:
     def running() -> int:
         return sum(c.get(f"{w['url']}/v1/loads").json()["loads"][0]["num_running_reqs"] for w in workers)
     _wait(lambda: running() == 4, "four samples running")
+    time.sleep(3)                           # mid-rollout: tokens flowing
     for w in workers:
         assert c.post(f"{w['url']}/abort_request", json={"abort_all": True}).json()["success"]
     _wait(lambda: running() == 0, "idle after abort_all")
     for t in threads:
         t.join(60)
+    handed = []
     for prompt, first in zip(prompts, answers):
         got = ids_of(first)
-        assert first["meta_info"]["finish_reason"]["type"] == "abort" and 0 < len(got) < n, first["meta_info"]
+        handed.append(len(got))
+        assert first["meta_info"]["finish_reason"]["type"] == "abort" and len(got) < n, first["meta_info"]
+        assert got == first["output_ids"] and first["meta_info"]["completion_tokens"] == len(got)
         rest = c.post("/generate", json=payload(prompt + got, n - len(got), ignore_eos=True)).json()
         assert rest["meta_info"]["finish_reason"] == {"type": "length", "length": n - len(got)}
+    assert sum(handed) > 0, handed          # tokens were handed back, not only requests
     metrics = c.get("/metrics").text
     assert series_total(metrics, "cadencerl_router_handed_back_total") == 4
     assert series_total(metrics, "cadencerl_router_resumed_total") == 4
     # every sample ended once: 2 + 4 routing-key sessions + 4 resumed samples
     assert series_total(metrics, "cadencerl_router_completed_sessions") == 10
+
+
+def _ready(url: str) -> bool:
+    try:
+        return httpx.get(f"{url}/readiness", timeout=2).status_code == 200
+    except httpx.HTTPError:
+        return False
 
 
 def _wait(check, what: str, timeout_s: float = 60.0) -> None:
