@@ -83,39 +83,55 @@ def test_slime_through_the_router(engine_pool: LocalPool, router: str) -> None:
     for key in contexts:
         assert c.delete(f"/v1/sessions/{key}").json() == {"ended": True}
 
-    # abort_all mid-rollout, as slime aborts; partial rollout re-sends what is left
-    n, prompts = 600, [[200 + i, 3, 4, 5] for i in range(4)]
-    answers: list[dict] = [{} for _ in prompts]
-    threads = [threading.Thread(target=lambda i=i: answers.__setitem__(i, c.post(
-        "/generate", json=payload(prompts[i], n, ignore_eos=True)).json())) for i in range(4)]
-    for t in threads:
-        t.start()
+    # abort_all mid-rollout, as slime aborts; partial rollout re-sends what is left (all at once, as
+    # its next rollout does, within the router's session TTL)
+    n, prompts = 2000, [[200 + i, 3, 4, 5] for i in range(4)]
+    answers = _together(c, [payload(p, n, ignore_eos=True) for p in prompts], start=False)
     workers = c.get("/workers").json()["workers"]
     assert sorted(w["upstream_url"] for w in workers) == sorted(engine_pool.urls)
 
     def running() -> int:
         return sum(c.get(f"{w['url']}/v1/loads").json()["loads"][0]["num_running_reqs"] for w in workers)
+    answers.start()
     _wait(lambda: running() == 4, "four samples running")
-    time.sleep(3)                           # mid-rollout: tokens flowing
+    time.sleep(1)                           # mid-rollout: tokens flowing
     for w in workers:
         assert c.post(f"{w['url']}/abort_request", json={"abort_all": True}).json()["success"]
     _wait(lambda: running() == 0, "idle after abort_all")
-    for t in threads:
-        t.join(60)
-    handed = []
-    for prompt, first in zip(prompts, answers):
-        got = ids_of(first)
-        handed.append(len(got))
+    handed = [ids_of(a) for a in answers.join()]
+    for first, got in zip(answers.out, handed):
         assert first["meta_info"]["finish_reason"]["type"] == "abort" and len(got) < n, first["meta_info"]
         assert got == first["output_ids"] and first["meta_info"]["completion_tokens"] == len(got)
-        rest = c.post("/generate", json=payload(prompt + got, n - len(got), ignore_eos=True)).json()
+    assert sum(map(len, handed)) > 0, handed          # tokens were handed back, not only requests
+    rests = _together(c, [payload(p + got, n - len(got), ignore_eos=True) for p, got in zip(prompts, handed)]).join()
+    for got, rest in zip(handed, rests):
         assert rest["meta_info"]["finish_reason"] == {"type": "length", "length": n - len(got)}
-    assert sum(handed) > 0, handed          # tokens were handed back, not only requests
     metrics = c.get("/metrics").text
     assert series_total(metrics, "cadencerl_router_handed_back_total") == 4
     assert series_total(metrics, "cadencerl_router_resumed_total") == 4
-    # every sample ended once: 2 + 4 routing-key sessions + 4 resumed samples
+    # every sample ended once: 2 single requests + 4 routing-key sessions + 4 resumed samples
     assert series_total(metrics, "cadencerl_router_completed_sessions") == 10
+    print(f"slime abort_all: handed back {[len(g) for g in handed]} tokens of {n}, each resumed")
+
+
+class _together:
+    """`/generate` requests sent at once, each in a thread; `join()` their answers in order."""
+
+    def __init__(self, c: httpx.Client, bodies: list[dict], start: bool = True) -> None:
+        self.out: list[dict] = [{} for _ in bodies]
+        self.threads = [threading.Thread(target=lambda i=i, b=b: self.out.__setitem__(
+            i, c.post("/generate", json=b).json())) for i, b in enumerate(bodies)]
+        if start:
+            self.start()
+
+    def start(self) -> None:
+        for t in self.threads:
+            t.start()
+
+    def join(self) -> list[dict]:
+        for t in self.threads:
+            t.join(120)
+        return self.out
 
 
 def _ready(url: str) -> bool:
