@@ -176,11 +176,15 @@ def test_abort_by_rid_hands_back_that_request_only() -> None:
         assert settle(lambda: len(f.service.resumes.running) == 2)
         assert c.post("/abort_request", json={"rid": "a"}).json() == {"success": True, "aborted": 1}
         assert c.post("/abort_request", json={}).json()["error"]["param"] == "rid"
-        for (thread, out), reason in ((a, "abort"), (b, "length")):
+        for (thread, out), reason, rid in ((a, "abort", "a"), (b, "length", "b")):
             thread.join(10)
             assert out[0].json()["meta_info"]["finish_reason"]["type"] == reason
-            assert out[0].json()["meta_info"]["id"] in ("a", "b")
+            assert out[0].json()["meta_info"]["id"] == rid
         assert settle(lambda: f.service.state.controller.done == 1)     # b; a waits for its re-send
+        got = new_tokens(a[1][0].json())
+        r = c.post("/generate", json={**slime_payload([50, 1] + got, 40 - len(got)), "rid": "a2"})
+        assert got + r.json()["output_ids"] == expected([50, 1], 40)
+        assert conserved(f, 2)
 
 
 def test_workers_register_and_leave_as_the_model_gateway_does() -> None:

@@ -52,8 +52,7 @@ def test_generate_goes_through_the_router_and_answers_verls_token_output() -> No
         svc = f.service
         assert settle(lambda: len(svc.state.parked) == 2)      # a session each, parked for its next turn
         for key in ("traj-1", "traj-2"):
-            svc_end = httpx.delete(f"{f.url}/v1/sessions/{key}").json()
-            assert svc_end == {"ended": True}
+            assert httpx.delete(f"{f.url}/v1/sessions/{key}").json() == {"ended": True}
         assert settle(lambda: svc.state.controller.done == 2 and not svc.state.live)
 
 
@@ -70,6 +69,10 @@ def test_the_turns_of_one_request_id_stay_on_one_server() -> None:
             asyncio.run(trajectory(f"traj-{i}", [60 + i, 1]))
             grew = [a - b for a, b in zip(served(f), before)]
             assert sorted(grew) == [0, 3], grew
+        for i in range(2):          # the trainer is done with them: each ends once
+            assert httpx.delete(f"{f.url}/v1/sessions/traj-{i}").json() == {"ended": True}
+        svc = f.service
+        assert settle(lambda: svc.state.controller.done == 2 and not svc.state.live)
 
 
 def test_a_request_the_router_evicts_is_resent_with_its_tokens_and_ends_whole() -> None:
