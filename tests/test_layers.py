@@ -3,7 +3,7 @@
 Read with `ast` (every import in a module, at any depth, counts), so a violation fails here before
 a reader meets it. The layers, bottom to top (see the README):
 
-    hardware, config, user_files -> core -> workload, policies, routing, sim, engine -> runs -> api, cli, report, router
+    hardware, config, user_files -> core -> workload, policies, routing, sim, engine -> runs -> api, cli, report, router, integrations
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ LAYER = {
     "core": 1,
     "workload": 2, "policies": 2, "admission": 2, "sim": 2, "engine": 2, "devpool": 2,
     "runs": 3,
-    "api": 4, "cli": 4, "report": 4, "router": 4,
+    "api": 4, "cli": 4, "report": 4, "router": 4, "integrations": 4,
 }
 # Within one layer, a unit may import another only along these (importer, imported) edges: a router
 # may use a policy helper, never the reverse; the backends never see each other.

@@ -24,6 +24,7 @@ from cadencerl.engine.urls import check_server_url
 from cadencerl.router.areal import ROUTES as AREAL_ROUTES
 from cadencerl.router.areal import while_paused
 from cadencerl.router.disconnect import CLIENT_CLOSED, while_connected
+from cadencerl.router.gateway import routes as gateway_routes
 from cadencerl.router.passthrough import PASS_THROUGH, pass_through
 from cadencerl.router.proxy import forward
 from cadencerl.router.request_id import RequestIdMiddleware
@@ -64,6 +65,8 @@ def create_app(settings: RouterSettings, admin_token: str | None = None) -> "Gen
         Route("/admin/workers/remove", _admin(token, _remove_worker), methods=["POST"]),
         Route("/admin/workers/drain", _admin(token, _drain_worker), methods=["POST"]),
         *AREAL_ROUTES,
+        # SGLang's /generate and the model gateway's /workers (open unless an admin token is set)
+        *gateway_routes(_serve, (lambda h: _admin(token, h)) if token else (lambda h: h)),
     ]
     # an unhandled exception's 500 is RequestIdMiddleware's, so that it carries the request id
     handlers = {ApiError: _api_error, HTTPException: _http_error, ClientDisconnect: _client_left}

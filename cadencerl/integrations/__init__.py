@@ -1,0 +1,1 @@
+"""Adapters that let other RL frameworks send their rollouts through CadenceRL (verl)."""

@@ -1,0 +1,148 @@
+"""slime's requests through `cadencerl router --policy cadence` over two vLLM CPU servers.
+
+The bodies are the ones slime builds (THUDM/slime 624b824, `slime/rollout/sglang_rollout.py`
+95-106 and 176-200; its abort, 346-349 and `slime/backends/sglang_utils/server_control.py` 34-40):
+`/generate` answers what vLLM generates for the same request, in SGLang's shape (greedy, so the
+two are comparable; a length and a stop finish); the turns of a routing key stay on their worker;
+`abort_all` mid-rollout hands every sample back with its tokens, each re-send completes it, and the
+router's books balance (every sample ends once).
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+import threading
+import time
+
+import httpx
+import pytest
+
+from cadencerl.devpool.local_pool import LocalPool
+from cadencerl.engine.server_metrics import series_total
+
+pytestmark = [pytest.mark.engine, pytest.mark.timeout(300)]
+
+
+def payload(prompt: list[int], n: int, **params) -> dict:
+    sampling = dict(temperature=1.0, top_p=1.0, top_k=-1, max_new_tokens=n, stop=None, stop_token_ids=None,
+                    skip_special_tokens=False, no_stop_trim=True, spaces_between_special_tokens=False)
+    return {"sampling_params": {**sampling, **params}, "return_logprob": True, "input_ids": prompt}
+
+
+def ids_of(answer: dict) -> list[int]:
+    return [item[1] for item in answer["meta_info"]["output_token_logprobs"]]
+
+
+@pytest.fixture
+def router(engine_pool: LocalPool):
+    proc = subprocess.Popen([sys.executable, "-m", "cadencerl.cli", "router", "--workers", ",".join(engine_pool.urls),
+                             "--policy", "cadence", "--port", "0"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        line = proc.stderr.readline()
+        address = re.search(r"listening on (http://127\.0\.0\.1:\d+)", line)
+        assert address, line
+        _wait(lambda: _ready(address.group(1)), "the router ready")
+        yield address.group(1)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=20)
+
+
+def test_slime_through_the_router(engine_pool: LocalPool, router: str) -> None:
+    c = httpx.Client(base_url=router, timeout=120)
+    prompt = [11, 12, 13, 14, 15, 16]
+    # the same request, greedy, through the router and straight to vLLM
+    r = c.post("/generate", json=payload(prompt, 16, temperature=0.0, ignore_eos=True))
+    assert r.status_code == 200, r.text
+    answer = r.json()
+    direct = httpx.post(f"{engine_pool.urls[0]}/v1/completions", timeout=120, json={
+        "prompt": prompt, "max_tokens": 16, "temperature": 0.0, "logprobs": 0, "return_tokens_as_token_ids": True,
+        "ignore_eos": True}).json()["choices"][0]
+    want = [int(t.removeprefix("token_id:")) for t in direct["logprobs"]["tokens"]]
+    assert answer["output_ids"] == ids_of(answer) == want and answer["text"] == direct["text"]
+    meta = answer["meta_info"]
+    assert meta["finish_reason"] == {"type": "length", "length": 16}
+    assert (meta["prompt_tokens"], meta["completion_tokens"]) == (6, 16)
+    stop = c.post("/generate", json=payload(prompt, 16, temperature=0.0, ignore_eos=True,
+                                            stop_token_ids=[want[2]])).json()
+    assert stop["meta_info"]["finish_reason"] == {"type": "stop", "matched": want[2]}
+    assert stop["output_ids"] == want[:want.index(want[2]) + 1]
+
+    # multi-turn, the routing key: each trajectory's turns on one worker
+    placed: dict[str, set[str]] = {}
+    contexts = {f"traj-{i}": [100 + i, 7, 8] for i in range(4)}
+    for turn in range(2):
+        for key, context in contexts.items():
+            r = c.post("/generate", json=payload(context, 8, ignore_eos=True), headers={"X-SMG-Routing-Key": key})
+            placed.setdefault(key, set()).add(r.headers["x-cadencerl-worker"])
+            context += r.json()["output_ids"] + [42]
+    assert all(len(workers) == 1 for workers in placed.values()), placed
+    for key in contexts:
+        assert c.delete(f"/v1/sessions/{key}").json() == {"ended": True}
+
+    # abort_all mid-rollout, as slime aborts; partial rollout re-sends what is left (all at once, as
+    # its next rollout does, within the router's session TTL)
+    n, prompts = 2000, [[200 + i, 3, 4, 5] for i in range(4)]
+    answers = _together(c, [payload(p, n, ignore_eos=True) for p in prompts], start=False)
+    workers = c.get("/workers").json()["workers"]
+    assert sorted(w["upstream_url"] for w in workers) == sorted(engine_pool.urls)
+
+    def running() -> int:
+        return sum(c.get(f"{w['url']}/v1/loads").json()["loads"][0]["num_running_reqs"] for w in workers)
+    answers.start()
+    _wait(lambda: running() == 4, "four samples running")
+    time.sleep(1)                           # mid-rollout: tokens flowing
+    for w in workers:
+        assert c.post(f"{w['url']}/abort_request", json={"abort_all": True}).json()["success"]
+    _wait(lambda: running() == 0, "idle after abort_all")
+    handed = [ids_of(a) for a in answers.join()]
+    for first, got in zip(answers.out, handed):
+        assert first["meta_info"]["finish_reason"]["type"] == "abort" and len(got) < n, first["meta_info"]
+        assert got == first["output_ids"] and first["meta_info"]["completion_tokens"] == len(got)
+    assert sum(map(len, handed)) > 0, handed          # tokens were handed back, not only requests
+    rests = _together(c, [payload(p + got, n - len(got), ignore_eos=True) for p, got in zip(prompts, handed)]).join()
+    for got, rest in zip(handed, rests):
+        assert rest["meta_info"]["finish_reason"] == {"type": "length", "length": n - len(got)}
+    metrics = c.get("/metrics").text
+    assert series_total(metrics, "cadencerl_router_handed_back_total") == 4
+    assert series_total(metrics, "cadencerl_router_resumed_total") == 4
+    # every sample ended once: 2 single requests + 4 routing-key sessions + 4 resumed samples
+    assert series_total(metrics, "cadencerl_router_completed_sessions") == 10
+    print(f"slime abort_all: handed back {[len(g) for g in handed]} tokens of {n}, each resumed")
+
+
+class _together:
+    """`/generate` requests sent at once, each in a thread; `join()` their answers in order."""
+
+    def __init__(self, c: httpx.Client, bodies: list[dict], start: bool = True) -> None:
+        self.out: list[dict] = [{} for _ in bodies]
+        self.threads = [threading.Thread(target=lambda i=i, b=b: self.out.__setitem__(
+            i, c.post("/generate", json=b).json())) for i, b in enumerate(bodies)]
+        if start:
+            self.start()
+
+    def start(self) -> None:
+        for t in self.threads:
+            t.start()
+
+    def join(self) -> list[dict]:
+        for t in self.threads:
+            t.join(120)
+        return self.out
+
+
+def _ready(url: str) -> bool:
+    try:
+        return httpx.get(f"{url}/readiness", timeout=2).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def _wait(check, what: str, timeout_s: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not check():
+        assert time.monotonic() < deadline, f"not seen within {timeout_s} s: {what}"
+        time.sleep(0.05)
