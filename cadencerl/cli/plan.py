@@ -9,22 +9,11 @@ from typing import Optional
 import typer
 from rich.table import Table
 
-from cadencerl.cli.common import (BatchOpt, ConfigOpt, JsonOpt, ScenarioOpt, SeedOpt, TrajectoriesOpt, fail,
-                                  int_list, load_scenario, write_json)
+from cadencerl.cli.common import (BatchOpt, ConfigOpt, JobsOpt, JsonOpt, RayOpt, ScenarioOpt, SeedOpt, TrajectoriesOpt,
+                                  fail, fanout_from, int_list, load_scenario, write_json)
 from cadencerl.cli.tables import console, print_tables
 from cadencerl.config import ConfigError
 from cadencerl.report.runner import progress_bar
-
-RayOpt = typer.Option(None, "--ray", help="run the simulations on the Ray cluster at ADDRESS ('auto': the one "
-                      "this machine is attached to) instead of local processes; the results are the same")
-JobsOpt = typer.Option(None, "--jobs", min=1, max=256, help="local processes (default: the CPU count)")
-
-
-def fanout_from(jobs: Optional[int], ray: Optional[str]):
-    from cadencerl.runs.fanout import Fanout
-
-    return Fanout(ray_address=ray) if ray else Fanout.local(jobs)
-
 
 def plan(scenario: Optional[str] = ScenarioOpt, config: Optional[Path] = ConfigOpt,
          candidates: Optional[str] = typer.Option(None, "--candidates", help="TYPE[@TP]:N,N,...;... device counts "

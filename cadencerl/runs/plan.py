@@ -46,7 +46,8 @@ def parse_candidates(text: str, base: Scenario) -> list[Candidate]:
         where = f"candidates.{i}"
         if not sep or not counts.strip():
             raise ConfigError(f"{where}: expected TYPE[@TP]:N,N,... (device counts allowed), got {part!r}")
-        catalog.accelerator(name, where)
+        if name not in catalog.ACCELERATORS:
+            raise ConfigError(f"{where}: unknown accelerator {name!r} (known: {', '.join(catalog.ACCELERATORS)})")
         try:
             tp_n = int(tp) if tp else tps.get(name, 1)
             ns = tuple(sorted({int(c) for c in counts.split(",") if c.strip()}))
@@ -79,13 +80,20 @@ def pool_scenario(base: Scenario, candidates: list[Candidate], devices: tuple[in
     return base.with_overrides(name=name[:80], pool=pool, affinity_order=affinity)
 
 
-def peak_decode_bound(scenario: Scenario) -> float:
+def shortest_prompt(scenario: Scenario) -> int:
+    """The workload's shortest prompt (prompt lengths are visible; the response lengths stay sealed)."""
+    from cadencerl.workload.generate import generate
+
+    return min(s.prompt_len for s in generate(scenario.workload, scenario.seed, object()))
+
+
+def peak_decode_bound(scenario: Scenario, min_prompt: int) -> float:
     """Tokens per second no run on this pool exceeds: every worker decoding its largest batch
-    (max_num_seqs, or as many of the shortest possible contexts as its KV holds) back to back at
-    the smallest context that batch can have. A step's rate b / t(b, C) grows with b and falls
-    with C (t is linear in both), so this is each worker's most."""
+    (max_num_seqs, or as many of the shortest contexts as its KV holds) back to back at the smallest
+    context that batch can have (each sequence at least its prompt plus one token). A step's rate
+    b / t(b, C) grows with b and falls with C (t is linear in both), so this is each worker's most."""
     workers, perfs = build_pool(scenario)
-    min_ctx = min(c.prompt.minimum for c in scenario.workload.class_specs().values()) + 1
+    min_ctx = min_prompt + 1
     total = 0.0
     for w, p in zip(workers, perfs):
         n = max(1, min(w.max_num_seqs, w.kv_capacity // min_ctx))
@@ -97,6 +105,7 @@ def enumerate_pools(base: Scenario, candidates: list[Candidate], prices: dict[st
                     budget: float | None) -> tuple[list[Pool], int]:
     """Every composition within the budget (none empty), and how many were over it."""
     pools, over = [], 0
+    min_prompt = shortest_prompt(base)
     for devices in itertools.product(*(c.counts for c in candidates)):
         if not any(devices):
             continue
@@ -105,7 +114,7 @@ def enumerate_pools(base: Scenario, candidates: list[Candidate], prices: dict[st
             over += 1
             continue
         try:
-            bound, why = peak_decode_bound(pool_scenario(base, candidates, devices)), ""
+            bound, why = peak_decode_bound(pool_scenario(base, candidates, devices), min_prompt), ""
         except ConfigError as exc:     # the model or the longest trajectory does not fit, too many workers
             bound, why = 0.0, str(exc)
         pools.append(Pool(devices, cost, bound, why))
