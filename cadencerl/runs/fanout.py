@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import socket
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
@@ -65,13 +66,16 @@ def _call(fn: Callable, *a: Any) -> Any:
 
 
 def connect_ray(address: str) -> Any:
-    """Attach to the Ray cluster at `address` (once per process); a missing Ray or an unreachable
-    cluster is a one-line ConfigError naming `ray`."""
+    """Attach to the Ray cluster at `address` (once per process, again if asked for another); a
+    missing Ray or an unreachable cluster is a one-line ConfigError naming `ray`."""
     if importlib.util.find_spec("ray") is None:
         raise ConfigError("ray: Ray is not installed; `pip install 'cadencerl[ray]'` (or `pip install ray`)")
     import ray
 
+    if ray.is_initialized() and address != "auto" and ray.get_runtime_context().gcs_address != address:
+        ray.shutdown()      # attached to another cluster: this run asked for that one
     if not ray.is_initialized():
+        _check_reachable(address)
         package = str(Path(__file__).resolve().parents[1])
         try:
             ray.init(address=address, log_to_driver=False, logging_level="ERROR",
@@ -80,6 +84,17 @@ def connect_ray(address: str) -> Any:
             line = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
             raise ConfigError(f"ray: cannot attach to the cluster at {address}: {line}") from None
     return ray
+
+
+def _check_reachable(address: str, timeout_s: float = 5.0) -> None:
+    """A `host:port` address must accept a connection: Ray itself retries an unreachable one for minutes."""
+    host, sep, port = address.removeprefix("ray://").rpartition(":")
+    if address == "auto" or not sep or not port.isdigit():
+        return
+    try:
+        socket.create_connection((host, int(port)), timeout=timeout_s).close()
+    except OSError as exc:
+        raise ConfigError(f"ray: cannot reach the cluster at {address}: {exc.strerror or exc}") from None
 
 
 def _on_ray(address: str, fn: Callable, args: Sequence[tuple], progress: Progress | None) -> list:
