@@ -87,6 +87,11 @@ def shortest_prompt(scenario: Scenario) -> int:
     return min(s.prompt_len for s in generate(scenario.workload, scenario.seed, object()))
 
 
+def pool_cost(scenario: Scenario, prices: dict[str, Price]) -> float:
+    """Dollars per hour of the scenario's pool at `prices` (every type of it must have one)."""
+    return sum(g.devices * prices[g.accelerator].per_hour for g in scenario.pool)
+
+
 def peak_decode_bound(scenario: Scenario, min_prompt: int) -> float:
     """Tokens per second no run on this pool exceeds: every worker decoding its largest batch
     (max_num_seqs, or as many of the shortest contexts as its KV holds) back to back at the smallest
