@@ -112,7 +112,7 @@ def plot_frontier(r: dict, path: Path) -> None:
                     c=[x["latency_p95_s"] for x in front], cmap="viridis_r", s=40, label="frontier", zorder=3)
     fig.colorbar(sc, ax=ax, label="steady P95 latency (s)")
     for x in front[:8]:
-        ax.annotate(x["pool"], (x["tokens_per_dollar"], x["throughput_tok_s"]), fontsize=6, xytext=(3, 3),
+        ax.annotate(f"{x['pool']}, eta {x['eta']}", (x["tokens_per_dollar"], x["throughput_tok_s"]), fontsize=6, xytext=(3, 3),
                     textcoords="offset points")
     ax.set_xlabel("tokens per dollar")
     ax.set_ylabel("steady throughput (tok/s)")
