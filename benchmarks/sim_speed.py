@@ -11,7 +11,7 @@ object with `trajectories`, `wall_time_s`, `exact_wall_time_s`, `speedup` and `m
 multi-turn ones; cpu-pair as it is) in both modes and prints the largest relative difference of
 each, then one JSON object with the worst. `--scale K,...` runs the pool, workload and batch at K
 times their size (runs/scale.py), each K in a fresh process: wall and CPU time, events/s, peak RSS,
-and the growth exponent of CPU time against K (figures: docs/simulator.md, "Speed and scale").
+and the growth exponent of CPU time in trajectories (figures: docs/simulator.md, "Speed and scale").
 """
 
 from __future__ import annotations
@@ -120,7 +120,7 @@ def scales(args: argparse.Namespace) -> None:
         print(f"  K={k:3d}: {r['devices']:6,} devices, {r['trajectories']:>9,} trajectories, wall {r['wall_s']:8.2f} s, "
               f"CPU {r['cpu_s']:8.2f} s, {r['events_per_cpu_s']:>8,} events/CPU s, peak RSS {r['peak_rss_mb']:,} MB",
               flush=True)
-    if len(rows) > 1 and rows[-1]["scale"] != rows[0]["scale"]:
+    if len(rows) > 1 and rows[-1]["trajectories"] != rows[0]["trajectories"]:
         a, b = rows[0], rows[-1]
         exponent = math.log(b["cpu_s"] / a["cpu_s"]) / math.log(b["trajectories"] / a["trajectories"])
         print(f"  CPU time grows as n^{exponent:.2f} in trajectories (K={a['scale']} to K={b['scale']})")
