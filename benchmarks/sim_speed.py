@@ -2,19 +2,25 @@
 
 Usage: python benchmarks/sim_speed.py [--scenario 16a16b8h] [--policy cadence] [--trajectories N]
        python benchmarks/sim_speed.py --every-scenario [--policy cadence]
+       python benchmarks/sim_speed.py --scale 1,4,16,32 [--trajectories N] [--policy cadence]
 `--trajectories N` scales the trainer batch with it, as `cadencerl compare` does; bad input is one
 line `error: FIELD: ...` and exit code 2. Prints simulated decode tokens per wall second for both
 modes, and as its last line one JSON
 object with `trajectories`, `wall_time_s`, `exact_wall_time_s`, `speedup` and `max_rel_diff`.
 `--every-scenario` runs each built-in scenario at a small size (96 trajectories, 48 for the
 multi-turn ones; cpu-pair as it is) in both modes and prints the largest relative difference of
-each, then one JSON object with the worst.
+each, then one JSON object with the worst. `--scale K,...` runs the pool, workload and batch at K
+times their size (runs/scale.py), each K in a fresh process: wall and CPU time, events/s, peak RSS,
+and the growth exponent of CPU time in trajectories (figures: docs/simulator.md, "Speed and scale").
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
+import resource
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -65,15 +71,60 @@ def main() -> None:
     ap.add_argument("--trajectories", type=int, default=None)
     ap.add_argument("--skip-exact", action="store_true", help="closed form only (the exact run is slow)")
     ap.add_argument("--every-scenario", action="store_true", help="closed form vs exact on every built-in scenario")
+    ap.add_argument("--scale", default=None, help="comma-separated factors K: the pool, workload and batch K times")
+    ap.add_argument("--one-scale", type=int, default=None, help=argparse.SUPPRESS)   # the child of --scale
     args = ap.parse_args()
     try:
-        if args.every_scenario:
+        if args.one_scale is not None:
+            one_scale(args, args.one_scale)
+        elif args.scale is not None:
+            scales(args)
+        elif args.every_scenario:
             every_scenario(args.policy)
         else:
             measure(args, scenario_from_options(args))   # --trajectories scales the batch, as in `compare`
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         sys.exit(2)
+
+
+def one_scale(args: argparse.Namespace, k: int) -> None:
+    """One run at scale `k`, in this (fresh) process; one JSON line."""
+    from cadencerl.runs.scale import scaled
+
+    s = scaled(builtin_scenario(args.scenario), k, args.trajectories)
+    cpu, wall = time.process_time(), time.perf_counter()
+    r = simulate(s, make_policy(args.policy, s))
+    cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
+    print(json.dumps({"scale": k, "devices": sum(g.devices for g in s.pool), "trajectories": r["trajectories_completed"],
+                      "wall_s": round(wall, 2), "cpu_s": round(cpu, 2), "events": r["events"],
+                      "events_per_cpu_s": round(r["events"] / cpu), "peak_rss_mb":
+                      round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024),
+                      "steady_throughput_tok_s": r.get("steady_throughput_tok_s"),
+                      "latency_p95_s": r["latency_p95_s"]}), flush=True)
+
+
+def scales(args: argparse.Namespace) -> None:
+    """Each K in its own process (so each peak RSS is its own); then the growth exponent."""
+    ks = [int(k) for k in args.scale.split(",") if k.strip()]
+    if not ks or min(ks) < 1:
+        raise ConfigError(f"scale: expected comma-separated integers >= 1, got {args.scale!r}")
+    rows = []
+    for k in ks:
+        cmd = [sys.executable, __file__, "--one-scale", str(k), "--scenario", args.scenario, "--policy", args.policy]
+        if args.trajectories:
+            cmd += ["--trajectories", str(args.trajectories)]
+        out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout.strip().splitlines()[-1]
+        rows.append(json.loads(out))
+        r = rows[-1]
+        print(f"  K={k:3d}: {r['devices']:6,} devices, {r['trajectories']:>9,} trajectories, wall {r['wall_s']:8.2f} s, "
+              f"CPU {r['cpu_s']:8.2f} s, {r['events_per_cpu_s']:>8,} events/CPU s, peak RSS {r['peak_rss_mb']:,} MB",
+              flush=True)
+    if len(rows) > 1 and rows[-1]["trajectories"] != rows[0]["trajectories"]:
+        a, b = rows[0], rows[-1]
+        exponent = math.log(b["cpu_s"] / a["cpu_s"]) / math.log(b["trajectories"] / a["trajectories"])
+        print(f"  CPU time grows as n^{exponent:.2f} in trajectories (K={a['scale']} to K={b['scale']})")
+    print(json.dumps({"scenario": args.scenario, "policy": args.policy, "runs": rows}))
 
 
 def measure(args: argparse.Namespace, scenario) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib.util
 import inspect
+import json
 from pathlib import Path
 
 import pytest
@@ -92,6 +93,15 @@ def test_sim_speed_scales_the_batch_with_trajectories_as_compare_does():
     result = _sim_speed("--trajectories", "1024")
     assert result.returncode == 0, result.stderr
     assert '"trajectories": 1024' in result.stdout.splitlines()[-1]
+
+
+def test_sim_speed_scale_runs_each_k_and_prints_the_exponent():
+    result = _sim_speed("--scenario", "cpu-pair", "--scale", "1,2")
+    assert result.returncode == 0, result.stderr
+    runs = json.loads(result.stdout.splitlines()[-1])["runs"]
+    assert [r["scale"] for r in runs] == [1, 2] and runs[1]["devices"] == 2 * runs[0]["devices"]
+    assert runs[1]["trajectories"] == 2 * runs[0]["trajectories"] and all(r["peak_rss_mb"] > 0 for r in runs)
+    assert "CPU time grows as n^" in result.stdout
 
 
 @pytest.mark.parametrize("args, field", [(["--policy", "magic"], "policy"), (["--scenario", "nope"], "scenario"),

@@ -117,6 +117,19 @@ TrainerClusterOpt = typer.Option(None, "--trainer-cluster",
                                  help="put the trainer in this cluster of the pool (default: the scenario's)")
 
 
+RayOpt = typer.Option(None, "--ray", help="run the simulations on the Ray cluster at ADDRESS ('auto': the one "
+                      "this machine is attached to) instead of local processes; the results are the same")
+JobsOpt = typer.Option(None, "--jobs", min=1, max=256, help="simulations run in parallel on local processes "
+                       "(default: the CPU count)")
+
+
+def fanout_from(jobs: Optional[int], ray: Optional[str]):
+    """Where a command's independent simulations run: the Ray cluster at `ray`, else `jobs` local processes."""
+    from cadencerl.runs.fanout import Fanout
+
+    return Fanout(ray_address=ray) if ray else Fanout.local(jobs)
+
+
 def load_scenario(name: Optional[str], config: Optional[Path], overrides: dict,
                   json_out: Optional[str] = None) -> Scenario:
     """The scenario named by exactly one of --scenario / --config, with the command-line overrides

@@ -1,7 +1,7 @@
 """The `cadencerl` command line. Bad input gets one line naming the field, and exit code 2; an
 internal failure gets one line saying it is a bug, and exit code 1.
 
-This module only assembles the app: simulator commands come from `sim.py`, real-engine commands
+This module only assembles the app: simulator commands come from `sim.py` and `plan.py`, real-engine commands
 from `engine.py` and `pool.py`, the router service from `router.py`, and what they share from `common.py`.
 """
 
@@ -11,7 +11,7 @@ import typer
 from typer.core import TyperCommand, TyperGroup
 
 from cadencerl import __version__
-from cadencerl.cli import engine, pool, router, sim
+from cadencerl.cli import engine, plan, pool, router, sim
 from cadencerl.cli.common import UsageError, guarded
 
 
@@ -46,7 +46,7 @@ def build_app() -> typer.Typer:
                       rich_markup_mode=None, cls=Group,
                       help="CadenceRL: rollout control plane for asynchronous RL post-training.")
     app.callback()(_version_option)
-    for command in (sim.sim, sim.compare, sim.sensitivity, sim.sweep, sim.scenarios, sim.report):
+    for command in (sim.sim, sim.compare, sim.sensitivity, sim.sweep, plan.plan, sim.scenarios, sim.report):
         app.command(cls=Command)(guarded(command))
     pools = typer.Typer(no_args_is_help=True, help=pool.POOL_HELP, cls=Group)
     pools.command("up", cls=Command)(guarded(pool.pool_up))

@@ -10,9 +10,9 @@ from typing import Optional
 
 import typer
 
-from cadencerl.cli.common import (POLICY_HELP, BatchOpt, ConfigOpt, DeltaOpt, EtaOpt, JsonOpt,
+from cadencerl.cli.common import (POLICY_HELP, BatchOpt, ConfigOpt, DeltaOpt, EtaOpt, JobsOpt, JsonOpt, RayOpt,
                                   ScenarioOpt, SeedOpt, TrainerClusterOpt, TrajectoriesOpt, bug, distinct, fail,
-                                  int_list, load_scenario, write_json)
+                                  fanout_from, int_list, load_scenario, write_json)
 from cadencerl.cli.tables import (comparison_table, console, distance_note, per_accelerator_table, print_tables,
                                   run_table, scenarios_table, sensitivity_table, sweep_table, version_switch_table)
 from cadencerl.config import ConfigError, Scenario
@@ -137,19 +137,26 @@ def sensitivity(scenario: Optional[str] = ScenarioOpt, config: Optional[Path] = 
                 deltas: str = typer.Option("512,1024,2048,4096", "--deltas", help="decode reserves per trajectory "
                                            "to try, tokens (the columns): comma-separated distinct integers >= 0"),
                 json_out: Optional[str] = JsonOpt, trajectories: Optional[int] = TrajectoriesOpt,
-                batch_size: Optional[int] = BatchOpt) -> None:
+                batch_size: Optional[int] = BatchOpt, jobs: Optional[int] = JobsOpt, ray: Optional[str] = RayOpt) -> None:
     """Throughput and P95 latency over a grid of eta (admission budget) and delta (decode reserve)."""
+    from cadencerl.report.runner import ReportError, simulate_one
+    from cadencerl.runs.registry import make_policy
+
     s = load_scenario(scenario, config, dict(trajectories=trajectories, batch_size=batch_size), json_out)
     eta_values, delta_values = int_list("etas", etas), int_list("deltas", deltas)
-    runs = []
-    with progress_bar(True) as progress:
-        task = progress.add_task(f"{s.name} / {policy} sensitivity", total=len(eta_values) * len(delta_values))
-        for eta in eta_values:
-            for delta in delta_values:
-                r = run_policies(s.with_knobs(eta=eta, delta=delta), [policy], False, False)[0]
-                r.update(eta=eta, delta=delta)
-                runs.append(r)
-                progress.advance(task)
+    grid = [(eta, delta) for eta in eta_values for delta in delta_values]
+    try:
+        make_policy(policy, s)     # an unknown name fails before any run
+        with progress_bar(True) as progress:
+            task = progress.add_task(f"{s.name} / {policy} sensitivity", total=len(grid))
+            runs = fanout_from(jobs, ray).map(simulate_one, [(s.with_knobs(eta=e, delta=d), policy) for e, d in grid],
+                                              lambda done, _total: progress.update(task, completed=done))
+    except ConfigError as exc:
+        fail(str(exc))
+    except ReportError as exc:     # the knobs leave the policy no move: the message names them
+        fail(f"policy {exc}")
+    for r, (eta, delta) in zip(runs, grid):
+        r.update(eta=eta, delta=delta)
     print_tables([sensitivity_table(f"{s.name}: {policy}", runs, eta_values, delta_values)], json_out == "-")
     write_json(json_out, runs)
 
@@ -159,7 +166,8 @@ def sweep(scenario: Optional[str] = ScenarioOpt, config: Optional[Path] = Config
           json_out: Optional[str] = JsonOpt, seed: Optional[int] = SeedOpt,
           trajectories: Optional[int] = TrajectoriesOpt, batch_size: Optional[int] = BatchOpt,
           eta: Optional[int] = EtaOpt, delta: Optional[int] = DeltaOpt,
-          trainer_cluster: Optional[str] = TrainerClusterOpt) -> None:
+          trainer_cluster: Optional[str] = TrainerClusterOpt, jobs: Optional[int] = JobsOpt,
+          ray: Optional[str] = RayOpt) -> None:
     """Tune the cache-aware router's thresholds and weight update on a scenario; the quick grid's best is what
     `cache-aware-tuned` runs on it (a full grid's is shown and saved apart). The sizing options are
     `compare`'s, so a resized comparison can be swept ahead of it."""
@@ -170,12 +178,15 @@ def sweep(scenario: Optional[str] = ScenarioOpt, config: Optional[Path] = Config
     s = load_scenario(scenario, config, dict(seed=seed, trajectories=trajectories, batch_size=batch_size, eta=eta,
                                              delta=delta, trainer_cluster=trainer_cluster), json_out)   # as compare
     points = sw.QUICK_GRID if grid == "quick" else sw.FULL_GRID
-    with progress_bar(True) as progress:
-        grid_task = progress.add_task(f"{s.name} / cache-aware sweep", total=None)
-        update_task = progress.add_task(f"{s.name} / weight update, {sw.update_tune_batches(s)} batches", total=None)
-        results, updates = sw.tune(
-            s, points, lambda done, total: progress.update(grid_task, completed=done, total=total),
-            lambda done, total: progress.update(update_task, completed=done, total=total))
+    try:
+        with progress_bar(True) as progress:
+            grid_task = progress.add_task(f"{s.name} / cache-aware sweep", total=None)
+            update_task = progress.add_task(f"{s.name} / weight update, {sw.update_tune_batches(s)} batches", total=None)
+            results, updates = sw.tune(
+                s, points, lambda done, total: progress.update(grid_task, completed=done, total=total),
+                lambda done, total: progress.update(update_task, completed=done, total=total), fanout_from(jobs, ray))
+    except ConfigError as exc:    # Ray missing or unreachable
+        fail(str(exc))
     best, path = sw.save(s, points, results, updates)
     table = sweep_table(s.name, results)
     used = "for cache-aware-tuned " if grid == "quick" else ""
@@ -200,7 +211,8 @@ def report(out: Optional[Path] = typer.Option(None, "--out", "-o", help="directo
            quick: bool = typer.Option(False, "--quick", help="every pool at a quarter of its devices, 16 iterations of batch 1024 per run, fewer sweep points, ablation on one pool"),
            trajectories: Optional[int] = typer.Option(None, min=16, help="trajectories per run, at least 16 (batch = a sixteenth, rounded down); overrides --quick's size"),
            seed: Optional[int] = typer.Option(None, min=0, help="workload seed for every run (default: the scenarios' own, 0)"),
-           jobs: Optional[int] = typer.Option(None, min=1, max=MAX_JOBS, help="simulations run in parallel (default: the CPU count)")) -> None:
+           jobs: Optional[int] = typer.Option(None, min=1, max=MAX_JOBS, help="simulations run in parallel (default: the CPU count)"),
+           ray: Optional[str] = RayOpt) -> None:
     """Run the evaluation matrix (the paper's section 6) and write a markdown report with tables and plots."""
     from cadencerl.report.build import OutputError, build_report, check_out_dir
     from cadencerl.report.runner import ReportError
@@ -209,7 +221,8 @@ def report(out: Optional[Path] = typer.Option(None, "--out", "-o", help="directo
         fail("out: give --out DIR")
     try:
         check_out_dir(out)
-        path, headline = build_report(out, quick=quick, trajectories=trajectories, seed=seed, processes=jobs)
+        path, headline = build_report(out, quick=quick, trajectories=trajectories, seed=seed, processes=jobs,
+                                      ray_address=ray)
     except (ConfigError, OutputError) as exc:
         fail(str(exc))
     except ReportError as exc:   # a run of the built-in matrix failed: not the user's input

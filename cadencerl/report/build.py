@@ -143,14 +143,15 @@ def _replace_dir(staging: Path, out: Path) -> None:
 
 
 def build_report(out: str | Path, *, quick: bool = False, trajectories: int | None = None, seed: int | None = None,
-                 progress: bool = True, processes: int | None = None) -> tuple[Path, list[list]]:
+                 progress: bool = True, processes: int | None = None,
+                 ray_address: str | None = None) -> tuple[Path, list[list]]:
     """Run the matrix and write out/report.md, out/results.json, out/figures/ and out/scenarios/; returns
     report.md and the headline table's rows (headers: `sections.pools.RATIO_HEADERS`), for the terminal.
 
     The report is built in a staging directory beside `out` and swapped in whole at the end, so an
     earlier report in `out` is replaced, not mixed with (no stale figures), and a failed run leaves
-    it as it was. `processes` (default: the CPU count) simulate the planned runs in parallel;
-    results do not depend on it.
+    it as it was. `processes` (default: the CPU count) simulate the planned runs in parallel, or the
+    Ray cluster at `ray_address` does; results do not depend on either.
     """
     started = time.perf_counter()
     out = Path(out)
@@ -164,7 +165,7 @@ def build_report(out: str | Path, *, quick: bool = False, trajectories: int | No
         jobs = planned_runs(settings)
         with progress_bar(progress) as bar:
             runner = Runner(bar, planned=len(jobs) + 2)
-            runner.prefetch(jobs, processes if processes is not None else (os.cpu_count() or 1))
+            runner.prefetch(jobs, processes if processes is not None else (os.cpu_count() or 1), ray_address)
             ctx = Report(staging, settings, runner, shown_out=out)
             sections = [experiment(ctx) for experiment in EXPERIMENTS]
             light = light_load(ctx)

@@ -58,29 +58,26 @@ class Runner:
     def key(scenario: Scenario, policy: str, trace: tuple[int, ...] = ()) -> tuple:
         return scenario.model_dump_json(), policy, trace
 
-    def prefetch(self, jobs: list[tuple[Scenario, str]], processes: int) -> None:
-        """Run the uncached (scenario, policy) jobs on `processes` worker processes; results land in the cache."""
-        from concurrent.futures import ProcessPoolExecutor, as_completed
+    def prefetch(self, jobs: list[tuple[Scenario, str]], processes: int, ray_address: str | None = None) -> None:
+        """Run the uncached (scenario, policy) jobs on `processes` worker processes, or on the Ray
+        cluster at `ray_address` (runs/fanout.py: one code path); results land in the cache."""
+        from cadencerl.runs.fanout import Fanout
 
         todo = [(s, p) for s, p in jobs if self.key(s, p) not in self.cache]
-        if processes <= 1 or len(todo) <= 1:
+        if ray_address is None and (processes <= 1 or len(todo) <= 1):
             for s, p in todo:
                 self.run(s, p)
             return
-        done: dict[tuple, dict] = {}
-        with ProcessPoolExecutor(processes) as pool:
-            futures = {pool.submit(simulate_one, s, p): (s, p) for s, p in todo}
-            try:
-                for future in as_completed(futures):
-                    s, p = futures[future]
-                    done[self.key(s, p)] = future.result()
-                    self._advance()
-            except BaseException:
-                for f in futures:
-                    f.cancel()
-                raise
-        for s, p in todo:  # record in job order, whatever order they finished in
-            self._store(s, p, (), done[self.key(s, p)])
+        seen = [0]
+
+        def advance(done: int, _total: int) -> None:
+            while seen[0] < done:
+                seen[0] += 1
+                self._advance()
+
+        results = Fanout(processes, ray_address).map(simulate_one, todo, advance)
+        for (s, p), result in zip(todo, results):  # record in job order, whatever order they finished in
+            self._store(s, p, (), result)
 
     def run(self, scenario: Scenario, policy: str, trace: tuple[int, ...] = ()) -> dict:
         key = self.key(scenario, policy, trace)

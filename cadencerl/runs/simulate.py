@@ -56,7 +56,7 @@ def simulate(scenario: Scenario, policy: Policy, *, exact: bool = False,
 
     def on_finish(done: int, total: int) -> None:
         # decoded tokens so far, for the steady window (engines not synced lag by under one tick)
-        generated.append((ctl.now, sum(e.tokens_generated + len(e.running) * e.lag for e in backend.engines)))
+        generated.append((ctl.now, backend.decoded_tokens()))
         if progress is not None:
             progress(done, total)
 

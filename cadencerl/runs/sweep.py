@@ -23,6 +23,7 @@ from cadencerl.config import Scenario
 from cadencerl.core.policy import Policy
 from cadencerl.policies.routers import VERSION_SWITCHES as ROUTER_WEIGHT_UPDATES
 from cadencerl.policies.routers import CacheAware
+from cadencerl.runs.fanout import Fanout
 from cadencerl.runs.outputs import write_atomic
 from cadencerl.runs.simulate import simulate
 
@@ -71,22 +72,23 @@ def cache_path(scenario: Scenario, grid: dict) -> Path:
     return cache_dir() / f"{safe}-{scenario_key(scenario, grid)}.json"
 
 
+def grid_point(scenario: Scenario, point: dict) -> dict:
+    """One point of the grid (module level: fanned out)."""
+    r = simulate(scenario, CacheAware(**point))
+    return {**point, "throughput_tok_s": r["throughput_tok_s"], "latency_p95_s": r["latency_p95_s"],
+            "prefix_hit_rate": r["prefix_hit_rate"]}
+
+
 def sweep(scenario: Scenario, grid: dict | None = None,
-          progress: Callable[[int, int], None] | None = None) -> list[dict]:
-    """Run the cache-aware router at every grid point; results sorted best first."""
+          progress: Callable[[int, int], None] | None = None, fanout: Fanout = Fanout()) -> list[dict]:
+    """Run the cache-aware router at every grid point (fanned out); results sorted best first."""
     grid = grid or QUICK_GRID
     tune = scenario
     if scenario.workload.trajectories > TUNE_TRAJECTORIES:
         tune = scenario.with_overrides(workload={"trajectories": TUNE_TRAJECTORIES},
                                        trainer={"batch_size": min(scenario.trainer.batch_size, TUNE_TRAJECTORIES)})
     points = [dict(zip(grid, values)) for values in itertools.product(*grid.values())]
-    results = []
-    for i, point in enumerate(points):
-        r = simulate(tune, CacheAware(**point))
-        results.append({**point, "throughput_tok_s": r["throughput_tok_s"], "latency_p95_s": r["latency_p95_s"],
-                        "prefix_hit_rate": r["prefix_hit_rate"]})
-        if progress:
-            progress(i + 1, len(points))
+    results = fanout.map(grid_point, [(tune, point) for point in points], progress)
     return sorted(results, key=lambda r: -r["throughput_tok_s"])
 
 
@@ -147,9 +149,10 @@ def _cached_best(path: Path, grid: dict) -> dict | None:
 
 
 def tune(scenario: Scenario, grid: dict, progress: Callable[[int, int], None] | None = None,
-         update_progress: Callable[[int, int], None] | None = None) -> tuple[list[dict], list[dict]]:
-    """Both stages: the threshold sweep, then the weight update at its best point."""
-    results = sweep(scenario, grid, progress)
+         update_progress: Callable[[int, int], None] | None = None,
+         fanout: Fanout = Fanout()) -> tuple[list[dict], list[dict]]:
+    """Both stages: the threshold sweep (fanned out), then the weight update at its best point."""
+    results = sweep(scenario, grid, progress, fanout)
     point = {k: results[0][k] for k in grid}
     return results, sweep_version_switch(scenario, lambda u: CacheAware(**point, version_switch=u), update_progress)
 

@@ -39,6 +39,9 @@ class SimBackend:
         self._requests: dict[int, Request] = {}
         self._transit: dict[int, int] = {}
         self.events_processed = 0
+        self._touched: set[int] = set()     # engines changed since `decoded_tokens` last read them
+        self._decoded = 0
+        self._counted: list[int] = []       # each engine's share of `_decoded`
 
     # -- Backend protocol -------------------------------------------------------------------------
 
@@ -50,11 +53,24 @@ class SimBackend:
                                   cache=PrefixCache(block=p.accel.kv_block_tokens))
                         for w, p in zip(workers, self._perfs)]
         self._transit = {w.id: 0 for w in workers}
+        self._counted = [0] * len(self.engines)
+
+    def decoded_tokens(self) -> int:
+        """Decoded tokens so far over every engine (steps observed by `sync` included), kept up
+        incrementally: only the engines changed since the last read are re-read."""
+        for wid in self._touched:
+            e = self.engines[wid]
+            now = e.tokens_generated + len(e.running) * e.lag
+            self._decoded += now - self._counted[wid]
+            self._counted[wid] = now
+        self._touched.clear()
+        return self._decoded
 
     def sync(self, now: float) -> None:
         self._clock = max(self._clock, now)
         for e in self.engines:
             e.sync(now)
+        self._touched.update(range(len(self.engines)))
 
     def kv_committed(self, worker: int) -> int:
         return self.engines[worker].kv_committed() + self._transit[worker]
@@ -79,6 +95,7 @@ class SimBackend:
         else:
             engine.enqueue(req)
             self._dirty.add(worker)
+            self._touched.add(worker)
 
     def evict(self, traj: Trajectory) -> None:
         req = self._requests.pop(traj.id)
@@ -89,6 +106,7 @@ class SimBackend:
         else:
             engine.remove(req)
             self._dirty.add(engine.id)
+            self._touched.add(engine.id)
         traj.tokens = req.generated()
         traj.meter = None
         if self.kv is not None:
@@ -107,6 +125,7 @@ class SimBackend:
     def commit(self, now: float) -> None:
         for wid in sorted(self._dirty):
             self._schedule_engine(self.engines[wid], self.engines[wid].restart(now))
+        self._touched.update(self._dirty)
         self._dirty.clear()
 
     def schedule(self, time: float, tag: str) -> None:
@@ -139,6 +158,7 @@ class SimBackend:
                     self._transit[req.engine.id] -= req.ctx0
                     req.engine.sync(t)
                     req.engine.enqueue(req)
+                    self._touched.add(req.engine.id)
                     self._schedule_engine(req.engine, req.engine.restart(t))
             elif kind == _TOOL:
                 self._clock = t
@@ -181,6 +201,7 @@ class SimBackend:
 
     def _on_engine(self, engine: SimEngine, t: float, out: list[Event]) -> None:
         finished: list[Request] = []
+        self._touched.add(engine.id)
         nxt = engine.on_event(t, finished)
         for req in finished:
             traj = req.traj

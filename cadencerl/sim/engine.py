@@ -63,6 +63,7 @@ class SimEngine:
     queued_ctx: int = 0            # KV tokens reserved by waiting, in-transit and prefilling requests
     seg_start: float = 0.0         # time of step `steps` (start of the in-progress step)
     line: DecodeLine | None = None
+    line_key: tuple[int, int] = (0, 0)   # (batch, context at step 0) of `line`
     finish_heap: list = field(default_factory=list)
     event_step: int = 0            # steps from seg_start to the scheduled event
     epoch: int = 0                 # bumps invalidate scheduled events
@@ -109,7 +110,11 @@ class SimEngine:
 
     def _reline(self) -> None:
         b = len(self.running)
-        self.line = self.perf.decode_line(b, self.ctx_total) if b and self.mixed_end < 0 else None
+        if not b or self.mixed_end >= 0:
+            self.line = None
+        elif self.line is None or self.line_key != (b, self.ctx_total):   # most calls change neither
+            self.line_key = (b, self.ctx_total)
+            self.line = self.perf.decode_line(b, self.ctx_total)
 
     # -- mutations from the controller --------------------------------------------------------------
 

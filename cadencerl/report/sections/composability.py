@@ -6,6 +6,8 @@ from cadencerl.report import plots
 from cadencerl.report.context import Report
 from cadencerl.report.markdown import change, md_table, sec, tok
 from cadencerl.report.matrix import COMPOSITIONS, HETEROGENEOUS_POLICIES, pool_scenario
+from cadencerl.runs.plan import pool_cost
+from cadencerl.runs.prices import catalog_prices
 
 
 def composability(ctx: Report) -> str:
@@ -47,9 +49,35 @@ def composability(ctx: Report) -> str:
               "claimed axis only.\n",
               "### Every policy: throughput change / P95 change\n",
               md_table(["extension", "added devices", *HETEROGENEOUS_POLICIES], per_policy), "",
+              "### What each extension costs, CadenceRL against the best baseline (the planner's prices)\n",
+              costs_table(ctx, results),
+              "\nThe best baseline is the one with the highest throughput on the extended pool. Prices are the "
+              "catalog's, each with its source (`cadencerl plan` prints them); `cadencerl plan` searches every "
+              "composition within a budget instead of these fixed steps (docs/planner.md).\n",
               f"![composability]({rel})\n",
               "*Figure 3. CadenceRL on each pool in the throughput (x, thousands of tokens/s) vs P95 latency "
               "(y, seconds) plane. Red arrows add high-bandwidth H800 devices, blue arrows add cost-efficient "
               "A910X or BI-V150 devices; an arrow pointing down means lower tail latency, pointing right means higher "
               "throughput.*\n"]
     return "\n".join(parts)
+
+
+def costs_table(ctx: Report, results: dict) -> str:
+    """Per extension: $/h, and throughput / P95 / tokens per dollar under CadenceRL and the best baseline."""
+    prices = catalog_prices()
+    baselines = [p for p in HETEROGENEOUS_POLICIES if p != "cadence"]
+    rows = []
+    for src, dst, kind in COMPOSITIONS:
+        cost = {n: pool_cost(pool_scenario(n, ctx.settings), prices) for n in (src, dst)}
+        best = max(baselines, key=lambda p: results[dst][p]["throughput_tok_s"])
+        row = [f"{src} -> {dst}", kind, f"${cost[src]:,.2f} -> ${cost[dst]:,.2f}"]
+        for p in ("cadence", best):
+            a, b = results[src][p], results[dst][p]
+            per = {n: r["throughput_tok_s"] * 3600 / cost[n] for n, r in ((src, a), (dst, b))}
+            row.append(f"{change(b['throughput_tok_s'], a['throughput_tok_s'])} / "
+                       f"{change(b['latency_p95_s'], a['latency_p95_s'])} / "
+                       f"{per[src] / 1e3:,.0f}k -> {per[dst] / 1e3:,.0f}k")
+        row.append(best)
+        rows.append(row)
+    return md_table(["extension", "added devices", "$/h", "CadenceRL: tok/s / P95 / tokens per $",
+                     "best baseline: tok/s / P95 / tokens per $", "best baseline"], rows)
