@@ -1,0 +1,97 @@
+"""The controller's process killed with SIGKILL at random points of a run on fake vLLM servers,
+restarted on its journal: across the two processes every trajectory is consumed exactly once, in
+one batch, with its exact tokens (the fakes are deterministic), never staler than eta, and no
+request is left running on a server."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from cadencerl.core.journal import Journal, JournalError
+from cadencerl.workload.generate import generate
+from tests.fake_vllm import FakeVLLM, reference
+from tests.journal_driver import scenario
+
+pytestmark = pytest.mark.timeout(150)
+ROOT = Path(__file__).resolve().parents[1]
+TRAJ, BATCH = 32, 8
+
+
+def driver(urls: str, journal: Path, out: Path) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, str(ROOT / "tests" / "journal_driver.py"), urls, str(journal), str(out),
+                             str(TRAJ), str(BATCH)], env={**os.environ, "PYTHONPATH": str(ROOT)},
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def check_across_processes(out: Path) -> dict:
+    lines = [json.loads(x) for x in out.read_text().splitlines()]
+    end = [x for x in lines if x.get("end")]
+    assert len(end) == 1, "the restarted run did not finish"
+    by_index: dict[int, list] = {}
+    for x in lines:
+        if "index" in x:      # a batch written but not published before the kill is handed out again, the same
+            assert by_index.setdefault(x["index"], x["samples"]) == x["samples"], f"batch {x['index']} changed"
+    assert sorted(by_index) == list(range(TRAJ // BATCH))
+    s = scenario(TRAJ, BATCH)
+    key = object()
+    targets = {sp.id: sp.response.reveal(key) for sp in generate(s.workload, s.seed, key)}
+    seen = [tid for samples in by_index.values() for tid, *_ in samples]
+    assert sorted(seen) == list(range(TRAJ)), "a trajectory lost or consumed twice"
+    for k, samples in by_index.items():
+        for tid, tag, prompt, completion in samples:
+            assert len(completion) == targets[tid], f"trajectory {tid}: {len(completion)} of {targets[tid]} tokens"
+            assert completion == reference(prompt, targets[tid]), f"trajectory {tid}: tokens differ"
+            assert 0 <= k - tag <= s.controller.eta, f"trajectory {tid} tag {tag} in batch {k}"
+    return end[0]["journal"]
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3, 4])
+def test_sigkill_at_a_random_point_then_restart_loses_and_repeats_nothing(tmp_path: Path, seed: int) -> None:
+    journal, out = tmp_path / "run.journal", tmp_path / "batches.jsonl"
+    with FakeVLLM() as a, FakeVLLM() as b:
+        urls = f"{a.url},{b.url}"
+        first = driver(urls, journal, out)
+        rng = random.Random(seed)     # a random point: after k batches are out, plus a random time
+        k, extra = (seed - 1) % (TRAJ // BATCH - 1), rng.uniform(0.2, 1.5)
+        deadline = time.monotonic() + 60
+        while (len(out.read_text().splitlines()) if out.exists() else 0) < k and time.monotonic() < deadline:
+            time.sleep(0.02)
+        time.sleep(extra)
+        assert first.poll() is None, f"the run ended before the kill: {first.communicate()[0][-2000:]}"
+        first.send_signal(signal.SIGKILL)
+        first.wait(10)
+        second = driver(urls, journal, out)
+        log, _ = second.communicate(timeout=120)
+        assert second.returncode == 0, log[-3000:]
+        report = check_across_processes(out)
+        assert report["resumed"] == (report["records_read"] > 0)
+        assert report["resumed"] or k == 0, "the journal held nothing after a batch was out"
+        print(seed, k, report)
+        deadline = time.monotonic() + 10
+        while (a.running or b.running) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert a.running == 0 and b.running == 0, "a request of the killed process still runs on a server"
+
+
+def test_a_second_process_on_a_live_journal_is_refused(tmp_path: Path) -> None:
+    journal = Journal.open(tmp_path / "j")
+    try:
+        code = ("import sys; from cadencerl.core.journal import Journal, JournalError\n"
+                f"try:\n    Journal.open({str(tmp_path / 'j')!r})\nexcept JournalError as e:\n"
+                "    print(e); sys.exit(3)\n")
+        r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30,
+                           env={**os.environ, "PYTHONPATH": str(ROOT)})
+        assert r.returncode == 3 and "in use by another process" in r.stdout and str(os.getpid()) in r.stdout
+    finally:
+        journal.close()
+    Journal.open(tmp_path / "j").close()      # once the owner closed it, it opens again
+    assert JournalError
