@@ -29,9 +29,9 @@ from cadencerl.core.trajectory import Trajectory
 from cadencerl.engine.backend import EngineBackend, WeightUpdate
 from cadencerl.engine.client import Timeouts
 from cadencerl.engine.exporter import MetricsExporter
+from cadencerl.runs.journaled import attach_journal, open_journal
 from cadencerl.runs.real import (MAX_DEADLINE_S, RealRun, assemble, kv_list, lost_why, parse_urls, resolve_labels,
                                  summarize_real)
-from cadencerl.runs.journaled import attach_journal, open_journal
 from cadencerl.runs.registry import make_policy
 from cadencerl.workload.generate import generate
 
