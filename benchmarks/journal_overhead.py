@@ -18,14 +18,15 @@ from tests.fake_vllm import FakeVLLM
 from tests.journal_driver import scenario
 
 
-def one(urls: list[str], trajectories: int, journal: str | None) -> tuple[float, int, int | None]:
+def one(urls: list[str], trajectories: int, journal: str | None) -> tuple[float, float, int, int | None]:
     s = scenario(trajectories, 8)
-    started = time.perf_counter()
+    started, cpu = time.perf_counter(), time.process_time()
     with RolloutPool.from_scenario(s, urls, policy="cadence", kv_tokens=1024, deadline_s=600, journal=journal) as pool:
         for _ in pool.batches():
             pool.publish()
         result = pool.result()
-    return time.perf_counter() - started, result["tokens_generated"], (result.get("journal") or {}).get("bytes")
+    wall, cpu = time.perf_counter() - started, time.process_time() - cpu
+    return wall, cpu, result["tokens_generated"], (result.get("journal") or {}).get("bytes")
 
 
 def main() -> None:
@@ -34,17 +35,20 @@ def main() -> None:
     ap.add_argument("--trajectories", type=int, default=64)
     args = ap.parse_args()
     rates: dict[str, list[float]] = {"off": [], "on": []}
+    cpu_per_token: dict[str, list[float]] = {"off": [], "on": []}   # the process's CPU (servers included)
     size = None
     with FakeVLLM() as a, FakeVLLM() as b, tempfile.TemporaryDirectory() as d:
         for i in range(args.runs):
             for mode in ("off", "on"):
                 path = os.path.join(d, f"j{i}") if mode == "on" else None
-                wall, tokens, nbytes = one([a.url, b.url], args.trajectories, path)
+                wall, cpu, tokens, nbytes = one([a.url, b.url], args.trajectories, path)
                 rates[mode].append(tokens / wall)
+                cpu_per_token[mode].append(1e6 * cpu / tokens)
                 size = nbytes or size
     off, on = statistics.median(rates["off"]), statistics.median(rates["on"])
     print(json.dumps({"trajectories": args.trajectories, "runs": args.runs, "tokens_per_s_off": rates["off"],
                       "tokens_per_s_on": rates["on"], "median_drop_pct": 100 * (off - on) / off,
+                      "cpu_us_per_token_off": cpu_per_token["off"], "cpu_us_per_token_on": cpu_per_token["on"],
                       "journal_bytes_at_end": size, "loadavg": open("/proc/loadavg").read().split()[:3]}))
 
 

@@ -122,6 +122,7 @@ class Journal:
     _db: sqlite3.Connection | None = None
     _lock_fd: int | None = None
     _buffer: list[tuple[str, int | None, str, int]] = field(default_factory=list)
+    _tokens: dict[int, list[int]] = field(default_factory=dict)   # chunks since the last flush, by trajectory
     _last_flush: float = 0.0
     recovered: Recovered = field(default_factory=lambda: Recovered([]))
 
@@ -157,12 +158,24 @@ class Journal:
         text = json.dumps(body, separators=(",", ":"))
         self._buffer.append((kind, traj, text, _crc(kind, traj, text)))
 
+    def tokens(self, traj: int, ids: list[int]) -> None:
+        """Token ids a trajectory received: one record per trajectory and flush, whatever the chunks
+        (replay reads a trajectory's tokens in order, in any place among its other records)."""
+        kept = self._tokens.get(traj)
+        if kept is None:
+            self._tokens[traj] = list(ids)
+        else:
+            kept.extend(ids)
+
     def flush(self, force: bool = False) -> None:
         """Commit what was logged, if `flush_every_s` passed since the last commit (or `force`)."""
         now = time.monotonic()
-        if not self._buffer or (not force and now - self._last_flush < self.flush_every_s) or self._db is None:
+        if not (self._buffer or self._tokens) or (not force and now - self._last_flush < self.flush_every_s) \
+                or self._db is None:
             return
-        rows, self._buffer = self._buffer, []
+        for traj, ids in self._tokens.items():
+            self.log("tokens", traj, ids=ids)
+        rows, self._buffer, self._tokens = self._buffer, [], {}
         try:
             with self._db:
                 self._db.executemany("INSERT INTO records (kind, traj, body, crc) VALUES (?, ?, ?, ?)", rows)

@@ -47,7 +47,7 @@ def attach_journal(run: RealRun, journal: Journal, prompts: dict[int, list[int]]
         journal.log("run", fingerprint=fp)
         journal.flush(force=True)
     ctl.journal = journal
-    backend.streams.on_tokens = lambda tid, ids: journal.log("tokens", tid, ids=ids)
+    backend.streams.on_tokens = journal.tokens
 
     def on_start() -> None:
         if not state.empty:
