@@ -1,5 +1,6 @@
 """The journal's cost: the shrunk cpu-pair run through RolloutPool on two fake vLLM servers, with
-and without `journal=`, alternated; prints JSON (tokens/s each way, the drop, the journal's size).
+and without `journal=`, alternated; prints JSON (tokens/s each way, the drop, CPU per token, the
+journal's size, and the journal's own cost per token measured alone).
 
     PYTHONPATH=.:tests python benchmarks/journal_overhead.py [--runs 3] [--trajectories 64]
 """
@@ -14,6 +15,7 @@ import tempfile
 import time
 
 from cadencerl.api import RolloutPool
+from cadencerl.core.journal import Journal
 from tests.fake_vllm import FakeVLLM
 from tests.journal_driver import scenario
 
@@ -27,6 +29,19 @@ def one(urls: list[str], trajectories: int, journal: str | None) -> tuple[float,
         result = pool.result()
     wall, cpu = time.perf_counter() - started, time.process_time() - cpu
     return wall, cpu, result["tokens_generated"], (result.get("journal") or {}).get("bytes")
+
+
+def cost_per_token_us(path: str, n: int = 200_000) -> float:
+    """The journal alone: a token a call, 64 trajectories, a flush offered every 100 tokens."""
+    j = Journal.open(path)
+    started = time.perf_counter()
+    for i in range(n):
+        j.tokens(i % 64, [i % 4096])
+        if i % 100 == 0:
+            j.flush()
+    j.flush(force=True)
+    j.close()
+    return 1e6 * (time.perf_counter() - started) / n
 
 
 def main() -> None:
@@ -45,11 +60,12 @@ def main() -> None:
                 rates[mode].append(tokens / wall)
                 cpu_per_token[mode].append(1e6 * cpu / tokens)
                 size = nbytes or size
+        micro = cost_per_token_us(os.path.join(d, "micro"))
     off, on = statistics.median(rates["off"]), statistics.median(rates["on"])
     print(json.dumps({"trajectories": args.trajectories, "runs": args.runs, "tokens_per_s_off": rates["off"],
                       "tokens_per_s_on": rates["on"], "median_drop_pct": 100 * (off - on) / off,
                       "cpu_us_per_token_off": cpu_per_token["off"], "cpu_us_per_token_on": cpu_per_token["on"],
-                      "journal_bytes_at_end": size, "loadavg": open("/proc/loadavg").read().split()[:3]}))
+                      "journal_bytes_at_end": size, "journal_alone_us_per_token": micro, "loadavg": open("/proc/loadavg").read().split()[:3]}))
 
 
 if __name__ == "__main__":
