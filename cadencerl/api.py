@@ -214,7 +214,11 @@ class RolloutPool:
         if self._training is None:
             raise RuntimeError("publish: no batch is being trained")
         version, self._training = self._training + 1, None
-        if self._thread is not None and self._thread.is_alive():
+        if self._last_handed_out and self.journal is not None:    # the controller is done: the record is ours
+            self._thread.join(self.join_timeout_s)
+            if not self._thread.is_alive():
+                self.journal.published(version, self._run.controller.trainer.batches[-1].trajectory_ids)
+        elif self._thread is not None and self._thread.is_alive():
             self._run.backend.publish_now()
         return version
 

@@ -99,3 +99,27 @@ def test_a_second_process_on_a_live_journal_is_refused(tmp_path: Path) -> None:
         journal.close()
     Journal.open(tmp_path / "j").close()      # once the owner closed it, it opens again
     assert JournalError
+
+
+def test_cadencerl_run_journal_resumes_a_finished_run_at_once_and_refuses_another_run(tmp_path: Path) -> None:
+    """`cadencerl run --journal`: a run started on the journal of a finished run has nothing left to
+    do (every batch was consumed); one with another workload is refused, naming the journal."""
+    from typer.testing import CliRunner
+
+    from cadencerl.cli.main import app
+
+    journal, out = tmp_path / "run.journal", tmp_path / "run.json"
+    with FakeVLLM() as a, FakeVLLM() as b:
+        def run(trajectories: str):
+            return CliRunner().invoke(app, ["run", "-s", "cpu-pair", "--workers", f"{a.url},{b.url}", "--trajectories",
+                                            trajectories, "--batch-size", "8", "--kv-tokens", "4096", "--deadline",
+                                            "60", "--journal", str(journal), "--json", str(out)])
+        first = run("16")
+        assert first.exit_code == 0, first.output
+        assert json.loads(out.read_text())["journal"]["resumed"] is False
+        again = run("16")
+        assert again.exit_code == 0, again.output
+        record = json.loads(out.read_text())
+        assert record["journal"]["resumed"] and record["journal"]["consumed"] == 16
+        other = run("24")
+    assert other.exit_code != 0 and "records another run" in other.output and "Traceback" not in other.output
