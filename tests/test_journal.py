@@ -7,7 +7,9 @@ from __future__ import annotations
 import sqlite3
 from pathlib import Path
 
-from cadencerl.core.journal import Journal, read_records
+import pytest
+
+from cadencerl.core.journal import Journal, JournalError, read_records
 from cadencerl.core.journal_state import replay
 
 
@@ -84,3 +86,9 @@ def test_publishing_compacts_the_consumed_trajectories_records(tmp_path: Path) -
     assert all(t not in (0, 1) for _, t in kinds) and ("batch", None) in kinds and ("publish", None) in kinds
     st = replay(read_records(p).records)
     assert st.published == 1 and sorted(st.admitted) == [2, 3]
+
+
+def test_a_folder_or_an_unwritable_place_is_a_clear_error(tmp_path: Path) -> None:
+    for path, words in ((tmp_path, "is a folder"), (tmp_path / "none" / "j", "does not exist")):
+        with pytest.raises(JournalError, match=words):
+            Journal.open(path)

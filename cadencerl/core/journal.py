@@ -70,7 +70,10 @@ def _crc(kind: str, traj: int | None, body: str) -> int:
 
 
 def _lock(path: Path) -> int:
-    fd = os.open(f"{path}.lock", os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fd = os.open(f"{path}.lock", os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as exc:
+        raise JournalError(f"journal: cannot create the lock file {path}.lock: {exc.strerror}") from None
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -133,6 +136,8 @@ class Journal:
         path = Path(path)
         if not path.parent.is_dir():
             raise JournalError(f"journal: the folder of {path} does not exist")
+        if path.is_dir():
+            raise JournalError(f"journal: {path} is a folder; give a file path")
         j = cls(path, flush_every_s)
         j._lock_fd = _lock(path)
         j.recovered = read_records(path)

@@ -51,9 +51,11 @@ class JournalState:
         return self.fingerprint is None
 
 
-def fingerprint(specs: Iterable, batch_size: int, eta: int, prompts: dict[int, list[int]] | None = None) -> str:
-    """What must match for a journal to belong to this run: the workload and the trainer's knobs."""
-    text = repr([(s.id, s.group, s.prompt_len, s.workload_class) for s in specs]) + f"|{batch_size}|{eta}"
+def fingerprint(specs: Iterable, batch_size: int, eta: int, prompts: dict[int, list[int]] | None = None,
+                seed: int = 0) -> str:
+    """What must match for a journal to belong to this run: the workload (its prompts, or the seed
+    of its synthetic ones) and the trainer's knobs."""
+    text = repr([(s.id, s.group, s.prompt_len, s.workload_class) for s in specs]) + f"|{batch_size}|{eta}|{seed}"
     if prompts:
         text += repr(sorted((k, zlib.crc32(repr(v).encode())) for k, v in prompts.items()))
     return f"{zlib.crc32(text.encode()):08x}"

@@ -36,7 +36,7 @@ def attach_journal(run: RealRun, journal: Journal, prompts: dict[int, list[int]]
         raise ConfigError("journal: multi-turn workloads cannot be journaled yet (a tool call in flight is not "
                           "recorded); run without --journal")
     ctl, backend = run.controller, run.backend
-    fp = fingerprint(run.specs, ctl.credits.batch_size, ctl.credits.eta, prompts)
+    fp = fingerprint(run.specs, ctl.credits.batch_size, ctl.credits.eta, prompts, backend.seed)
     state = replay(journal.recovered.records)
     if not state.empty and state.fingerprint != fp:
         raise ConfigError(f"journal: {journal.path} records another run (its workload, batch size or eta "
