@@ -22,6 +22,7 @@ from cadencerl.router.metrics import RouterMetrics
 from cadencerl.router.policy import described_workers, router_policy, router_worker
 from cadencerl.router.requests import ApiError
 from cadencerl.router.resumes import Resumes
+from cadencerl.router.sessions_journal import open_sessions_journal
 from cadencerl.router.settings import RouterSettings
 from cadencerl.router.stored import ResponseOwners
 from cadencerl.router.transport import ShardedTransport
@@ -83,6 +84,7 @@ class RouterService:
             self.client, self.upstreams[worker].url, version)
         for url in settings.workers:
             self.add_worker(url)
+        self.journal = open_sessions_journal(self.state, settings.journal)
 
     def now(self) -> float:
         return self.clock() - self._t0
@@ -106,6 +108,8 @@ class RouterService:
         await asyncio.gather(*tasks, return_exceptions=True)
         if self.client is not None:
             await self.client.aclose()
+        if self.journal is not None:
+            self.journal.close()
 
     # -- workers ----------------------------------------------------------------------------------
 
