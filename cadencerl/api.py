@@ -19,6 +19,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Self
 
 from cadencerl.config import MAX_TOKENS, ConfigError, Scenario, builtin_scenario
@@ -28,6 +29,7 @@ from cadencerl.core.trajectory import Trajectory
 from cadencerl.engine.backend import EngineBackend, WeightUpdate
 from cadencerl.engine.client import Timeouts
 from cadencerl.engine.exporter import MetricsExporter
+from cadencerl.runs.journaled import attach_journal, open_journal
 from cadencerl.runs.real import (MAX_DEADLINE_S, RealRun, assemble, kv_list, lost_why, parse_urls, resolve_labels,
                                  summarize_real)
 from cadencerl.runs.registry import make_policy
@@ -82,8 +84,10 @@ class RolloutPool:
                  batch_size: int | None = None, eta: int | None = None, weight_update: WeightUpdate | None = None,
                  progress: Callable[[int, int], None] | None = None, deadline_s: float | None = None,
                  timeouts: Timeouts = Timeouts(), join_timeout_s: float = 30.0,
-                 connect_timeout_s: float = 30.0, metrics_port: int | None = None) -> None:
-        """Everything is checked here (a ConfigError names the argument), not when the run starts.
+                 connect_timeout_s: float = 30.0, metrics_port: int | None = None,
+                 journal: str | Path | None = None) -> None:
+        """`journal`: a file the controller records its state in; a pool started on one that holds
+        a run resumes it (docs/journal.md). Everything is checked here (a ConfigError names the argument), not when the run starts.
         A server that refuses the connection fails at once; one that does not answer within
         `connect_timeout_s` fails then. `metrics_port` serves the controller's state for Prometheus
         (0: a free port, see `metrics_url`; None: off)."""
@@ -126,6 +130,8 @@ class RolloutPool:
         self.weight_update, self.progress, self.deadline_s, self.timeouts = weight_update, progress, deadline_s, timeouts
         self.join_timeout_s, self.connect_timeout_s = join_timeout_s, connect_timeout_s
         self._closed = False
+        self.journal = None if journal is None else open_journal(journal)   # ConfigError: owned elsewhere
+        self.journal_report: dict | None = None
         self.exporter = None if metrics_port is None else MetricsExporter(lambda: self.controller, metrics_port)
         self._key = object()          # seals the target lengths: only the engine backend opens them
         self._specs: list[TrajectorySpec] = []
@@ -208,7 +214,11 @@ class RolloutPool:
         if self._training is None:
             raise RuntimeError("publish: no batch is being trained")
         version, self._training = self._training + 1, None
-        if self._thread is not None and self._thread.is_alive():
+        if self._last_handed_out and self.journal is not None:    # the controller is done: the record is ours
+            self._thread.join(self.join_timeout_s)
+            if not self._thread.is_alive():
+                self.journal.published(version, self._run.controller.trainer.batches[-1].trajectory_ids)
+        elif self._thread is not None and self._thread.is_alive():
             self._run.backend.publish_now()
         return version
 
@@ -220,6 +230,8 @@ class RolloutPool:
             if self._error is not None:
                 raise self._error
             self._result = summarize_real(self._run, self._ended_at - self._started_at)
+            if self.journal_report is not None:
+                self._result["journal"] = {**self.journal_report, "bytes": self.journal.size_bytes()}
         return self._result
 
     def progress_so_far(self) -> dict:
@@ -246,13 +258,13 @@ class RolloutPool:
         if self.exporter is not None:
             self.exporter.close()
         run = self._run
-        if run is None:
-            return
-        if self._thread is not None and self._thread.is_alive():
+        if run is not None and self._thread is not None and self._thread.is_alive():
             run.backend.stop()
             self._thread.join(self.join_timeout_s)
-        if self._thread is None or not self._thread.is_alive():
+        if run is not None and (self._thread is None or not self._thread.is_alive()):
             run.backend.close()
+        if self.journal is not None and (self._thread is None or not self._thread.is_alive()):
+            self.journal.close()
 
     def __enter__(self) -> Self:
         return self
@@ -293,6 +305,8 @@ class RolloutPool:
                              on_publish_due=self._hand_out_batch, timeouts=self.timeouts,
                              deadline_s=self.deadline_s, connect_timeout_s=self.connect_timeout_s)
         self._run.controller.on_progress = self.progress
+        if self.journal is not None:
+            self.journal_report = attach_journal(self._run, self.journal, self._prompts, self._key)
         self._thread = threading.Thread(target=self._drive, name="cadencerl-controller", daemon=True)
         self._thread.start()
 
@@ -336,7 +350,7 @@ def run_real(scenario: Scenario, policy_name: str, urls: Sequence[str], labels: 
              kv_tokens: int | Sequence[int] | None = None, progress: Callable[[int, int], None] | None = None,
              weight_update: WeightUpdate | None = None, deadline_s: float | None = None,
              timeouts: Timeouts = Timeouts(), metrics_port: int | None = None,
-             on_pool: Callable[[RolloutPool], None] | None = None) -> dict:
+             on_pool: Callable[[RolloutPool], None] | None = None, journal: str | Path | None = None) -> dict:
     """Run `scenario`'s workload with `policy_name` on the servers at `urls`.
 
     A stand-in trainer consumes each batch through the trainer API, sleeping `train_time_s` (plus
@@ -345,7 +359,7 @@ def run_real(scenario: Scenario, policy_name: str, urls: Sequence[str], labels: 
     """
     with RolloutPool.from_scenario(scenario, urls, policy=policy_name, labels=labels, kv_tokens=kv_tokens,
                                    weight_update=weight_update, progress=progress, deadline_s=deadline_s,
-                                   timeouts=timeouts, metrics_port=metrics_port) as pool:
+                                   timeouts=timeouts, metrics_port=metrics_port, journal=journal) as pool:
         if on_pool is not None:
             on_pool(pool)
         for batch in pool.batches():

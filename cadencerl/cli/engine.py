@@ -198,6 +198,8 @@ def run(scenario: str | None = ScenarioOpt, config: Path | None = ConfigOpt,
                                             "version of its weights into each server as it advances "
                                             "(with --local: the tiny model, unless --no-push)"),
         push: bool = typer.Option(True, "--push/--no-push", help="push real weight versions (see --weights)"),
+        journal: Path | None = typer.Option(None, "--journal", help="record the controller's state in this file; "
+                                            "a run started on one that holds a run resumes it"),
         metrics_port: int | None = typer.Option(None, "--metrics-port", help="serve the controller's state for "
                                                 "Prometheus on 127.0.0.1:PORT/metrics while the run goes on"),
         json_out: str | None = JsonOpt) -> None:
@@ -225,7 +227,7 @@ def run(scenario: str | None = ScenarioOpt, config: Path | None = ConfigOpt,
         with live_status(f"{s.name} / {policy} (real)", json_out != "-") as status:
             result = _run_or_fail(lambda watch: run_real(
                 s, policy, urls, label_list, kv_tokens=kv_tokens, deadline_s=deadline, weight_update=pusher,
-                metrics_port=metrics_port, on_pool=watch), status, policy, json_out)
+                metrics_port=metrics_port, on_pool=watch, journal=journal), status, policy, json_out)
         if pusher is not None:
             result["weights"] = pause_summary(pusher.pushes)
             console(json_out == "-").print(f"weights: {result['weights']['pushes']} pushes, pause median "

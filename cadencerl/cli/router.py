@@ -12,6 +12,10 @@ from cadencerl.cli.tables import console
 from cadencerl.config import ConfigError
 
 
+JournalOpt = typer.Option(None, "--journal", help="keep the parked sessions and class counts in this file; a "
+                          "router started on it takes them up again")
+
+
 def router(
     workers: str = typer.Option(..., "--workers", help="vLLM server URLs, comma-separated"),
     policy: str = typer.Option("misa+cache-aware", "--policy",
@@ -44,7 +48,7 @@ def router(
     max_response_ids: Optional[int] = typer.Option(None, "--max-response-ids", help="stored responses whose "
                                                    "server the router remembers, the oldest forgotten first (65536)"),
     max_sessions: Optional[int] = typer.Option(None, "--max-sessions", help="parked sessions kept, the oldest "
-                                               "ended first (100000)"),
+                                               "ended first (100000)"), journal: Optional[Path] = JournalOpt,
     request_timeout: Optional[float] = typer.Option(None, "--request-timeout-secs", help="vllm-router's name: "
                                                     "longest wait for a server's next byte (600)"),
     max_payload_size: Optional[int] = typer.Option(None, "--max-payload-size", help="vllm-router's name: "
@@ -82,7 +86,7 @@ def router(
             default_class=default, host=host, port=port, cache_threshold=cache_threshold,
             balance_abs_threshold=balance_abs_threshold, balance_rel_threshold=balance_rel_threshold,
             hold_max=hold_max, hold_timeout_s=hold_timeout, session_ttl_s=session_ttl, kv_capacity=kv_capacity,
-            max_num_seqs=max_num_seqs, batch_size=batch_size, eta=eta,
+            max_num_seqs=max_num_seqs, batch_size=batch_size, eta=eta, journal=journal and str(journal),
             max_response_ids=max_response_ids, max_sessions=max_sessions, request_timeout_s=request_timeout,
             max_body_bytes=max_payload_size, eviction_interval_s=eviction_interval, max_tree_size=max_tree_size,
             failures_to_down=health_failure_threshold, metrics_interval_s=poll_interval)

@@ -17,6 +17,8 @@ from cadencerl.core.backend import Backend, Finished, Published, Restore, Timer,
 from cadencerl.core.credits import CreditModel
 from cadencerl.core.diagnostics import StallError, all_lost_message, conservation_problems, stall_message
 from cadencerl.core.fresh import FreshQueue
+from cadencerl.core.journal import JournalSink, NullJournal
+from cadencerl.core.journal_state import batch_body
 from cadencerl.core.pending import PendingSet
 from cadencerl.core.policy import AdmissionGate, Policy
 from cadencerl.core.recorder import Recorder
@@ -69,11 +71,15 @@ class Controller:
         self.lost_why: dict[int, str] = {}    # lost worker -> what the backend saw
         self.recorder = Recorder(sample_every_s, self.counters.samples)
         self.on_progress: Callable[[int, int], None] | None = None
+        self.journal: JournalSink = NullJournal()    # every state change, for a restart (core/journal.py)
+        self.on_start: Callable[[], None] | None = None   # after the backend starts, before the first decision
 
     # -- the loop -------------------------------------------------------------------------------
 
     def run(self) -> None:
         self.backend.start(self.workers)
+        if self.on_start is not None:
+            self.on_start()
         tick = self.params.tick_s
         self._decide(0.0)
         next_tick = tick
@@ -91,14 +97,14 @@ class Controller:
                     if self.backend.idle():
                         self._stalled()
                     next_tick = self._skip_idle(next_tick, tick)
+            self.journal.flush()
         problems = self.check_conservation()
         if problems:
             raise AssertionError("conservation check failed: " + "; ".join(problems[:5]))
 
     def _skip_idle(self, next_tick: float, tick: float) -> float:
-        """Past idle time: with no trajectory on a worker and a decision that did nothing, nothing
-        changes before the backend's next event, so jump to the first tick at or after it (wall
-        time grows with events, not with virtual time / tick_s)."""
+        """Past idle time: with no trajectory on a worker and a decision that did nothing, nothing changes
+        before the backend's next event, so jump to the first tick at or after it (wall time grows with events)."""
         if any(w.residents for w in self.workers):
             return next_tick
         wake = self.backend.next_event_time()
@@ -137,6 +143,7 @@ class Controller:
             return False
         if isinstance(ev, Published):
             self.trainer.publish(ev.time)
+            self.journal.published(self.trainer.version, self.trainer.batches[-1].trajectory_ids)
             self._maybe_train(ev.time)
             return True
         if isinstance(ev, Timer) and ev.tag == MIX_WAIT:
@@ -209,6 +216,7 @@ class Controller:
     def _start(self, traj: Trajectory, w: Worker, now: float) -> None:
         """Admit fresh `traj` on `w` (checked and taken from the fresh queue; the caller records the credit)."""
         start(traj, w.version, self.active_by_class, now)
+        self.journal.log("admit", traj.id, tag=w.version)
         self._attach(traj, w, Restore.PREFILL, 0.0, now)
 
     def _place_pending(self, a: Place, now: float) -> None:
@@ -280,6 +288,7 @@ class Controller:
             raise ActionError(f"worker {w.id} is the last worker of version {w.version}, which still has work")
         w.version = a.version
         self.backend.set_version(w.id, a.version)
+        self.journal.log("worker", w=w.id, v=a.version)
         self._retag_stranded(w)   # only after a lost worker can a skipped version still hold work
 
     def _retag_stranded(self, w: Worker) -> None:
@@ -289,7 +298,7 @@ class Controller:
         for v in [v for v in self.pending.versions() if v < w.version and v not in live]:
             for traj in self.pending.at(v):
                 self.pending.remove(traj)
-                traj.versions.append(w.version)
+                self._new_version(traj, w.version)
                 traj.kv_home = None
                 self.pending.add(traj)
         stale = [v for v, n in self.tool_waiting.items() if n and v < w.version and v not in live]
@@ -297,9 +306,13 @@ class Controller:
             for traj in self.trajectories.values():
                 if traj.state is State.TOOL and traj.version in stale:
                     self.tool_waiting[traj.version] -= 1
-                    traj.versions.append(w.version)
+                    self._new_version(traj, w.version)
                     traj.kv_home = None
                     self.tool_waiting[w.version] = self.tool_waiting.get(w.version, 0) + 1
+
+    def _new_version(self, traj: Trajectory, version: int) -> None:
+        traj.versions.append(version)
+        self.journal.log("version", traj.id, v=version)
 
     def _check_newer(self, w: Worker, version: int) -> None:
         if not w.version < version <= self.trainer.version:
@@ -316,9 +329,10 @@ class Controller:
             detach(traj, self.workers, now)
         w.version = a.version
         self.backend.set_version(w.id, a.version)
+        self.journal.log("worker", w=w.id, v=a.version)
         self.counters.interrupts += 1
         for traj in residents:
-            traj.versions.append(a.version)
+            self._new_version(traj, a.version)
             traj.kv_home = None
             self._attach(traj, w, Restore.PREFILL, 0.0, now)
         self._retag_stranded(w)
@@ -329,9 +343,10 @@ class Controller:
         self._check_newer(w, a.version)
         w.version = a.version
         self.backend.set_version(w.id, a.version, keep_kv=True)
+        self.journal.log("worker", w=w.id, v=a.version)
         self.counters.in_place_updates += 1
         for traj in w.residents.values():
-            traj.versions.append(a.version)
+            self._new_version(traj, a.version)
         self._retag_stranded(w)
 
     def _traj(self, tid: int) -> Trajectory:
@@ -348,6 +363,7 @@ class Controller:
         detach(traj, self.workers, now)
         retire(traj, self.workers, self.active_by_class, now)
         self.done += 1
+        self.journal.log("complete", traj.id, n=traj.tokens)
         self.trainer.finished(traj)
         self._maybe_train(now)
         if self.on_progress:
@@ -356,6 +372,8 @@ class Controller:
     def _maybe_train(self, now: float) -> None:
         publish_at = self.trainer.try_start(now)
         if publish_at is not None:
+            self.journal.log("batch", **batch_body(self.trainer.batches[-1], self.trajectories))
+            self.journal.flush(force=True)     # durable before the batch is handed out
             self.backend.publish_at(publish_at)
         elif (wake := self.trainer.wake_request(now)) is not None:   # a short class: form it at the bound
             self.backend.schedule(wake, MIX_WAIT)

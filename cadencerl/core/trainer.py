@@ -144,7 +144,15 @@ class Trainer:
         taken = self._take(now)
         if taken is None:
             return None
-        batch, substituted = taken
+        return self._consume(*taken, now)
+
+    def reform(self, ids: list[int], now: float) -> float:
+        """Form the batch of exactly these completed trajectories (a restart hands out again the
+        batch a dead process had formed); returns the publish time."""
+        by_id = {t.id: t for ts in self.completed.values() for t in ts}
+        return self._consume([by_id[i] for i in ids], 0, now)
+
+    def _consume(self, batch: list[Trajectory], substituted: int, now: float) -> float:
         k = self.next_batch
         self.ready_since = None
         ids = {t.id for t in batch}

@@ -117,6 +117,13 @@ class EngineBackend:
         """The trainer is done with the batch handed out by `on_publish_due`; safe from any thread."""
         self._clock.post(_PUBLISHED)
 
+    def seed_tokens(self, traj: Trajectory, generated: list[int], completed: bool) -> None:
+        """A restart: `traj` had generated `generated` in a process before this one (its last turn
+        `completed` there, so its one completion is counted)."""
+        self.streams.ids[traj.id] = self._prompt(traj) + list(generated)
+        if completed:
+            self.env.completions[traj.id] = 1
+
     def token_ids(self, traj_id: int) -> list[int]:
         """Prompt + generated (+ observation) ids of a trajectory so far."""
         return self.streams.token_ids(traj_id)

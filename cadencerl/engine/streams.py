@@ -90,6 +90,7 @@ class Streams:
         self.lost_reasons: dict[int, str] = {}
         self.problems: list[str] = []
         self.counts = StreamCounts()
+        self.on_tokens: Callable[[int, list[int]], None] | None = None   # each chunk kept (a journal)
 
     def kv_committed(self, worker: int) -> int:
         return sum(p.traj.context for p in self.by_worker[worker].values())
@@ -169,6 +170,8 @@ class Streams:
     def _receive(self, p: Placement, new: list[int]) -> None:
         if p.start and not p.received and p.attempts == 1:
             self.counts.resumes_accepted += 1   # the server took the continued ids and extended them
+        if self.on_tokens is not None:
+            self.on_tokens(p.traj.id, new[: max(0, p.target - p.generated())])
         p.received.extend(new)
         self.records[p.worker].tokens_generated += len(new)
         if p.generated() >= p.target:

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from cadencerl.admission.gated import placement_of
 from cadencerl.core.actions import Action, ActionError
 from cadencerl.core.backend import EngineStats
+from cadencerl.core.journal import JournalSink, NullJournal
 from cadencerl.core.live import LiveController
 from cadencerl.core.policy import Policy
 from cadencerl.core.spec import HiddenLength, TrajectorySpec
@@ -27,6 +28,7 @@ from cadencerl.core.view import PoolView
 from cadencerl.core.worker import Worker
 from cadencerl.engine.server_metrics import EngineMetrics
 from cadencerl.router.engines import RouterEngines
+from cadencerl.router.sessions_journal import parked_body
 
 _SEALED = object()         # nobody holds this key: a router never knows how long a reply will be
 OUTSIDE = -1               # the trajectory id of every request outside sessions: it has no history to keep
@@ -56,6 +58,7 @@ class LiveState:
     recent: deque = field(default_factory=lambda: deque(maxlen=256))  # classes of the latest finishes
     batch_size: int = 1024          # the trainer's batch: MISA-T keeps each batch-sized cohort on the mix
     eta: int | None = None          # the staleness budget, None where the clients keep their own
+    journal: JournalSink = field(default_factory=NullJournal)   # the sessions, for a restart (sessions_journal)
     controller: LiveController = field(init=False)
     _ids: itertools.count = field(default_factory=itertools.count)
 
@@ -129,6 +132,9 @@ class LiveState:
         traj.pin = None
         session.parked_at = now
         self.parked[traj.id] = session
+        if session.key is not None:
+            self.journal.log("session", **parked_body(session))
+            self.journal.flush(force=True)
         self._bound_parked()
 
     def finished(self, session: Session, generated: int, now: float) -> None:
@@ -237,12 +243,15 @@ class LiveState:
         cls = session.traj.workload_class
         self.completed[cls] += 1
         self.recent.append(cls)
+        self.journal.log("class-finished", cls=cls)
         self._forget(session)
 
     def _forget(self, session: Session) -> None:
         self.live.pop(session.traj.id, None)
         if session.key is not None and self.by_key.get(session.key) is session:
             del self.by_key[session.key]
+            self.journal.log("session-gone", key=session.key)
+        self.journal.flush()
 
     def _bound_parked(self) -> None:
         while len(self.parked) > self.max_sessions:

@@ -23,6 +23,7 @@ from cadencerl.router.policy import described_workers, router_policy, router_wor
 from cadencerl.router.rejections import Rejected, TooLong, too_long
 from cadencerl.router.requests import ApiError
 from cadencerl.router.resumes import Resumes
+from cadencerl.router.sessions_journal import open_sessions_journal
 from cadencerl.router.settings import RouterSettings
 from cadencerl.router.stored import ResponseOwners
 from cadencerl.router.transport import RawTransport
@@ -63,6 +64,7 @@ class RouterService:
             self.client, self.upstreams[worker].url, version)
         for url in settings.workers:
             self.add_worker(url)
+        self.journal = open_sessions_journal(self.state, settings.journal)
 
     def now(self) -> float:
         return self.clock() - self._t0
@@ -86,6 +88,8 @@ class RouterService:
         await asyncio.gather(*tasks, return_exceptions=True)
         if self.client is not None:
             await self.client.aclose()
+        if self.journal is not None:
+            self.journal.close()
 
     # -- workers ----------------------------------------------------------------------------------
 

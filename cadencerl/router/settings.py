@@ -15,6 +15,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from cadencerl.config import ConfigError, format_validation_error, load_scenario_file
+from cadencerl.core.journal import Journal, JournalError
 from cadencerl.engine.urls import check_server_url
 from cadencerl.router.policy import router_policy
 
@@ -41,6 +42,7 @@ class RouterSettings(BaseModel):
     hold_timeout_s: float = Field(default=30.0, gt=0)    # longest wait before a 429
     session_ttl_s: float = Field(default=60.0, gt=0)     # a parked session with no next turn ends
     max_sessions: int = Field(default=100_000, gt=0)     # parked sessions kept (oldest end first)
+    journal: str | None = None                           # the sessions' journal (sessions_journal.py)
     metrics_interval_s: float = Field(default=0.5, gt=0)
     failures_to_down: int = Field(default=2, gt=0)
     request_timeout_s: float = Field(default=600.0, gt=0)
@@ -50,6 +52,17 @@ class RouterSettings(BaseModel):
     batch_size: int = Field(default=1024, gt=0)          # the trainer's batch: MISA-T sizes its cohorts by it
     eta: int | None = Field(default=None, ge=0, le=1000)  # staleness budget; None: the clients keep their own
     max_response_ids: int = Field(default=65536, gt=0)  # stored responses whose server the router remembers
+
+    @field_validator("journal")
+    @classmethod
+    def _journal_free(cls, v: str | None) -> str | None:
+        """A journal owned by another router, or one that cannot be written, is bad input here."""
+        if v is not None:
+            try:
+                Journal.open(v).close()
+            except JournalError as exc:
+                raise ValueError(str(exc).removeprefix("journal: ")) from None
+        return v
 
     @field_validator("workers")
     @classmethod

@@ -1,0 +1,78 @@
+"""The router's session state through a journal: a router process that dies and starts again on
+it keeps each parked multi-turn session on its worker (the prefix cache there) and its class
+counts. In-process, on the router's session state (no HTTP)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from cadencerl.core.actions import Place
+from cadencerl.core.journal import Journal, read_records
+from cadencerl.core.trajectory import State
+from cadencerl.router.sessions_journal import restore_sessions
+from tests.test_router_live import _state
+
+pytestmark = pytest.mark.timeout(30)
+
+
+def test_parked_sessions_and_class_counts_survive_a_restart_on_the_journal(tmp_path: Path) -> None:
+    path = tmp_path / "router.journal"
+    first = _state(workers=3)
+    first.journal = Journal.open(path)
+    sessions = [first.new_session(f"k{i}", "agent", 100 + i, group=i) for i in range(5)]
+    first.decide(0.0)
+    homes = {s.key: s.traj.worker for s in sessions}
+    assert len(set(homes.values())) > 1           # the sessions are spread: locality is worth keeping
+    for s in sessions:
+        first.turn_ended(s, 40, 0.5)
+    first.end_parked(sessions[0])                 # one ends: it is not restored, its class is counted
+    first.journal.close()      # what it had flushed is what a killed router leaves (each park is flushed at once)
+
+    second = _state(workers=3)
+    second.journal = Journal.open(path)
+    report = restore_sessions(second, read_records(path).records, now=0.0)
+    assert report == {"sessions_restored": 4, "sessions_skipped": 0, "finished_classes": 1}
+    assert second.completed["agent"] == 1 and second.session("k0") is None
+    for s in sessions[1:]:
+        again = second.session(s.key)
+        assert again is not None and again.traj.state is State.TOOL and again.traj.home == homes[s.key]
+        assert again.traj.context == s.traj.context
+        second.continuation(again, again.traj.context + 20, 1.0)
+    placed = second.decide(1.0)
+    assert sorted(placed, key=lambda a: a.traj) == sorted(
+        (Place(second.session(s.key).traj.id, homes[s.key]) for s in sessions[1:]), key=lambda a: a.traj)
+    for s in sessions[1:]:
+        second.finished(second.session(s.key), 10, 1.5)
+    assert second.live == {} and all(w.sessions == 0 for w in second.workers) and second.completed["agent"] == 5
+    second.journal.close()
+
+
+def test_the_router_service_takes_up_its_journal_and_a_second_router_is_refused(tmp_path: Path, monkeypatch) -> None:
+    import socket
+
+    from typer.testing import CliRunner
+
+    from cadencerl.cli.main import app
+    from cadencerl.router import serve
+    from cadencerl.router.service import RouterService
+    from cadencerl.router.settings import make_settings
+
+    path = tmp_path / "router.journal"
+    settings = make_settings(workers=["http://127.0.0.1:9", "http://127.0.0.1:10"], journal=str(path))
+    first = RouterService(settings)
+    s = first.state.new_session("chat-1", next(iter(settings.target_mix)), 80, group=0)
+    first.state.decide(0.0)
+    home = s.traj.worker
+    first.state.turn_ended(s, 30, 0.2)
+    served = []
+    monkeypatch.setattr(serve, "bind", lambda host, port: [socket.socket()])
+    monkeypatch.setattr(serve, "serve", lambda settings, socks: served.append(settings) or socks[0].close())
+    refused = CliRunner().invoke(app, ["router", "--workers", "http://127.0.0.1:9", "--journal", str(path)])
+    assert refused.exit_code != 0 and "in use by another process" in refused.output and not served
+    first.journal.close()                      # the first router is gone
+    second = RouterService(settings)
+    again = second.state.session("chat-1")
+    assert again is not None and again.traj.state is State.TOOL and again.traj.home == home
+    second.journal.close()
