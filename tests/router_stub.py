@@ -190,6 +190,15 @@ def stub_app(state: StubState) -> Starlette:
     async def health(request: Request) -> Response:
         return PlainTextResponse("")
 
+    async def version(request: Request) -> Response:
+        return JSONResponse({"version": "stub-" + state.name})
+
+    async def tokenize(request: Request) -> Response:
+        """vLLM's /tokenize and /detokenize, answered with the stub's name (which server answered)."""
+        body, failure = await received(request)
+        return failure or JSONResponse({"tokens": [1, 2, 3], "count": 3, "max_model_len": 4096},
+                                       headers={"x-stub": state.name})
+
     async def dev(request: Request) -> Response:
         """vLLM's dev-mode routes (VLLM_SERVER_DEV_MODE=1) a weight update uses, recorded."""
         raw = await request.body()
@@ -203,6 +212,8 @@ def stub_app(state: StubState) -> Starlette:
                              Route("/v1/responses/{response_id}", stored, methods=["GET"]),
                              Route("/v1/responses/{response_id}/cancel", stored, methods=["POST"]),
                              Route("/metrics", metrics), Route("/v1/models", models), Route("/health", health),
+                             Route("/version", version), Route("/ping", health),
+                             *(Route(p, tokenize, methods=["POST"]) for p in ("/tokenize", "/detokenize")),
                              *(Route(p, dev, methods=["POST"]) for p in DEV_ROUTES)])
 
 

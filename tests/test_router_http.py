@@ -632,3 +632,17 @@ def test_a_new_session_carries_its_request_s_max_tokens_to_admission() -> None:
             assert _settle(lambda: len(f.service.state.live) == 1)
             assert next(iter(f.service.state.live.values())).traj.spec.max_new_tokens == 12
             assert pending.result().status_code == 200
+
+
+def test_vllm_s_other_routes_are_served_as_vllm_serves_them() -> None:
+    """/tokenize and /detokenize placed on a server, /version and /ping from one that is up; a
+    text/plain body on a generating route is a 415 (vllm-router's answer), not forwarded."""
+    with Fleet(stubs=2) as f, httpx.Client(base_url=f.url, timeout=10) as c:
+        for path in ("/tokenize", "/detokenize"):
+            r = c.post(path, json={"model": "tiny", "prompt": "hello"})
+            assert r.status_code == 200 and r.json()["count"] == 3 and r.headers["x-stub"].startswith("stub")
+        assert c.get("/version").json()["version"].startswith("stub-")
+        assert c.get("/ping").status_code == 200
+        r = c.post("/v1/completions", content=b"hello", headers={"content-type": "text/plain"})
+        assert r.status_code == 415 and r.json()["error"]["param"] == "content-type"
+        assert sum(s.served.total() for s in f.states) == 2, "only the two tokenizer requests reached a server"

@@ -54,7 +54,7 @@ def create_app(settings: RouterSettings, admin_token: str | None = None) -> "Gen
         Route("/v1/responses/{response_id}", stored_response(""), methods=["GET"]),
         Route("/v1/responses/{response_id}/cancel", stored_response("/cancel"), methods=["POST"]),
         *(Route(path, pass_through(path), methods=["POST"]) for path in PASS_THROUGH),
-        Route("/v1/models", _models, methods=["GET"]),
+        *(Route(path, _any_server(path), methods=["GET"]) for path in ANY_SERVER),
         Route("/v1/sessions/{key}", _end_session, methods=["DELETE"]),
         Route("/health", _health, methods=["GET"]),
         Route("/liveness", _liveness, methods=["GET"]),
@@ -109,6 +109,11 @@ def _completion(path: str, field: str):
     async def handler(request: Request) -> Response:
         svc: RouterService = request.app.state.service
         s = svc.settings
+        ctype = request.headers.get("content-type", "application/json").partition(";")[0].strip().lower()
+        if ctype.startswith("text/"):          # vllm-router's answer; vLLM itself reads no such body either
+            svc.metrics.errors.labels("bad_request").inc()
+            return error_response(415, f"content-type: {ctype} is not JSON (send application/json)",
+                                  "content-type", "unsupported_media_type")
         try:
             routed = await read_request(request, field, s.classes, s.fallback_class, s.max_body_bytes)
             svc.check_fits(routed.prompt_len, field)
@@ -148,17 +153,22 @@ async def _serve(svc: RouterService, path: str, routed: Routed, headers, field: 
         return exc.response()
 
 
-async def _models(request: Request) -> Response:
-    svc: RouterService = request.app.state.service
-    for up in svc.upstreams:
-        if up.routable:
-            try:
-                resp = await svc.client.get(f"{up.url}/v1/models", timeout=5.0)
-            except Exception:
-                continue
-            return Response(resp.content, status_code=resp.status_code,
-                            media_type=resp.headers.get("content-type", "application/json"))
-    return error_response(503, "no server is up", kind="service_unavailable")
+ANY_SERVER = ("/v1/models", "/version", "/ping", "/load")     # the same on every server: asked of one up
+
+
+def _any_server(path: str):
+    async def handler(request: Request) -> Response:
+        svc: RouterService = request.app.state.service
+        for up in svc.upstreams:
+            if up.routable:
+                try:
+                    resp = await svc.client.get(f"{up.url}{path}", timeout=5.0)
+                except Exception:
+                    continue
+                return Response(resp.content, status_code=resp.status_code,
+                                media_type=resp.headers.get("content-type", "application/json"))
+        return error_response(503, "no server is up", kind="service_unavailable")
+    return handler
 
 
 async def _end_session(request: Request) -> Response:

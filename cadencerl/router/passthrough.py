@@ -24,7 +24,9 @@ from cadencerl.router.service import Rejected, RouterService
 from cadencerl.router.stored import ResponseStream
 from cadencerl.router.upstream import Upstream
 
-PASS_THROUGH = ("/v1/embeddings", "/v1/rerank", "/rerank")
+PASS_THROUGH = ("/v1/embeddings", "/v1/rerank", "/rerank",
+                # vLLM's other POST routes, placed the same way: tokenizer work, SageMaker's entry, a render
+                "/tokenize", "/detokenize", "/invocations", "/v1/completions/render")
 
 
 def pass_through(path: str):
