@@ -10,12 +10,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import small
 from typer.testing import CliRunner
 
 from cadencerl.cli.main import app
 from cadencerl.runs import plan
 from cadencerl.runs.fanout import Fanout
+from tests.conftest import small
 
 ray = pytest.importorskip("ray")
 pytestmark = pytest.mark.timeout(400)

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 
 import pytest
-from conftest import small
 from typer.testing import CliRunner
 
 from cadencerl.cli.main import app
@@ -13,6 +12,7 @@ from cadencerl.config import ConfigError
 from cadencerl.runs import plan
 from cadencerl.runs.fanout import Fanout
 from cadencerl.runs.prices import catalog_prices, load_prices, prices_for
+from tests.conftest import small
 
 runner = CliRunner()
 GRID = "H800:0,1,8;A910X:0,2,16"     # 8 pools; 2 A910X's bound falls below the best found, so it is pruned

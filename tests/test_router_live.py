@@ -313,3 +313,28 @@ def test_series_total_sums_a_series_over_its_labels() -> None:
             '# TYPE y gauge\ny 3.0\n')
     assert series_total(page, "x_total") == 14 and series_total(page, "x_total", why="evicted") == 2
     assert series_total(page, "y") == 3 and series_total(page, "absent") == 0
+
+
+def test_a_parked_session_ends_at_the_contended_ttl_while_new_sessions_wait() -> None:
+    """Clients that never send a next turn must not keep new work out for the whole session TTL."""
+    st = _state(workers=1, ttl=60.0)
+    st.contended_ttl_s = 2.0
+    first = [st.new_session(f"s{i}", "agent", 50, group=i) for i in range(10)]
+    st.decide(0.0)
+    running = [s for s in first if s.traj.state is State.RESIDENT]
+    for s in running:
+        st.turn_ended(s, 10, 0.2)
+    st.decide(0.2)
+    assert st.hold and st.expire(1.0) == 0, "within the contended TTL: parked sessions keep their slots"
+    assert st.expire(2.3) == len(running)
+    st.decide(2.3)
+    assert any(s.traj.state is State.RESIDENT for s in first if s not in running), "a held session got in"
+
+
+def test_with_nothing_waiting_a_parked_session_lives_its_whole_ttl() -> None:
+    st = _state(workers=1, ttl=60.0)
+    st.contended_ttl_s = 2.0
+    s = st.new_session("s0", "agent", 50, group=0)
+    st.decide(0.0)
+    st.turn_ended(s, 10, 0.2)
+    assert not st.hold and st.expire(30.0) == 0 and st.expire(60.3) == 1

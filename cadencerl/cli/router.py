@@ -35,6 +35,8 @@ def router(
     hold_max: Optional[int] = typer.Option(None, "--hold-max", help="new sessions that may wait (1024)"),
     hold_timeout: Optional[float] = typer.Option(None, "--hold-timeout", help="seconds before a 429 (30)"),
     session_ttl: Optional[float] = typer.Option(None, "--session-ttl", help="seconds a parked session lives (60)"),
+    contended_ttl: Optional[float] = typer.Option(None, "--contended-session-ttl", help="seconds a parked session "
+                                                  "lives while new sessions wait for admission (5)"),
     kv_capacity: Optional[int] = typer.Option(None, "--kv-capacity",
                                               help="KV tokens per server until it reports its own"),
     max_num_seqs: Optional[int] = typer.Option(None, "--max-num-seqs", help="sequences each server runs at once (its "
@@ -62,13 +64,10 @@ def router(
     poll_interval: Optional[float] = typer.Option(None, "--poll-interval-secs", help="seconds between polls of "
                                                   "each server's /health and /metrics (0.5)"),
 ) -> None:
-    """Serve /v1/completions, /v1/chat/completions and /v1/responses, routing with the simulator's
-    controller and policy (a previous_response_id, GET /v1/responses/{id} and its cancel go to the server
-    that made the response); /v1/embeddings and /v1/rerank are placed and relayed outside admission.
-
-    Headers: X-Session-Id (a multi-turn session), X-Workload-Class, X-Session-End; X-User-Id,
-    X-Tenant-Id, X-Correlation-Id and `user` are affinity keys only.
-    Admin endpoints need $CADENCERL_ROUTER_ADMIN_TOKEN."""
+    """Serve vLLM's OpenAI routes (and SGLang's /generate), routing with the simulator's controller
+    and policy; embeddings, rerank and tokenizer routes are placed outside admission. Headers:
+    X-Session-Id (a multi-turn session), X-Workload-Class, X-Session-End; X-User-Id, X-Tenant-Id,
+    X-Correlation-Id and `user` are affinity keys only. Admin needs $CADENCERL_ROUTER_ADMIN_TOKEN."""
     from cadencerl.router.serve import bind, serve
     from cadencerl.router.settings import make_settings, read_classes, scenario_classes
 
@@ -86,6 +85,7 @@ def router(
             default_class=default, host=host, port=port, cache_threshold=cache_threshold,
             balance_abs_threshold=balance_abs_threshold, balance_rel_threshold=balance_rel_threshold,
             hold_max=hold_max, hold_timeout_s=hold_timeout, session_ttl_s=session_ttl, kv_capacity=kv_capacity,
+            contended_ttl_s=contended_ttl,
             max_num_seqs=max_num_seqs, batch_size=batch_size, eta=eta, journal=journal and str(journal),
             max_response_ids=max_response_ids, max_sessions=max_sessions, request_timeout_s=request_timeout,
             max_body_bytes=max_payload_size, eviction_interval_s=eviction_interval, max_tree_size=max_tree_size,
@@ -99,7 +99,7 @@ def router(
 
 
 # The settings whose flag is not their name with dashes (vllm-router's names, units dropped).
-FLAGS = {"hold_timeout_s": "--hold-timeout", "session_ttl_s": "--session-ttl", "request_timeout_s": "--request-timeout-secs",
+FLAGS = {"hold_timeout_s": "--hold-timeout", "session_ttl_s": "--session-ttl", "contended_ttl_s": "--contended-session-ttl", "request_timeout_s": "--request-timeout-secs",
          "max_body_bytes": "--max-payload-size", "eviction_interval_s": "--eviction-interval-secs",
          "failures_to_down": "--health-failure-threshold", "metrics_interval_s": "--poll-interval-secs"}
 

@@ -58,6 +58,7 @@ class LiveState:
     recent: deque = field(default_factory=lambda: deque(maxlen=256))  # classes of the latest finishes
     batch_size: int = 1024          # the trainer's batch: MISA-T keeps each batch-sized cohort on the mix
     eta: int | None = None          # the staleness budget, None where the clients keep their own
+    contended_ttl_s: float = 5.0    # a parked session's bound while new sessions wait in the hold queue
     journal: JournalSink = field(default_factory=NullJournal)   # the sessions, for a restart (sessions_journal)
     controller: LiveController = field(init=False)
     _ids: itertools.count = field(default_factory=itertools.count)
@@ -192,11 +193,13 @@ class LiveState:
         self.controller.bounce(session.traj, now)
 
     def expire(self, now: float) -> int:
-        """End the sessions parked longer than the TTL; how many ended."""
+        """End the sessions parked longer than the TTL (the shorter contended one while new sessions
+        wait: a client that never sends a next turn must not keep new work out); how many ended."""
         n = 0
+        ttl = min(self.session_ttl_s, self.contended_ttl_s) if len(self.hold) else self.session_ttl_s
         while self.parked:
             session = next(iter(self.parked.values()))
-            if now - session.parked_at < self.session_ttl_s:
+            if now - session.parked_at < ttl:
                 break
             self.end_parked(session)
             n += 1

@@ -41,7 +41,8 @@ class RouterService:
         self.upstreams: list[Upstream] = []
         self.described = described_workers(settings)     # --config's pool: what each server is
         self.state = LiveState(router_policy(settings), [], settings.target_mix, settings.session_ttl_s,
-                               settings.max_sessions, batch_size=settings.batch_size, eta=settings.eta)
+                               settings.max_sessions, batch_size=settings.batch_size, eta=settings.eta,
+                               contended_ttl_s=settings.contended_ttl_s)
         self.metrics = RouterMetrics()
         self.waiters: dict[int, asyncio.Future] = {}
         self.groups_seen: list[OrderedDict] = []
@@ -310,9 +311,8 @@ class RouterService:
                     self._placed(self.state.placed(step.traj), step, now)
 
     def decide_soon(self) -> None:
-        """One decision pass at the event loop's next turn, for every admission and release of this
-        one: under load many requests start and end together, and a pass for each was a third of
-        the router's CPU. Outside a running loop (a synchronous caller), the pass runs now."""
+        """One decision pass at the loop's next turn for every admission and release of this one (a
+        pass each was a third of the router's CPU under load); outside a running loop, one now."""
         if self._decision_due:
             return
         try:
