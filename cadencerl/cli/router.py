@@ -36,7 +36,7 @@ def router(
     hold_timeout: Optional[float] = typer.Option(None, "--hold-timeout", help="seconds before a 429 (30)"),
     session_ttl: Optional[float] = typer.Option(None, "--session-ttl", help="seconds a parked session lives (60)"),
     contended_ttl: Optional[float] = typer.Option(None, "--contended-session-ttl", help="seconds a parked session "
-                                                  "lives while new sessions wait for admission (5)"),
+                                                  "lives while new sessions wait for admission (15)"),
     kv_capacity: Optional[int] = typer.Option(None, "--kv-capacity",
                                               help="KV tokens per server until it reports its own"),
     max_num_seqs: Optional[int] = typer.Option(None, "--max-num-seqs", help="sequences each server runs at once (its "
@@ -99,7 +99,8 @@ def router(
 
 
 # The settings whose flag is not their name with dashes (vllm-router's names, units dropped).
-FLAGS = {"hold_timeout_s": "--hold-timeout", "session_ttl_s": "--session-ttl", "contended_ttl_s": "--contended-session-ttl", "request_timeout_s": "--request-timeout-secs",
+FLAGS = {"hold_timeout_s": "--hold-timeout", "session_ttl_s": "--session-ttl",
+         "contended_ttl_s": "--contended-session-ttl", "request_timeout_s": "--request-timeout-secs",
          "max_body_bytes": "--max-payload-size", "eviction_interval_s": "--eviction-interval-secs",
          "failures_to_down": "--health-failure-threshold", "metrics_interval_s": "--poll-interval-secs"}
 

@@ -58,7 +58,7 @@ class LiveState:
     recent: deque = field(default_factory=lambda: deque(maxlen=256))  # classes of the latest finishes
     batch_size: int = 1024          # the trainer's batch: MISA-T keeps each batch-sized cohort on the mix
     eta: int | None = None          # the staleness budget, None where the clients keep their own
-    contended_ttl_s: float = 5.0    # a parked session's bound while new sessions wait in the hold queue
+    contended_ttl_s: float = 15.0   # a parked session's bound while new sessions wait in the hold queue
     journal: JournalSink = field(default_factory=NullJournal)   # the sessions, for a restart (sessions_journal)
     controller: LiveController = field(init=False)
     _ids: itertools.count = field(default_factory=itertools.count)

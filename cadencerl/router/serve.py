@@ -13,6 +13,7 @@ import uvicorn
 
 from cadencerl.config import ConfigError
 from cadencerl.router.app import create_app
+from cadencerl.router.limits import LimitedHttpToolsProtocol
 from cadencerl.router.settings import RouterSettings
 
 _PORT_ERRORS = {errno.EADDRINUSE: "already in use", errno.EACCES: "not permitted (ports below 1024 need root)"}
@@ -22,7 +23,7 @@ def server_config(settings: RouterSettings, admin_token: str | None = None) -> u
     fast_loop = importlib.util.find_spec("uvloop") is not None
     fast_http = importlib.util.find_spec("httptools") is not None
     return uvicorn.Config(create_app(settings, admin_token), host=settings.host, port=settings.port,
-                          loop="uvloop" if fast_loop else "asyncio", http="httptools" if fast_http else "h11",
+                          loop="uvloop" if fast_loop else "asyncio", http=LimitedHttpToolsProtocol if fast_http else "h11",
                           log_level="warning", access_log=False, lifespan="on", timeout_keep_alive=30,
                           backlog=4096)
 

@@ -41,7 +41,7 @@ class RouterSettings(BaseModel):
     hold_max: int = Field(default=1024, ge=0)            # sessions waiting for admission
     hold_timeout_s: float = Field(default=30.0, gt=0)    # longest wait before a 429
     session_ttl_s: float = Field(default=60.0, gt=0)     # a parked session with no next turn ends
-    contended_ttl_s: float = Field(default=5.0, gt=0)    # ... after this long while new sessions wait
+    contended_ttl_s: float = Field(default=15.0, gt=0)   # ... after this long while new sessions wait
     max_sessions: int = Field(default=100_000, gt=0)     # parked sessions kept (oldest end first)
     journal: str | None = None                           # the sessions' journal (sessions_journal.py)
     metrics_interval_s: float = Field(default=0.5, gt=0)

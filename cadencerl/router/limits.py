@@ -1,0 +1,88 @@
+"""A front door's limits on a request's head: its size, its header count, the time it may take.
+
+uvicorn's httptools protocol reads a request head of any size (one of 256 MB was read whole, and
+the memory stayed taken) and waits on a head sent a byte at a time for as long as the client likes.
+This subclass counts the head's bytes as they arrive and refuses it with a 431 past `MAX_HEAD_BYTES`
+or `MAX_HEADERS` headers, and closes a connection whose head is not complete `HEAD_TIMEOUT_S` after
+its first byte (408). Bodies keep their own bound (`max_body_bytes`, 413 in `requests.py`).
+"""
+
+from __future__ import annotations
+
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+MAX_HEAD_BYTES = 64 * 1024      # nginx's default allows 4 x 8 KiB header lines; this is twice that
+MAX_HEADERS = 100
+HEAD_TIMEOUT_S = 30.0
+
+
+def _refusal(status: bytes, message: bytes) -> bytes:
+    return (b"HTTP/1.1 " + status + b"\r\ncontent-type: application/json\r\nconnection: close\r\n"
+            b"content-length: %d\r\n\r\n" % len(message) + message)
+
+
+TOO_LARGE = _refusal(b"431 Request Header Fields Too Large",
+                     b'{"error":{"message":"the request head is over %d bytes or %d headers","type":'
+                     b'"request_header_fields_too_large","param":null,"code":431}}' % (MAX_HEAD_BYTES, MAX_HEADERS))
+TOO_SLOW = _refusal(b"408 Request Timeout",
+                    b'{"error":{"message":"the request head did not arrive within %d s","type":"request_timeout",'
+                    b'"param":null,"code":408}}' % HEAD_TIMEOUT_S)
+
+
+class _Refused(Exception):
+    """Raised in a parser callback after the refusal went out, so that parsing stops."""
+
+
+class LimitedHttpToolsProtocol(HttpToolsProtocol):
+    """uvicorn's protocol with the limits above on every request head (keep-alive ones too)."""
+
+    _head_bytes = 0
+    _in_head = False
+    _head_timer = None
+
+    def data_received(self, data: bytes) -> None:
+        if self._in_head:           # counted from the chunk after the one that began the head
+            self._head_bytes += len(data)
+            if self._head_bytes > MAX_HEAD_BYTES:
+                self._refuse(TOO_LARGE)
+                return
+        super().data_received(data)
+
+    def send_400_response(self, msg: str) -> None:
+        if not self.transport.is_closing():     # not after a refusal of ours (it stopped the parser)
+            super().send_400_response(msg)
+
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        if not self._in_head:
+            self._start_head()
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        if len(self.headers) >= MAX_HEADERS:
+            self._refuse(TOO_LARGE)
+            raise _Refused      # stops the parser: nothing after this header is read
+        super().on_header(name, value)
+
+    def on_headers_complete(self) -> None:
+        self._end_head()
+        super().on_headers_complete()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._end_head()
+        super().connection_lost(exc)
+
+    def _start_head(self) -> None:
+        self._in_head, self._head_bytes = True, 0
+        self._head_timer = self.loop.call_later(HEAD_TIMEOUT_S, self._refuse, TOO_SLOW)
+
+    def _end_head(self) -> None:
+        self._in_head = False
+        if self._head_timer is not None:
+            self._head_timer.cancel()
+            self._head_timer = None
+
+    def _refuse(self, answer: bytes) -> None:
+        self._end_head()
+        if not self.transport.is_closing():
+            self.transport.write(answer)
+            self.transport.close()

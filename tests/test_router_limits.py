@@ -1,0 +1,74 @@
+"""`router/limits.py`: a request head too large, with too many headers, or too slow is refused (431,
+408) and its connection closed; ordinary requests on a kept-alive connection are not touched."""
+
+from __future__ import annotations
+
+import socket
+import time
+
+import pytest
+from server_thread import ServerThread
+
+from cadencerl.router import limits
+from cadencerl.router.limits import LimitedHttpToolsProtocol
+
+pytestmark = pytest.mark.timeout(60)
+
+
+async def ok_app(scope, receive, send) -> None:
+    if scope["type"] != "http":
+        return
+    while (await receive()).get("more_body"):
+        pass
+    await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"2")]})
+    await send({"type": "http.response.body", "body": b"ok"})
+
+
+@pytest.fixture
+def server():
+    s = ServerThread(ok_app, name="limits", loop="uvloop", http=LimitedHttpToolsProtocol, lifespan="off").start()
+    yield s
+    s.stop()
+
+
+def _exchange(server: ServerThread, *pieces: bytes, pause_s: float = 0.0) -> bytes:
+    """Send the pieces (pausing between them), then read until the server closes or 3 s pass."""
+    host, port = server.url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=3) as sock:
+        try:
+            for piece in pieces:
+                sock.sendall(piece)
+                time.sleep(pause_s)
+        except OSError:          # the server refused and closed while we were still sending
+            pass
+        out = b""
+        try:
+            while chunk := sock.recv(65536):
+                out += chunk
+        except (TimeoutError, ConnectionResetError):
+            pass
+        return out
+
+
+def test_ordinary_requests_on_one_connection_pass(server) -> None:
+    get = b"GET / HTTP/1.1\r\nhost: x\r\nx-a: " + b"a" * 4000 + b"\r\n\r\n"
+    out = _exchange(server, get, get + get[:-2] + b"connection: close\r\n\r\n")
+    assert out.count(b"HTTP/1.1 200") == 3
+
+
+def test_a_huge_head_is_refused_with_431_before_it_is_read(server) -> None:
+    big = [b"GET / HTTP/1.1\r\nhost: x\r\nx-big: "] + [b"a" * 65536] * 64     # 4 MiB of one header
+    out = _exchange(server, *big)
+    assert out.startswith(b"HTTP/1.1 431") and out.count(b"HTTP/1.1") == 1
+
+
+def test_too_many_headers_are_refused_with_431(server) -> None:
+    head = b"GET / HTTP/1.1\r\nhost: x\r\n" + b"".join(b"x-h%d: 1\r\n" % i for i in range(150)) + b"\r\n"
+    out = _exchange(server, head)
+    assert out.startswith(b"HTTP/1.1 431") and out.count(b"HTTP/1.1") == 1
+
+
+def test_a_head_sent_too_slowly_is_closed_with_408(server, monkeypatch) -> None:
+    monkeypatch.setattr(limits, "HEAD_TIMEOUT_S", 0.5)
+    out = _exchange(server, b"GET / HTTP/1.1\r\n", b"host: x\r\n", b"x-a: 1\r\n", b"x-b: 1\r\n", pause_s=0.3)
+    assert out.startswith(b"HTTP/1.1 408")
