@@ -55,14 +55,20 @@ def test_misa_holds_new_sessions_beyond_its_caps_and_admits_when_one_finishes() 
     assert held[0].traj.state is State.RESIDENT   # the earliest held session goes first
 
 
-def test_parked_sessions_count_against_the_cap_until_their_ttl() -> None:
-    st = _state(workers=1, ttl=5.0)
+def _park_the_admitted(st: LiveState) -> tuple[list, list]:
+    """Ten new sessions; those admitted end their turn at 0.2 s and park (the rest stay held)."""
     first = [st.new_session(f"s{i}", "agent", 50, group=i) for i in range(10)]
     st.decide(0.0)
     running = [s for s in first if s.traj.state is State.RESIDENT]
     for s in running:
         st.turn_ended(s, 10, 0.2)
     st.decide(0.2)
+    return first, running
+
+
+def test_parked_sessions_count_against_the_cap_until_their_ttl() -> None:
+    st = _state(workers=1, ttl=5.0)
+    first, running = _park_the_admitted(st)
     still_held = [s for s in first if s.traj.state is State.FRESH]
     assert still_held, "parked sessions keep their slot: nothing new is admitted while they wait on tools"
     assert st.expire(3.0) == 0
@@ -319,12 +325,7 @@ def test_a_parked_session_ends_at_the_contended_ttl_while_new_sessions_wait() ->
     """Clients that never send a next turn must not keep new work out for the whole session TTL."""
     st = _state(workers=1, ttl=60.0)
     st.contended_ttl_s = 2.0
-    first = [st.new_session(f"s{i}", "agent", 50, group=i) for i in range(10)]
-    st.decide(0.0)
-    running = [s for s in first if s.traj.state is State.RESIDENT]
-    for s in running:
-        st.turn_ended(s, 10, 0.2)
-    st.decide(0.2)
+    first, running = _park_the_admitted(st)
     assert st.hold and st.expire(1.0) == 0, "within the contended TTL: parked sessions keep their slots"
     assert st.expire(2.3) == len(running)
     st.decide(2.3)
