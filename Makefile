@@ -4,11 +4,12 @@ VENV := .venv
 BIN := $(VENV)/bin
 ENGINE := .venv-engine
 AREAL := .venv-areal
+VERL := .venv-verl
 # No pip cache: the engine venv alone is about 2.5 GB, and a cache would double what the install
 # needs on disk (a CI run once ran out of disk there).
 export PIP_NO_CACHE_DIR := 1
 
-.PHONY: demo test venv engine-venv areal-extra clean
+.PHONY: demo test venv engine-venv areal-extra verl-extra clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -40,10 +41,18 @@ areal-extra: engine-venv
 	  || $(ENGINE)/bin/pip install -q --no-deps --target $(AREAL) -r tests/engine/areal-requirements.txt \
 	  || { rm -rf $(AREAL); echo "WARNING: the areal extra could not be installed (see above): the AReaL test will SKIP"; }
 
-test: venv engine-venv areal-extra
+# verl's own classes (tests/test_verl.py) the same way, beside AReaL's extra, whose Ray and OmegaConf
+# they share: only what verl's load-balancer seam and agent loop import (tests/engine/verl-requirements.txt).
+verl-extra: areal-extra
+	@test ! -d $(AREAL)/areal || test -d $(VERL)/verl \
+	  || $(ENGINE)/bin/pip install -q --no-deps --target $(VERL) -r tests/engine/verl-requirements.txt \
+	  || { rm -rf $(VERL); echo "WARNING: the verl extra could not be installed (see above): the verl test will SKIP"; }
+
+test: venv engine-venv areal-extra verl-extra
 	$(BIN)/python -c "import importlib.util as u, sys; sys.exit(u.find_spec('ray') is None)" 2>/dev/null \
 	  || $(BIN)/pip install -q -e '.[test,ray]'
-	CADENCERL_VLLM_PYTHON=$(CURDIR)/$(ENGINE)/bin/python CADENCERL_AREAL_PATH=$(CURDIR)/$(AREAL) $(BIN)/python -m pytest -q
+	CADENCERL_VLLM_PYTHON=$(CURDIR)/$(ENGINE)/bin/python CADENCERL_AREAL_PATH=$(CURDIR)/$(AREAL) \
+	  CADENCERL_VERL_PATH=$(CURDIR)/$(VERL) $(BIN)/python -m pytest -q
 
 clean:
-	rm -rf $(VENV) $(ENGINE) $(AREAL) build *.egg-info
+	rm -rf $(VENV) $(ENGINE) $(AREAL) $(VERL) build *.egg-info

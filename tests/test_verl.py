@@ -1,13 +1,18 @@
-"""verl (0.9.1) through the router, against stub servers. verl's modules import Ray at the top
-(`verl/workers/rollout/llm_server.py`, `router.py`), which this suite does not install, so its call
-shapes are replayed here: the agent loop's `generate(request_id, prompt_ids=, sampling_params=)`
-with the sampling params `AgentLoopWorker` builds (`verl/experimental/agent_loop/agent_loop.py`,
-590-596), the load balancer's calls as `LLMServerClient` and `LLMServerManager` make them
-(`llm_server.py` 70-88, `router.py` 170-253), and its YAML plugin's constructor (`router.py` 391)."""
+"""verl (0.9.1) through the router, against stub servers. verl's call shapes replayed in this
+suite's interpreter: the agent loop's `generate(request_id, prompt_ids=, sampling_params=)` with the
+sampling params `AgentLoopWorker` builds (`verl/experimental/agent_loop/agent_loop.py`, 590-596),
+the load balancer's calls as `LLMServerClient` and `LLMServerManager` make them (`llm_server.py`
+70-88, `router.py` 170-253), its YAML plugin's constructor (`router.py` 391); then verl's own
+classes (its plugin factory, client, manager loader, TokenOutput) in `engine/verl_client.py`, under
+vLLM's interpreter (verl imports torch) with the verl extra `make test` installs."""
 
 from __future__ import annotations
 
 import asyncio
+import json
+import os
+import subprocess
+from pathlib import Path
 from types import SimpleNamespace
 
 import httpx
@@ -126,6 +131,54 @@ def test_a_missing_router_address_is_one_clear_error(monkeypatch: pytest.MonkeyP
         cv.max_tokens({}, 3, {})
 
 
-def test_the_agent_loop_manager_is_verls_own_subclass() -> None:
-    agent_loop = pytest.importorskip("verl.experimental.agent_loop", reason="verl (and Ray) are not installed here")
-    assert issubclass(cv.CadenceRLAgentLoopManager, agent_loop.AgentLoopManager)
+VERL_PATH_ENV = "CADENCERL_VERL_PATH"      # the folder `make test` installs the verl extra into
+CLIENT = Path(__file__).parent / "engine" / "verl_client.py"
+
+
+def verl_pythonpath() -> tuple[str, str]:
+    """vLLM's interpreter (verl needs torch) and a PYTHONPATH with verl, AReaL's extra (Ray,
+    OmegaConf) and this checkout; the test skips, saying why, where `make test` did not install them."""
+    python, verl, areal = (os.environ.get(k) for k in ("CADENCERL_VLLM_PYTHON", VERL_PATH_ENV, "CADENCERL_AREAL_PATH"))
+    if not (python and verl and areal and (Path(verl) / "verl").is_dir() and (Path(areal) / "ray").is_dir()):
+        pytest.skip(f"verl is not installed: set CADENCERL_VLLM_PYTHON, {VERL_PATH_ENV} and CADENCERL_AREAL_PATH "
+                    "to what `make test` installs (.venv-engine, .venv-verl, .venv-areal)")
+    return python, os.pathsep.join([verl, areal, str(Path(__file__).parents[1])])
+
+
+@pytest.mark.timeout(240)
+def test_verls_own_classes_route_through_the_router(tmp_path: Path) -> None:
+    """verl's plugin factory, its client's acquire/release, its manager loader and TokenOutput."""
+    python, pythonpath = verl_pythonpath()
+    joined = StubState("extra")              # a server verl launched: it joins through the plugin
+    extra = ServerThread(stub_app(joined), name="extra", **FAST).start()
+    try:
+        with Fleet(policy="cadence", admin_token=None) as f:
+            plugin = tmp_path / "cadencerl-router.yaml"
+            plugin.write_text(f"router_class: cadencerl.integrations.verl.CadenceRLLoadBalancer\nrouter_url: {f.url}\n")
+            out = tmp_path / "result.json"
+            address = extra.url.removeprefix("http://")
+            run = subprocess.run([python, str(CLIENT), "--router", f.url, "--register", address, "--yaml", str(plugin),
+                                  "--out", str(out)], env={**os.environ, "PYTHONPATH": pythonpath},
+                                 capture_output=True, text=True, timeout=200)
+            assert run.returncode == 0, run.stderr[-3000:]
+            got = json.loads(out.read_text())
+            assert got["acquired"] == [cv.ROUTER_ID, f.url, 1]
+            assert got["status"] == {"router": f.url, "servers": [address], "inflight": 0}
+            assert got["router_workers"] == [*(s.url for s in f.stubs), extra.url]   # verl's server joined
+            assert got["manager_is_verls"] and got["client"] == "CadenceRLServerClient" and got["client_url"] == f.url
+            for i, turns in enumerate(got["trajectories"]):
+                prompt = [60 + i, 1]
+                for turn in turns:
+                    assert turn["prompt"] == prompt and turn["tokens"] == expected(prompt, 12)
+                    assert turn["log_probs"] == [-0.5] * 12 and turn["stop_reason"] == "completed"
+                    assert turn["verl_token_output"]
+                    prompt = prompt + turn["tokens"] + [700]
+            per_server = sorted(sum(s.served.values()) for s in [*f.states, joined])
+            assert per_server in ([0, 3, 3], [0, 0, 6]), per_server     # each trajectory's turns on one server
+            assert [w["upstream_url"] for w in httpx.get(f"{f.url}/workers").json()["workers"]] == [s.url for s in f.stubs]
+            for i in range(2):          # the trainer is done with them: each ends once
+                assert httpx.delete(f"{f.url}/v1/sessions/traj-{i}").json() == {"ended": True}
+            svc = f.service
+            assert settle(lambda: svc.state.controller.done == 2 and not svc.state.live)
+    finally:
+        extra.stop()
