@@ -23,6 +23,7 @@ from contextlib import ExitStack
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from router_live import held  # noqa: E402
 from router_overhead import cadencerl_router, free_port, vllm_router, vllm_router_binary  # noqa: E402
 
 from cadencerl.devpool.local_pool import SERVED_MODEL_NAME, LocalPool, PoolConfig, vllm_python  # noqa: E402
@@ -101,6 +102,8 @@ def main() -> None:
                     rows[t].append(got)
                     print(f"{dataset} round {i} {t}: {json.dumps(got)}", file=sys.stderr, flush=True)
             result[dataset] = {"rounds": rows, "median": summary(rows, "vllm-router cache_aware")}
+        # what each cadencerl router's admission held, over all its runs (its own /metrics)
+        result["held"] = {t: held(targets[t]) for t in names if t.startswith("cadencerl")}
     result["wall_s"] = round(time.monotonic() - t0, 1)
     print(json.dumps(result, indent=2))
 
