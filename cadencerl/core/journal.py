@@ -1,9 +1,9 @@
 """The controller's journal: every state change it makes, on disk, so a restarted process resumes.
 
 One SQLite file in WAL mode, one writer (an exclusive lock file beside it refuses a second process),
-records buffered in memory and committed in one transaction per flush, so the cost per token is a
-list append. Each record carries a CRC: reading stops at the first record that is unreadable or
-fails its check and says how many it dropped. What the records mean, and the restore: journal_state.
+records buffered in memory and committed in one transaction per flush (an explicit BEGIN: the
+connection autocommits), so the cost per token is a list append. Each record carries a CRC: reading
+stops at the first record that is unreadable or fails its check and says how many it dropped. What the records mean, and the restore: journal_state.
 """
 
 from __future__ import annotations
@@ -63,6 +63,9 @@ class Recovered:
 
     records: list[Record]
     dropped: str = ""          # empty: the whole file was read
+
+
+_encode = json.JSONEncoder(separators=(",", ":")).encode   # json.dumps(..., separators=) builds one a call
 
 
 def _crc(kind: str, traj: int | None, body: str) -> int:
@@ -127,6 +130,7 @@ class Journal:
     _buffer: list[tuple[str, int | None, str, int]] = field(default_factory=list)
     _tokens: dict[int, list[int]] = field(default_factory=dict)   # chunks since the last flush, by trajectory
     _last_flush: float = 0.0
+    busy_s: float = 0.0                   # wall time spent committing (flush, publish): the journal's cost
     recovered: Recovered = field(default_factory=lambda: Recovered([]))
 
     @classmethod
@@ -160,7 +164,7 @@ class Journal:
         return j
 
     def log(self, kind: str, traj: int | None = None, **body: object) -> None:
-        text = json.dumps(body, separators=(",", ":"))
+        text = _encode(body)
         self._buffer.append((kind, traj, text, _crc(kind, traj, text)))
 
     def tokens(self, traj: int, ids: list[int]) -> None:
@@ -178,25 +182,47 @@ class Journal:
         if not (self._buffer or self._tokens) or (not force and now - self._last_flush < self.flush_every_s) \
                 or self._db is None:
             return
+        self._commit(self._take())
+        self._last_flush = now
+
+    def _take(self) -> list[tuple[str, int | None, str, int]]:
+        """The buffered records, the token chunks as one `tokens` record per trajectory (its body
+        written here, without an encoder, as `json.dumps` would write it)."""
         for traj, ids in self._tokens.items():
-            self.log("tokens", traj, ids=ids)
+            text = '{"ids":[' + ",".join(map(str, ids)) + "]}"
+            self._buffer.append(("tokens", traj, text, _crc("tokens", traj, text)))
         rows, self._buffer, self._tokens = self._buffer, [], {}
+        return rows
+
+    def _commit(self, rows: list[tuple[str, int | None, str, int]], delete: Sequence[int] = ()) -> None:
+        """`rows` written and the records of trajectories `delete` deleted, in one transaction (the
+        connection is in autocommit mode: without BEGIN each row would be a commit of its own)."""
+        if self._db is None or not (rows or delete):
+            return
+        started = time.perf_counter()
         try:
-            with self._db:
+            self._db.execute("BEGIN")
+            try:
                 self._db.executemany("INSERT INTO records (kind, traj, body, crc) VALUES (?, ?, ?, ?)", rows)
+                if delete:
+                    ids = list(delete)
+                    self._db.execute(f"DELETE FROM records WHERE traj IN ({','.join('?' * len(ids))})", ids)
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+            self._db.execute("COMMIT")
         except sqlite3.Error as exc:
             raise JournalError(f"journal: cannot write {self.path}: {exc}") from None
-        self._last_flush = now
+        finally:
+            self.busy_s += time.perf_counter() - started
 
     def published(self, version: int, consumed: Sequence[int]) -> None:
         """Version `version` is out, its batch consumed: durable now, and the consumed trajectories'
-        records go (their batch's record holds what a restart needs of them): the journal stays bounded."""
+        records go (their batch's record holds what a restart needs of them): the journal stays
+        bounded. One commit for both."""
         self.log("publish", v=version)
-        self.flush(force=True)
-        if consumed and self._db is not None:
-            ids = list(consumed)
-            with self._db:
-                self._db.execute(f"DELETE FROM records WHERE traj IN ({','.join('?' * len(ids))})", ids)
+        self._commit(self._take(), consumed)
+        self._last_flush = time.monotonic()
 
     def size_bytes(self) -> int:
         return sum(Path(f"{self.path}{s}").stat().st_size for s in ("", "-wal") if Path(f"{self.path}{s}").exists())
