@@ -29,7 +29,7 @@ class JournalError(RuntimeError):
 
 @dataclass(frozen=True, slots=True)
 class Record:
-    kind: str                 # admit, tokens, version, evict, complete, batch, publish, worker, lost, run
+    kind: str                 # admit, tokens, version, tool, returned, complete, batch, publish, worker, run
     traj: int | None
     body: dict
 
@@ -130,7 +130,7 @@ class Journal:
     _buffer: list[tuple[str, int | None, str, int]] = field(default_factory=list)
     _tokens: dict[int, list[int]] = field(default_factory=dict)   # chunks since the last flush, by trajectory
     _last_flush: float = 0.0
-    busy_s: float = 0.0                   # wall time spent committing (flush, publish): the journal's cost
+    busy_s: float = 0.0       # wall time inside flush() and published(), its cost beside a list append a token
     recovered: Recovered = field(default_factory=lambda: Recovered([]))
 
     @classmethod
@@ -178,12 +178,13 @@ class Journal:
 
     def flush(self, force: bool = False) -> None:
         """Commit what was logged, if `flush_every_s` passed since the last commit (or `force`)."""
+        started = time.perf_counter()
         now = time.monotonic()
-        if not (self._buffer or self._tokens) or (not force and now - self._last_flush < self.flush_every_s) \
-                or self._db is None:
-            return
-        self._commit(self._take())
-        self._last_flush = now
+        if (self._buffer or self._tokens) and (force or now - self._last_flush >= self.flush_every_s) \
+                and self._db is not None:
+            self._commit(self._take())
+            self._last_flush = now
+        self.busy_s += time.perf_counter() - started
 
     def _take(self) -> list[tuple[str, int | None, str, int]]:
         """The buffered records, the token chunks as one `tokens` record per trajectory (its body
@@ -199,7 +200,6 @@ class Journal:
         connection is in autocommit mode: without BEGIN each row would be a commit of its own)."""
         if self._db is None or not (rows or delete):
             return
-        started = time.perf_counter()
         try:
             self._db.execute("BEGIN")
             try:
@@ -213,16 +213,16 @@ class Journal:
             self._db.execute("COMMIT")
         except sqlite3.Error as exc:
             raise JournalError(f"journal: cannot write {self.path}: {exc}") from None
-        finally:
-            self.busy_s += time.perf_counter() - started
 
     def published(self, version: int, consumed: Sequence[int]) -> None:
         """Version `version` is out, its batch consumed: durable now, and the consumed trajectories'
         records go (their batch's record holds what a restart needs of them): the journal stays
         bounded. One commit for both."""
+        started = time.perf_counter()
         self.log("publish", v=version)
         self._commit(self._take(), consumed)
         self._last_flush = time.monotonic()
+        self.busy_s += time.perf_counter() - started
 
     def size_bytes(self) -> int:
         return sum(Path(f"{self.path}{s}").stat().st_size for s in ("", "-wal") if Path(f"{self.path}{s}").exists())
