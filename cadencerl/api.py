@@ -307,7 +307,7 @@ class RolloutPool:
                              deadline_s=self.deadline_s, connect_timeout_s=self.connect_timeout_s)
         self._run.controller.on_progress = self.progress
         if self.journal is not None:
-            self.journal_report = attach_journal(self._run, self.journal, self._prompts, self._key)
+            self.journal_report = attach_journal(self._run, self.journal, self._prompts)
         self._thread = threading.Thread(target=self._drive, name="cadencerl-controller", daemon=True)
         self._thread.start()
 
