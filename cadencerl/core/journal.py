@@ -14,7 +14,7 @@ import os
 import sqlite3
 import time
 import zlib
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
@@ -195,14 +195,27 @@ class Journal:
         rows, self._buffer, self._tokens = self._buffer, [], {}
         return rows
 
-    def _commit(self, rows: list[tuple[str, int | None, str, int]], delete: Sequence[int] = ()) -> None:
-        """`rows` written and the records of trajectories `delete` deleted, in one transaction (the
-        connection is in autocommit mode: without BEGIN each row would be a commit of its own)."""
-        if self._db is None or not (rows or delete):
+    def rewrite(self, records: Iterable[Record]) -> None:
+        """Replace every record, the buffered ones included, by `records`, in one commit: compaction
+        by an owner that knows what its records leave (router/sessions_journal.py)."""
+        self._buffer, self._tokens = [], {}
+        for r in records:
+            self.log(r.kind, r.traj, **r.body)
+        self._commit(self._take(), everything=True)
+        self._last_flush = time.monotonic()
+
+    def _commit(self, rows: list[tuple[str, int | None, str, int]], delete: Sequence[int] = (),
+                everything: bool = False) -> None:
+        """`rows` written and the records of trajectories `delete` (or, `everything`, all records
+        before them) deleted, in one transaction (the connection is in autocommit mode: without
+        BEGIN each row would be a commit of its own)."""
+        if self._db is None or not (rows or delete or everything):
             return
         try:
             self._db.execute("BEGIN")
             try:
+                if everything:
+                    self._db.execute("DELETE FROM records")
                 self._db.executemany("INSERT INTO records (kind, traj, body, crc) VALUES (?, ?, ?, ?)", rows)
                 if delete:
                     ids = list(delete)
