@@ -13,7 +13,6 @@ import time
 from cadencerl.api import RolloutPool
 from cadencerl.config import builtin_scenario
 
-
 MULTI_TURN = {"turns_min": 2, "turns_max": 3, "observation": {"median": 24, "sigma": 0.5, "cap": 64},
               "tool_latency_median_s": 0.15, "tool_latency_sigma": 0.5}
 
