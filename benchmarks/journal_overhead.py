@@ -1,8 +1,9 @@
 """The journal's cost: the shrunk cpu-pair run through RolloutPool on two fake vLLM servers, with and
 without `journal=`, in alternated pairs (off-on, then on-off); prints JSON: each pair's throughput
 drop, their median with a bootstrap 95% interval, the controller process's CPU per token each way,
-and the journal's own time on the controller's thread as a share of each run's wall time (its
-flushes, timed in the run, plus a list append per token chunk, timed alone): the most it can take.
+and the journal's own cost as a share of each run's wall time and of the controller process's CPU
+(its flushes and publishes, timed in the run, plus a list append per token chunk, timed alone):
+what it takes from a run bound by the controller.
 
     PYTHONPATH=.:tests python benchmarks/journal_overhead.py [--pairs 20] [--trajectories 64] [--servers process]
 
@@ -60,19 +61,20 @@ def one(urls: list[str], trajectories: int, journal: str | None) -> dict:
     wall, cpu = time.perf_counter() - started, time.process_time() - cpu
     j = result.get("journal") or {}
     return {"rate": result["tokens_generated"] / wall, "cpu_us": 1e6 * cpu / result["tokens_generated"],
-            "wall": wall, "tokens": result["tokens_generated"], "flush_s": j.get("flush_s", 0.0),
+            "wall": wall, "cpu": cpu, "tokens": result["tokens_generated"], "flush_s": j.get("flush_s", 0.0),
+            "flush_cpu_s": j.get("flush_cpu_s", 0.0),
             "bytes": j.get("bytes")}
 
 
 def cost_per_token_us(path: str, n: int = 200_000) -> tuple[float, float]:
-    """The journal alone, a token a call on 64 trajectories: the call (`Journal.tokens`, what a
-    streamed chunk costs between flushes), and the call with a flush offered every 100 tokens."""
+    """The journal alone, a token a call on 64 trajectories: the call's CPU time (`Journal.tokens`,
+    what a streamed chunk costs between flushes), and the call with a flush offered every 100 tokens."""
     j = Journal.open(path)
     ids = [[i % 4096] for i in range(n)]
-    started = time.perf_counter()
+    started = time.thread_time()
     for i in range(n):
         j.tokens(i % 64, ids[i])
-    call = time.perf_counter() - started
+    call = time.thread_time() - started
     j.flush(force=True)
     started = time.perf_counter()
     for i in range(n):
@@ -114,6 +116,8 @@ def main() -> None:
                 pair[mode] = one(urls, args.trajectories, os.path.join(d, f"j{i}") if mode == "on" else None)
             runs.append(pair)
             load.append(os.getloadavg())
+            print(f"pair {i + 1}/{args.pairs}: drop {100 * (1 - pair['on']['rate'] / pair['off']['rate']):+.2f}%",
+                  file=sys.stderr, flush=True)
         call_us, with_flush_us = cost_per_token_us(os.path.join(d, "micro"))
     drops = [100 * (1 - p["on"]["rate"] / p["off"]["rate"]) for p in runs]
     cpu = [100 * (p["on"]["cpu_us"] / p["off"]["cpu_us"] - 1) for p in runs]
@@ -128,6 +132,8 @@ def main() -> None:
         "flush_share_of_wall_pct": summary([100 * p["on"]["flush_s"] / p["on"]["wall"] for p in runs], 3),
         "journal_share_of_wall_pct": summary([100 * (p["on"]["flush_s"] + 1e-6 * call_us * p["on"]["tokens"])
                                               / p["on"]["wall"] for p in runs], 3),
+        "journal_share_of_cpu_pct": summary([100 * (p["on"]["flush_cpu_s"] + 1e-6 * call_us * p["on"]["tokens"])
+                                             / p["on"]["cpu"] for p in runs], 3),
         "journal_bytes_at_end": max(p["on"]["bytes"] or 0 for p in runs),
         "token_call_us": round(call_us, 3), "journal_alone_us_per_token": round(with_flush_us, 3),
         "loadavg_1min": summary([x[0] for x in load])}))

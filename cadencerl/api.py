@@ -232,7 +232,8 @@ class RolloutPool:
             self._result = summarize_real(self._run, self._ended_at - self._started_at)
             if self.journal_report is not None:
                 self._result["journal"] = {**self.journal_report, "bytes": self.journal.size_bytes(),
-                                           "flush_s": round(self.journal.busy_s, 4)}
+                                           "flush_s": round(self.journal.busy_s, 4),
+                                           "flush_cpu_s": round(self.journal.cpu_s, 4)}
         return self._result
 
     def progress_so_far(self) -> dict:

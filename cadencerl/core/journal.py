@@ -124,17 +124,18 @@ class Journal:
     """The journal at `path`, owned by this process from `open()` until `close()`."""
 
     path: Path
-    flush_every_s: float = 0.05           # a flush commits at most this often, unless forced
+    flush_every_s: float = 0.2            # a flush commits at most this often, unless forced
     _db: sqlite3.Connection | None = None
     _lock_fd: int | None = None
     _buffer: list[tuple[str, int | None, str, int]] = field(default_factory=list)
     _tokens: dict[int, list[int]] = field(default_factory=dict)   # chunks since the last flush, by trajectory
     _last_flush: float = 0.0
     busy_s: float = 0.0       # wall time inside flush() and published(), its cost beside a list append a token
+    cpu_s: float = 0.0        # ... and this thread's CPU time there
     recovered: Recovered = field(default_factory=lambda: Recovered([]))
 
     @classmethod
-    def open(cls, path: str | Path, flush_every_s: float = 0.05) -> Journal:
+    def open(cls, path: str | Path, flush_every_s: float = 0.2) -> Journal:
         """Lock the journal, read what it holds (`recovered`), and rewrite it from those records
         when part of it was lost (the damaged file is kept beside it, `.damaged`)."""
         path = Path(path)
@@ -178,13 +179,14 @@ class Journal:
 
     def flush(self, force: bool = False) -> None:
         """Commit what was logged, if `flush_every_s` passed since the last commit (or `force`)."""
-        started = time.perf_counter()
+        started, cpu = time.perf_counter(), time.thread_time()
         now = time.monotonic()
         if (self._buffer or self._tokens) and (force or now - self._last_flush >= self.flush_every_s) \
                 and self._db is not None:
             self._commit(self._take())
             self._last_flush = now
         self.busy_s += time.perf_counter() - started
+        self.cpu_s += time.thread_time() - cpu
 
     def _take(self) -> list[tuple[str, int | None, str, int]]:
         """The buffered records, the token chunks as one `tokens` record per trajectory (its body
@@ -231,11 +233,12 @@ class Journal:
         """Version `version` is out, its batch consumed: durable now, and the consumed trajectories'
         records go (their batch's record holds what a restart needs of them): the journal stays
         bounded. One commit for both."""
-        started = time.perf_counter()
+        started, cpu = time.perf_counter(), time.thread_time()
         self.log("publish", v=version)
         self._commit(self._take(), consumed)
         self._last_flush = time.monotonic()
         self.busy_s += time.perf_counter() - started
+        self.cpu_s += time.thread_time() - cpu
 
     def size_bytes(self) -> int:
         return sum(Path(f"{self.path}{s}").stat().st_size for s in ("", "-wal") if Path(f"{self.path}{s}").exists())
