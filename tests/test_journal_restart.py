@@ -48,6 +48,17 @@ def expected(sp, key: object, seed: int, prompt: list[int]) -> tuple[int, list[i
     return generated, ctx[len(prompt):]
 
 
+def observations_misplaced(sp, key: object, seed: int, completion: list[int]) -> list[int]:
+    """The turns (1-based) whose tool observation is not where it belongs in `completion` (after
+    the replies before it), whatever the engine decoded."""
+    pos, wrong = sp.response.reveal(key), []
+    for k, turn in enumerate(sp.later_turns.reveal(key)):
+        if completion[pos:pos + turn.observation_len] != synthetic_observation(seed, sp.id, k + 1, turn.observation_len):
+            wrong.append(k + 1)
+        pos += turn.observation_len + turn.response.reveal(key)
+    return wrong
+
+
 def check_across_processes(out: Path, traj: int = TRAJ, batch: int = BATCH, exact: bool = True,
                            turns: bool = False) -> dict:
     """Every trajectory in exactly one batch (a batch seen twice: the same), its length its target,
@@ -72,6 +83,7 @@ def check_across_processes(out: Path, traj: int = TRAJ, batch: int = BATCH, exac
             assert len(completion) == len(want), f"trajectory {tid}: {len(completion)} of {len(want)} tokens " \
                                                  f"({generated} generated)"
             assert not exact or completion == want, f"trajectory {tid}: tokens differ"
+            assert not observations_misplaced(specs[tid], key, s.seed, completion), f"trajectory {tid}: observations"
             assert 0 <= k - tag <= s.controller.eta, f"trajectory {tid} tag {tag} in batch {k}"
     return end[0]["journal"]
 
