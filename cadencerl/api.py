@@ -231,7 +231,9 @@ class RolloutPool:
                 raise self._error
             self._result = summarize_real(self._run, self._ended_at - self._started_at)
             if self.journal_report is not None:
-                self._result["journal"] = {**self.journal_report, "bytes": self.journal.size_bytes()}
+                self._result["journal"] = {**self.journal_report, "bytes": self.journal.size_bytes(),
+                                           "flush_s": round(self.journal.busy_s, 4),
+                                           "flush_cpu_s": round(self.journal.cpu_s, 4)}
         return self._result
 
     def progress_so_far(self) -> dict:
@@ -306,7 +308,7 @@ class RolloutPool:
                              deadline_s=self.deadline_s, connect_timeout_s=self.connect_timeout_s)
         self._run.controller.on_progress = self.progress
         if self.journal is not None:
-            self.journal_report = attach_journal(self._run, self.journal, self._prompts, self._key)
+            self.journal_report = attach_journal(self._run, self.journal, self._prompts)
         self._thread = threading.Thread(target=self._drive, name="cadencerl-controller", daemon=True)
         self._thread.start()
 

@@ -41,6 +41,22 @@ def test_records_come_back_in_order_and_replay_to_the_state(tmp_path: Path) -> N
     assert st.published == 0 and not st.admitted[3].completed
 
 
+def test_a_multi_turn_sessions_tool_calls_replay_to_its_turns(tmp_path: Path) -> None:
+    p = tmp_path / "j"
+    j = Journal.open(p)
+    for tid in (1, 2):
+        j.log("admit", tid, tag=0)
+        j.tokens(tid, [10, 11, 12])
+        j.log("tool", tid, n=3)
+    j.log("returned", 1, obs=5)        # session 1 is on its second turn, session 2 still on its tool
+    j.tokens(1, [13])
+    j.close()
+    st = replay(read_records(p).records)
+    one, two = st.admitted[1], st.admitted[2]
+    assert (one.ids, one.turn_ends, one.observations, one.on_tool) == ([10, 11, 12, 13], [3], [5], False)
+    assert (two.ids, two.turn_ends, two.observations, two.on_tool) == ([10, 11, 12], [3], [], True)
+
+
 def test_a_checksum_failure_keeps_what_came_before_and_says_what_was_dropped(tmp_path: Path) -> None:
     p = tmp_path / "j"
     write(p, 10)

@@ -1,7 +1,8 @@
 """The controller's process killed with SIGKILL at random points of a run on fake vLLM servers,
 restarted on its journal: across the two processes every trajectory is consumed exactly once, in
 one batch, with its exact tokens (the fakes are deterministic), never staler than eta, and no
-request is left running on a server."""
+request is left running on a server. The same for multi-turn sessions (tool calls between turns):
+their tokens exact with each tool's observation in its place."""
 
 from __future__ import annotations
 
@@ -16,7 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from cadencerl.core.journal import Journal, JournalError
+from cadencerl.core.journal import Journal, JournalError, read_records
+from cadencerl.core.journal_state import replay
+from cadencerl.engine.prompts import synthetic_observation
 from cadencerl.workload.generate import generate
 from tests.fake_vllm import FakeVLLM, reference
 from tests.journal_driver import scenario
@@ -26,13 +29,38 @@ ROOT = Path(__file__).resolve().parents[1]
 TRAJ, BATCH = 32, 8
 
 
-def driver(urls: str, journal: Path, out: Path, traj: int = TRAJ, batch: int = BATCH) -> subprocess.Popen:
+def driver(urls: str, journal: Path, out: Path, traj: int = TRAJ, batch: int = BATCH,
+           turns: bool = False) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, str(ROOT / "tests" / "journal_driver.py"), urls, str(journal), str(out),
-                             str(traj), str(batch)], env={**os.environ, "PYTHONPATH": str(ROOT)},
+                             str(traj), str(batch), "0.2", str(int(turns))], env={**os.environ, "PYTHONPATH": str(ROOT)},
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
-def check_across_processes(out: Path, traj: int = TRAJ, batch: int = BATCH, exact: bool = True) -> dict:
+def expected(sp, key: object, seed: int, prompt: list[int]) -> tuple[int, list[int]]:
+    """A trajectory's generated length and completion whatever its interruptions: each reply as the
+    fake decodes it greedily, each tool's observation after the reply before it."""
+    ctx = list(prompt) + reference(prompt, sp.response.reveal(key))
+    generated = sp.response.reveal(key)
+    for k, turn in enumerate(sp.later_turns.reveal(key)):
+        ctx += synthetic_observation(seed, sp.id, k + 1, turn.observation_len)
+        ctx += reference(ctx, turn.response.reveal(key))
+        generated += turn.response.reveal(key)
+    return generated, ctx[len(prompt):]
+
+
+def observations_misplaced(sp, key: object, seed: int, completion: list[int]) -> list[int]:
+    """The turns (1-based) whose tool observation is not where it belongs in `completion` (after
+    the replies before it), whatever the engine decoded."""
+    pos, wrong = sp.response.reveal(key), []
+    for k, turn in enumerate(sp.later_turns.reveal(key)):
+        if completion[pos:pos + turn.observation_len] != synthetic_observation(seed, sp.id, k + 1, turn.observation_len):
+            wrong.append(k + 1)
+        pos += turn.observation_len + turn.response.reveal(key)
+    return wrong
+
+
+def check_across_processes(out: Path, traj: int = TRAJ, batch: int = BATCH, exact: bool = True,
+                           turns: bool = False) -> dict:
     """Every trajectory in exactly one batch (a batch seen twice: the same), its length its target,
     its tokens the fake's (`exact`), staleness within eta, and the restarted run finished."""
     lines = [json.loads(x) for x in out.read_text().splitlines()]
@@ -43,26 +71,32 @@ def check_across_processes(out: Path, traj: int = TRAJ, batch: int = BATCH, exac
         if "index" in x:      # a batch written but not published before the kill is handed out again, the same
             assert by_index.setdefault(x["index"], x["samples"]) == x["samples"], f"batch {x['index']} changed"
     assert sorted(by_index) == list(range(traj // batch))
-    s = scenario(traj, batch)
+    s = scenario(traj, batch, turns)
     key = object()
-    targets = {sp.id: sp.response.reveal(key) for sp in generate(s.workload, s.seed, key)}
+    specs = {sp.id: sp for sp in generate(s.workload, s.seed, key)}
+    assert turns == any(sp.later_turns.reveal(key) for sp in specs.values())
     seen = [tid for samples in by_index.values() for tid, *_ in samples]
     assert sorted(seen) == list(range(traj)), "a trajectory lost or consumed twice"
     for k, samples in by_index.items():
         for tid, tag, prompt, completion in samples:
-            assert len(completion) == targets[tid], f"trajectory {tid}: {len(completion)} of {targets[tid]} tokens"
-            assert not exact or completion == reference(prompt, targets[tid]), f"trajectory {tid}: tokens differ"
+            generated, want = expected(specs[tid], key, s.seed, prompt)
+            assert len(completion) == len(want), f"trajectory {tid}: {len(completion)} of {len(want)} tokens " \
+                                                 f"({generated} generated)"
+            assert not exact or completion == want, f"trajectory {tid}: tokens differ"
+            assert not observations_misplaced(specs[tid], key, s.seed, completion), f"trajectory {tid}: observations"
             assert 0 <= k - tag <= s.controller.eta, f"trajectory {tid} tag {tag} in batch {k}"
     return end[0]["journal"]
 
 
-@pytest.mark.parametrize("seed", [1, 2, 3, 4])
-def test_sigkill_at_a_random_point_then_restart_loses_and_repeats_nothing(tmp_path: Path, seed: int) -> None:
+def kill_and_restart(tmp_path: Path, seed: int, turns: bool = False) -> tuple[dict, dict]:
+    """Run the driver, SIGKILL it at a random point (after k batches are out, plus a random time),
+    restart it on the journal; check across the two processes. Returns the restarted run's journal
+    report and what the killed process's journal held (its replayed state)."""
     journal, out = tmp_path / "run.journal", tmp_path / "batches.jsonl"
     with FakeVLLM() as a, FakeVLLM() as b:
         urls = f"{a.url},{b.url}"
-        first = driver(urls, journal, out)
-        rng = random.Random(seed)     # a random point: after k batches are out, plus a random time
+        first = driver(urls, journal, out, turns=turns)
+        rng = random.Random(seed)
         k, extra = seed % (TRAJ // BATCH - 1), rng.uniform(0.0, 1.0)    # k = 0: once the journal is written
         deadline = time.monotonic() + 60
         def reached() -> bool:
@@ -74,16 +108,33 @@ def test_sigkill_at_a_random_point_then_restart_loses_and_repeats_nothing(tmp_pa
         assert first.poll() is None, f"the run ended before the kill: {first.communicate()[0][-2000:]}"
         first.send_signal(signal.SIGKILL)
         first.wait(10)
-        second = driver(urls, journal, out)
+        left = replay(read_records(journal).records)
+        second = driver(urls, journal, out, turns=turns)
         log, _ = second.communicate(timeout=120)
         assert second.returncode == 0, log[-3000:]
-        report = check_across_processes(out)
+        report = check_across_processes(out, turns=turns)
         assert report["resumed"] == (report["records_read"] > 0)
         assert report["resumed"] or k == 0, "the journal held nothing after a batch was out"
         deadline = time.monotonic() + 10
         while (a.running or b.running) and time.monotonic() < deadline:
             time.sleep(0.05)
         assert a.running == 0 and b.running == 0, "a request of the killed process still runs on a server"
+    return report, left
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3, 4])
+def test_sigkill_at_a_random_point_then_restart_loses_and_repeats_nothing(tmp_path: Path, seed: int) -> None:
+    kill_and_restart(tmp_path, seed)
+
+
+@pytest.mark.parametrize("seed", [1, 2, 5])
+def test_a_multi_turn_run_killed_mid_session_resumes_every_session_exactly_once(tmp_path: Path, seed: int) -> None:
+    """Killed once 1-2 batches are out: sessions are between turns, some on a tool call (made again
+    by the restarted process), some on a later turn after a tool's observation."""
+    report, left = kill_and_restart(tmp_path, seed, turns=True)
+    mid = [a for a in left.admitted.values() if not a.completed and a.turn_ends]
+    assert mid, "the kill found no session past its first turn: the test did not reach what it tests"
+    assert report["tool_calls_made_again"] == sum(a.on_tool for a in mid)
 
 
 def test_a_second_process_on_a_live_journal_is_refused(tmp_path: Path) -> None:

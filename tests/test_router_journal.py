@@ -11,7 +11,7 @@ import pytest
 from cadencerl.core.actions import Place
 from cadencerl.core.journal import Journal, read_records
 from cadencerl.core.trajectory import State
-from cadencerl.router.sessions_journal import restore_sessions
+from cadencerl.router.sessions_journal import open_sessions_journal, restore_sessions
 from tests.test_router_live import _state
 
 pytestmark = pytest.mark.timeout(30)
@@ -76,3 +76,49 @@ def test_the_router_service_takes_up_its_journal_and_a_second_router_is_refused(
     again = second.state.session("chat-1")
     assert again is not None and again.traj.state is State.TOOL and again.traj.home == home
     second.journal.close()
+
+
+def serve_sessions(st, n: int, t0: float = 1.0) -> None:
+    """`n` keyed sessions one after another, each parked once between its two turns, then finished."""
+    for i in range(n):
+        now = t0 + i
+        s = st.new_session(f"short-{i}", "agent", 100, group=i % 4, now=now)
+        st.decide(now)
+        st.turn_ended(s, 20, now + 0.1)
+        st.continuation(s, s.traj.context + 10, now + 0.2)
+        st.decide(now + 0.2)
+        st.finished(s, 10, now + 0.3)
+
+
+def test_the_router_journal_stays_bounded_by_its_live_sessions_and_a_restart_restores_them(tmp_path: Path) -> None:
+    """3000 sessions served beside 5 that stay parked: compacted, the journal holds about the live
+    sessions' records, not the served ones' (the same sessions through an uncompacted journal: its
+    size grows with them); a restart restores the 5 and the finished-class count."""
+    sizes = {}
+    for compacted in (True, False):
+        path = tmp_path / f"router-{compacted}.journal"
+        st = _state(workers=3)
+        sink = open_sessions_journal(st, str(path), compact_after=64) if compacted else Journal.open(path)
+        st.journal = sink
+        keep = [st.new_session(f"long-{i}", "agent", 100 + i, group=i) for i in range(5)]
+        st.decide(0.0)
+        for s in keep:
+            st.turn_ended(s, 40, 0.5)
+        rows = []
+        for _ in range(6):
+            serve_sessions(st, 500, t0=1.0 + 500 * len(rows))
+            rows.append(len(read_records(path).records))
+        sink.close()
+        sizes[compacted] = path.stat().st_size       # closed: the WAL is checkpointed into the file
+        if compacted:
+            assert sink.compactions >= 6000 // 64 // 2 and max(rows) <= 64 + 5 + 2, rows
+            homes = {s.key: s.traj.home for s in keep}
+            again = _state(workers=3)
+            reopened = open_sessions_journal(again, str(path))
+            assert len(read_records(path).records) == 1 + 5      # compacted on open: the classes, the 5
+            assert all(again.session(k) is not None and again.session(k).traj.home == h for k, h in homes.items())
+            assert again.completed["agent"] == 3000 and again.session("short-0") is None
+            reopened.close()
+        else:
+            assert rows[-1] >= 3 * 3000          # uncompacted: a park, a gone and a class record a session
+    assert sizes[True] * 10 < sizes[False], sizes

@@ -137,9 +137,11 @@ class Controller:
             return False
         if isinstance(ev, TurnEnded):
             to_tool(ev.traj, self.workers, self.tool_waiting, ev.time)
+            self.journal.log("tool", ev.traj.id, n=ev.traj.tokens)
             return False
         if isinstance(ev, ToolReturned):
             back_from_tool(ev.traj, ev.observation_tokens, self.tool_waiting, self.pending, ev.time)
+            self.journal.log("returned", ev.traj.id, obs=ev.observation_tokens)
             return False
         if isinstance(ev, Published):
             self.trainer.publish(ev.time)

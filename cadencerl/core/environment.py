@@ -32,13 +32,20 @@ class Environment:
         """Generated tokens at which the current turn ends."""
         return turn_target(traj, self.key)
 
-    def reply_ended(self, traj: Trajectory, now: float) -> tuple[TurnEnded, ToolCall] | Finished:
-        """`traj`'s reply reached its turn's target: a tool call when more turns follow, else done
-        (its length checked against the target and its completion counted)."""
+    def tool_call(self, traj: Trajectory, now: float) -> ToolCall | None:
+        """The tool call that follows `traj`'s current turn, made at `now` (None: its last turn)."""
         later = traj.spec.later_turns.reveal(self.key)
         if traj.turn < len(later):
             turn = later[traj.turn]
-            return TurnEnded(traj, now), ToolCall(traj, now + turn.tool_latency_s, turn.observation_len)
+            return ToolCall(traj, now + turn.tool_latency_s, turn.observation_len)
+        return None
+
+    def reply_ended(self, traj: Trajectory, now: float) -> tuple[TurnEnded, ToolCall] | Finished:
+        """`traj`'s reply reached its turn's target: a tool call when more turns follow, else done
+        (its length checked against the target and its completion counted)."""
+        call = self.tool_call(traj, now)
+        if call is not None:
+            return TurnEnded(traj, now), call
         expected = self.target(traj)
         if traj.tokens != expected:
             self.problems.append(f"trajectory {traj.id} ended with {traj.tokens} tokens, target {expected}")

@@ -1,9 +1,9 @@
 """The controller's journal: every state change it makes, on disk, so a restarted process resumes.
 
 One SQLite file in WAL mode, one writer (an exclusive lock file beside it refuses a second process),
-records buffered in memory and committed in one transaction per flush, so the cost per token is a
-list append. Each record carries a CRC: reading stops at the first record that is unreadable or
-fails its check and says how many it dropped. What the records mean, and the restore: journal_state.
+records buffered in memory and committed in one transaction per flush (an explicit BEGIN: the
+connection autocommits), so the cost per token is a list append. Each record carries a CRC: reading
+stops at the first record that is unreadable or fails its check and says how many it dropped. What the records mean, and the restore: journal_state.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import os
 import sqlite3
 import time
 import zlib
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
@@ -29,7 +29,7 @@ class JournalError(RuntimeError):
 
 @dataclass(frozen=True, slots=True)
 class Record:
-    kind: str                 # admit, tokens, version, evict, complete, batch, publish, worker, lost, run
+    kind: str                 # admit, tokens, version, tool, returned, complete, batch, publish, worker, run
     traj: int | None
     body: dict
 
@@ -63,6 +63,9 @@ class Recovered:
 
     records: list[Record]
     dropped: str = ""          # empty: the whole file was read
+
+
+_encode = json.JSONEncoder(separators=(",", ":")).encode   # json.dumps(..., separators=) builds one a call
 
 
 def _crc(kind: str, traj: int | None, body: str) -> int:
@@ -121,16 +124,18 @@ class Journal:
     """The journal at `path`, owned by this process from `open()` until `close()`."""
 
     path: Path
-    flush_every_s: float = 0.05           # a flush commits at most this often, unless forced
+    flush_every_s: float = 0.2            # a flush commits at most this often, unless forced
     _db: sqlite3.Connection | None = None
     _lock_fd: int | None = None
     _buffer: list[tuple[str, int | None, str, int]] = field(default_factory=list)
     _tokens: dict[int, list[int]] = field(default_factory=dict)   # chunks since the last flush, by trajectory
     _last_flush: float = 0.0
+    busy_s: float = 0.0       # wall time inside flush() and published(), its cost beside a list append a token
+    cpu_s: float = 0.0        # ... and this thread's CPU time there
     recovered: Recovered = field(default_factory=lambda: Recovered([]))
 
     @classmethod
-    def open(cls, path: str | Path, flush_every_s: float = 0.05) -> Journal:
+    def open(cls, path: str | Path, flush_every_s: float = 0.2) -> Journal:
         """Lock the journal, read what it holds (`recovered`), and rewrite it from those records
         when part of it was lost (the damaged file is kept beside it, `.damaged`)."""
         path = Path(path)
@@ -160,7 +165,7 @@ class Journal:
         return j
 
     def log(self, kind: str, traj: int | None = None, **body: object) -> None:
-        text = json.dumps(body, separators=(",", ":"))
+        text = _encode(body)
         self._buffer.append((kind, traj, text, _crc(kind, traj, text)))
 
     def tokens(self, traj: int, ids: list[int]) -> None:
@@ -174,29 +179,66 @@ class Journal:
 
     def flush(self, force: bool = False) -> None:
         """Commit what was logged, if `flush_every_s` passed since the last commit (or `force`)."""
+        started, cpu = time.perf_counter(), time.thread_time()
         now = time.monotonic()
-        if not (self._buffer or self._tokens) or (not force and now - self._last_flush < self.flush_every_s) \
-                or self._db is None:
-            return
+        if (self._buffer or self._tokens) and (force or now - self._last_flush >= self.flush_every_s) \
+                and self._db is not None:
+            self._commit(self._take())
+            self._last_flush = now
+        self.busy_s += time.perf_counter() - started
+        self.cpu_s += time.thread_time() - cpu
+
+    def _take(self) -> list[tuple[str, int | None, str, int]]:
+        """The buffered records, the token chunks as one `tokens` record per trajectory (its body
+        written here, without an encoder, as `json.dumps` would write it)."""
         for traj, ids in self._tokens.items():
-            self.log("tokens", traj, ids=ids)
+            text = '{"ids":[' + ",".join(map(str, ids)) + "]}"
+            self._buffer.append(("tokens", traj, text, _crc("tokens", traj, text)))
         rows, self._buffer, self._tokens = self._buffer, [], {}
+        return rows
+
+    def rewrite(self, records: Iterable[Record]) -> None:
+        """Replace every record, the buffered ones included, by `records`, in one commit: compaction
+        by an owner that knows what its records leave (router/sessions_journal.py)."""
+        self._buffer, self._tokens = [], {}
+        for r in records:
+            self.log(r.kind, r.traj, **r.body)
+        self._commit(self._take(), everything=True)
+        self._last_flush = time.monotonic()
+
+    def _commit(self, rows: list[tuple[str, int | None, str, int]], delete: Sequence[int] = (),
+                everything: bool = False) -> None:
+        """`rows` written and the records of trajectories `delete` (or, `everything`, all records
+        before them) deleted, in one transaction (the connection is in autocommit mode: without
+        BEGIN each row would be a commit of its own)."""
+        if self._db is None or not (rows or delete or everything):
+            return
         try:
-            with self._db:
+            self._db.execute("BEGIN")
+            try:
+                if everything:
+                    self._db.execute("DELETE FROM records")
                 self._db.executemany("INSERT INTO records (kind, traj, body, crc) VALUES (?, ?, ?, ?)", rows)
+                if delete:
+                    ids = list(delete)
+                    self._db.execute(f"DELETE FROM records WHERE traj IN ({','.join('?' * len(ids))})", ids)
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+            self._db.execute("COMMIT")
         except sqlite3.Error as exc:
             raise JournalError(f"journal: cannot write {self.path}: {exc}") from None
-        self._last_flush = now
 
     def published(self, version: int, consumed: Sequence[int]) -> None:
         """Version `version` is out, its batch consumed: durable now, and the consumed trajectories'
-        records go (their batch's record holds what a restart needs of them): the journal stays bounded."""
+        records go (their batch's record holds what a restart needs of them): the journal stays
+        bounded. One commit for both."""
+        started, cpu = time.perf_counter(), time.thread_time()
         self.log("publish", v=version)
-        self.flush(force=True)
-        if consumed and self._db is not None:
-            ids = list(consumed)
-            with self._db:
-                self._db.execute(f"DELETE FROM records WHERE traj IN ({','.join('?' * len(ids))})", ids)
+        self._commit(self._take(), consumed)
+        self._last_flush = time.monotonic()
+        self.busy_s += time.perf_counter() - started
+        self.cpu_s += time.thread_time() - cpu
 
     def size_bytes(self) -> int:
         return sum(Path(f"{self.path}{s}").stat().st_size for s in ("", "-wal") if Path(f"{self.path}{s}").exists())

@@ -1,11 +1,12 @@
 """What a journal's records say about a run, and a fresh controller put back in that state.
 
 Records (core/journal.py) are replayed into `JournalState`: trajectories admitted (tag, versions,
-tokens so far), completed in order, batches formed (with what each consumed) and versions
+tokens so far, tool calls made and returned), completed in order, batches formed and versions
 published, each worker's version. `restore` applies it to a controller that has not decided yet:
 consumed trajectories are done, completed-unconsumed ones wait for their batch (a batch formed but
-not published is formed again with the same samples), every other admitted one is pending with its
-tokens so far (resumed by token transfer + re-prefill), credits and versions carry on.
+not published is formed again with the same samples), one waiting on a tool waits on it again
+(the call made anew), every other admitted one is pending with its tokens and observations so far
+(resumed by token transfer + re-prefill), credits and versions carry on.
 """
 
 from __future__ import annotations
@@ -26,6 +27,13 @@ class Admitted:
     versions: list[int]
     ids: list[int] = field(default_factory=list)   # generated token ids so far
     completed: bool = False
+    turn_ends: list[int] = field(default_factory=list)      # generated tokens at each tool call made
+    observations: list[int] = field(default_factory=list)   # each returned tool's observation length
+
+    @property
+    def on_tool(self) -> bool:
+        """A tool call made and not returned when the journal ends (it is made again)."""
+        return len(self.turn_ends) > len(self.observations)
 
 
 @dataclass
@@ -72,6 +80,10 @@ def replay(records: Iterable[Record]) -> JournalState:
             st.admitted[r.traj] = Admitted(b["tag"], [b["tag"]])
         elif r.kind == "tokens" and r.traj in st.admitted:
             st.admitted[r.traj].ids.extend(b["ids"])
+        elif r.kind == "tool" and r.traj in st.admitted:
+            st.admitted[r.traj].turn_ends.append(b["n"])
+        elif r.kind == "returned" and r.traj in st.admitted:
+            st.admitted[r.traj].observations.append(b["obs"])
         elif r.kind == "version" and r.traj in st.admitted:
             st.admitted[r.traj].versions.append(b["v"])
         elif r.kind == "complete" and r.traj in st.admitted:
@@ -93,11 +105,16 @@ def batch_body(batch: TrainingBatch, trajectories: dict[int, Trajectory]) -> dic
                 versions=[list(t.versions) for t in ts])
 
 
-def restore(ctl, st: JournalState, seed_tokens: Callable[[Trajectory, list[int], bool], None],
-            set_version: Callable[[int, int], None]) -> dict:
+SeedTokens = Callable[[Trajectory, list[int], bool, list[int], list[int]], None]
+
+
+def restore(ctl, st: JournalState, seed_tokens: SeedTokens, set_version: Callable[[int, int], None],
+            call_tool: Callable[[Trajectory], None]) -> dict:
     """Put controller `ctl` (built, not yet run) in the state `st` records. `seed_tokens(traj, ids,
-    completed)` hands a trajectory's generated ids to the backend; `set_version(worker, v)` moves a
-    worker to its journaled version. Returns counts of what was restored."""
+    completed, turn_ends, observations)` hands a trajectory's generated ids to the backend, with
+    where each returned tool's observation (of that length) goes among them; `set_version(worker,
+    v)` moves a worker to its journaled version; `call_tool(traj)` makes the tool call of `traj`'s
+    current turn again. Returns counts of what was restored."""
     trainer, credits = ctl.trainer, ctl.credits
     done_batches = [b for b in st.batches if b.index < st.published]
     open_batch = next((b for b in st.batches if b.index == st.published), None)
@@ -114,19 +131,28 @@ def restore(ctl, st: JournalState, seed_tokens: Callable[[Trajectory, list[int],
             taken.append(t)
         trainer.batches.append(TrainingBatch(b.index, tuple(b.ids)))
         trainer.batch_classes.append(Counter(ctl.trajectories[i].workload_class for i in b.ids))
-    pending = 0
+    pending = on_tool = 0
     for tid, a in st.admitted.items():
         if tid in consumed:
             continue
         t = ctl.trajectories[tid]
         t.tag, t.versions, t.tokens, t.admitted_at = a.tag, list(a.versions), len(a.ids), 0.0
+        t.turn, t.observation_tokens = len(a.observations), sum(a.observations)
         credits.record(a.tag)
         taken.append(t)
-        seed_tokens(t, a.ids, a.completed)
-        if not a.completed:
-            t.state, t.departed_at = State.PENDING, 0.0
+        seed_tokens(t, a.ids, a.completed, a.turn_ends[: len(a.observations)], a.observations)
+        if a.completed:
+            continue
+        ctl.active_by_class[t.workload_class] = ctl.active_by_class.get(t.workload_class, 0) + 1
+        t.departed_at = 0.0
+        if a.on_tool:
+            t.state = State.TOOL
+            ctl.tool_waiting[t.version] = ctl.tool_waiting.get(t.version, 0) + 1
+            call_tool(t)
+            on_tool += 1
+        else:
+            t.state = State.PENDING
             ctl.pending.add(t)
-            ctl.active_by_class[t.workload_class] = ctl.active_by_class.get(t.workload_class, 0) + 1
             pending += 1
     for tid in st.completion_order:
         if tid not in consumed:
@@ -147,4 +173,4 @@ def restore(ctl, st: JournalState, seed_tokens: Callable[[Trajectory, list[int],
         publish_at = trainer.reform(open_batch.ids, 0.0)
         ctl.backend.publish_at(publish_at)
     return {"consumed": len(consumed), "completed_unconsumed": ctl.done - len(consumed), "resumed_trajectories": pending,
-            "published": st.published, "batch_handed_again": open_batch is not None}
+            "tool_calls_made_again": on_tool, "published": st.published, "batch_handed_again": open_batch is not None}

@@ -117,12 +117,26 @@ class EngineBackend:
         """The trainer is done with the batch handed out by `on_publish_due`; safe from any thread."""
         self._clock.post(_PUBLISHED)
 
-    def seed_tokens(self, traj: Trajectory, generated: list[int], completed: bool) -> None:
-        """A restart: `traj` had generated `generated` in a process before this one (its last turn
-        `completed` there, so its one completion is counted)."""
-        self.streams.ids[traj.id] = self._prompt(traj) + list(generated)
+    def seed_tokens(self, traj: Trajectory, generated: list[int], completed: bool, turn_ends: Sequence[int] = (),
+                    observations: Sequence[int] = ()) -> None:
+        """A restart: `traj` had generated `generated` in a process before this one, its k-th tool's
+        observation (`observations[k]` ids, the ones that tool returns) after `turn_ends[k]` of them;
+        its last turn `completed` there, so its one completion is counted."""
+        ids, done = self._prompt(traj), 0
+        for k, (end, length) in enumerate(zip(turn_ends, observations)):
+            ids += generated[done:end]
+            ids += synthetic_observation(self.seed, traj.id, k + 1, length)
+            done = end
+        self.streams.ids[traj.id] = ids + generated[done:]
         if completed:
             self.env.completions[traj.id] = 1
+
+    def call_tool(self, traj: Trajectory) -> None:
+        """A restart: `traj` was waiting on its current turn's tool; the call is made again, now."""
+        call = self.env.tool_call(traj, self.now())
+        if call is None:
+            raise EngineRunError(f"trajectory {traj.id} waits on a tool after its last turn")
+        self._clock.push(call.returns_at, call)
 
     def token_ids(self, traj_id: int) -> list[int]:
         """Prompt + generated (+ observation) ids of a trajectory so far."""

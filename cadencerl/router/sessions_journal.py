@@ -4,18 +4,24 @@ multi-turn session on the worker that holds its prefix cache, and its class coun
 Recorded: a session parked after a reply (its key, class, group, context, home worker), a session
 gone (ended, withdrawn), a class finished. Restored: each parked session, parked again on its home
 at that worker's current version; the finished-class counts (the mix the admission layer steers).
-Sessions without a key cannot be found again by a client and are not recorded.
+Sessions without a key cannot be found again by a client and are not recorded. The journal is
+rewritten as what its records leave (one record per live session, one of the class counts) on
+open and whenever the records written since outnumber twice the live sessions and `compact_after`.
 """
 
 from __future__ import annotations
 
 import logging
-from collections import OrderedDict
+from collections import Counter, OrderedDict, deque
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
 
 from cadencerl.core.journal import Journal, Record
 from cadencerl.core.residency import attach, start, to_tool
 
 log = logging.getLogger("cadencerl.router")
+RECENT = 256          # the finished classes kept in order (LiveState.recent's length)
 
 
 def parked_body(session) -> dict:
@@ -24,27 +30,46 @@ def parked_body(session) -> dict:
                 route_key=t.spec.route_key, resumable=t.resumable)
 
 
-def replay_sessions(records: list[Record]) -> tuple[OrderedDict, list[str]]:
-    """The parked sessions by key (oldest park first) and the finished classes in order."""
-    parked: OrderedDict = OrderedDict()
-    finished: list[str] = []
+@dataclass
+class SessionRecords:
+    """What a router journal's records leave: the parked sessions by key (oldest park first), the
+    finished sessions per class and the latest finished classes in order."""
+
+    parked: OrderedDict = field(default_factory=OrderedDict)
+    counts: Counter = field(default_factory=Counter)
+    recent: deque = field(default_factory=lambda: deque(maxlen=RECENT))
+
+    def apply(self, kind: str, body: dict) -> None:
+        if kind == "session":
+            self.parked.pop(body["key"], None)
+            self.parked[body["key"]] = body
+        elif kind == "session-gone":
+            self.parked.pop(body["key"], None)
+        elif kind == "class-finished":
+            self.counts[body["cls"]] += 1
+            self.recent.append(body["cls"])
+        elif kind == "classes":             # a compaction's base: the counts up to it
+            self.counts, self.recent = Counter(body["counts"]), deque(body["recent"], maxlen=RECENT)
+
+    def records(self) -> list[Record]:
+        """The fewest records that leave this state."""
+        base = Record("classes", None, {"counts": dict(self.counts), "recent": list(self.recent)})
+        return [base] + [Record("session", None, b) for b in self.parked.values()]
+
+
+def replay_sessions(records: Iterable[Record]) -> SessionRecords:
+    out = SessionRecords()
     for r in records:
-        if r.kind == "session":
-            parked.pop(r.body["key"], None)
-            parked[r.body["key"]] = r.body
-        elif r.kind == "session-gone":
-            parked.pop(r.body["key"], None)
-        elif r.kind == "class-finished":
-            finished.append(r.body["cls"])
-    return parked, finished
+        out.apply(r.kind, r.body)
+    return out
 
 
-def restore_sessions(state, records: list[Record], now: float = 0.0) -> dict:
+def restore_sessions(state, records: Sequence[Record], now: float = 0.0) -> dict:
     """Put `state` (a LiveState with its workers, no session yet) back: every parked session on its
     home, the finished-class counts. Returns what was restored."""
-    parked, finished = replay_sessions(records)
+    replayed = replay_sessions(records)
     ctl, restored, skipped = state.controller, 0, 0
-    for b in parked.values():
+    for b in replayed.parked.values():
         if b["home"] is None or not 0 <= b["home"] < len(state.workers):
             skipped += 1
             continue
@@ -60,14 +85,58 @@ def restore_sessions(state, records: list[Record], now: float = 0.0) -> dict:
         session.parked_at = now
         state.parked[traj.id] = session
         restored += 1
-    for cls in finished:
-        state.completed[cls] += 1
-        state.recent.append(cls)
-    return {"sessions_restored": restored, "sessions_skipped": skipped, "finished_classes": len(finished)}
+    state.completed.update(replayed.counts)
+    state.recent.extend(replayed.recent)
+    return {"sessions_restored": restored, "sessions_skipped": skipped,
+            "finished_classes": sum(replayed.counts.values())}
 
 
-def open_sessions_journal(state, path: str | None) -> Journal | None:
-    """Own the journal at `path` for `state` (None: no journal), taking up the sessions it holds."""
+@dataclass
+class SessionsJournal:
+    """The router's sink (LiveState.journal): each record goes to `journal` and into the state it
+    leaves (`mirror`), which the journal is rewritten as once it holds too many records."""
+
+    journal: Journal
+    mirror: SessionRecords = field(default_factory=SessionRecords)
+    compact_after: int = 1024
+    compactions: int = 0
+    _written: int = 0           # records written since the last compaction
+
+    def log(self, kind: str, traj: int | None = None, **body: object) -> None:
+        self.journal.log(kind, traj, **body)
+        self.mirror.apply(kind, body)
+        self._written += 1
+
+    def flush(self, force: bool = False) -> None:
+        if self._written > max(self.compact_after, 2 * len(self.mirror.parked)):
+            self.compact()
+        else:
+            self.journal.flush(force)
+
+    def published(self, version: int, consumed: Sequence[int]) -> None:
+        self.journal.published(version, consumed)
+
+    def compact(self) -> None:
+        """Rewrite the journal as the state its records leave (durable when this returns)."""
+        records = self.mirror.records()
+        self.journal.rewrite(records)
+        self._written = len(records)
+        self.compactions += 1
+
+    @property
+    def path(self) -> Path:
+        return self.journal.path
+
+    def size_bytes(self) -> int:
+        return self.journal.size_bytes()
+
+    def close(self) -> None:
+        self.journal.close()
+
+
+def open_sessions_journal(state, path: str | None, compact_after: int = 1024) -> SessionsJournal | None:
+    """Own the journal at `path` for `state` (None: no journal), taking up the sessions it holds,
+    and compact it to them."""
     if path is None:
         return None
     journal = Journal.open(path)
@@ -76,5 +145,10 @@ def open_sessions_journal(state, path: str | None) -> Journal | None:
     report = restore_sessions(state, journal.recovered.records)
     if journal.recovered.records:
         log.warning("router journal %s: %s", path, report)
-    state.journal = journal
-    return journal
+    mirror = replay_sessions(journal.recovered.records)
+    for key in [k for k in mirror.parked if state.session(k) is None]:    # not restored: gone
+        del mirror.parked[key]
+    sink = SessionsJournal(journal, mirror, compact_after)
+    sink.compact()
+    state.journal = sink
+    return sink

@@ -29,12 +29,9 @@ def open_journal(path: str | Path) -> Journal:
     return journal
 
 
-def attach_journal(run: RealRun, journal: Journal, prompts: dict[int, list[int]] | None, key: object) -> dict:
+def attach_journal(run: RealRun, journal: Journal, prompts: dict[int, list[int]] | None) -> dict:
     """Make `run`'s controller write `journal` and, if it holds a run, restore from it when the run
     starts. Returns the journal's report, filled in at the start (what was restored and dropped)."""
-    if any(s.later_turns.reveal(key) for s in run.specs):
-        raise ConfigError("journal: multi-turn workloads cannot be journaled yet (a tool call in flight is not "
-                          "recorded); run without --journal")
     ctl, backend = run.controller, run.backend
     fp = fingerprint(run.specs, ctl.credits.batch_size, ctl.credits.eta, prompts, backend.seed)
     state = replay(journal.recovered.records)
@@ -51,7 +48,7 @@ def attach_journal(run: RealRun, journal: Journal, prompts: dict[int, list[int]]
 
     def on_start() -> None:
         if not state.empty:
-            report.update(restore(ctl, state, backend.seed_tokens, backend.set_version))
+            report.update(restore(ctl, state, backend.seed_tokens, backend.set_version, backend.call_tool))
             log.warning("journal %s: resumed (%s)", journal.path, report)
 
     ctl.on_start = on_start
