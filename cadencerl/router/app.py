@@ -28,7 +28,7 @@ from cadencerl.router.gateway import routes as gateway_routes
 from cadencerl.router.passthrough import PASS_THROUGH, pass_through
 from cadencerl.router.proxy import forward
 from cadencerl.router.request_id import RequestIdMiddleware
-from cadencerl.router.requests import ApiError, Routed, error_response, read_request
+from cadencerl.router.requests import ApiError, Routed, check_content_type, error_response, read_request
 from cadencerl.router.responses import UNKNOWN_RESPONSE, stored_response
 from cadencerl.router.service import Rejected, RouterService
 from cadencerl.router.settings import ADMIN_TOKEN_ENV, RouterSettings
@@ -66,7 +66,7 @@ def create_app(settings: RouterSettings, admin_token: str | None = None) -> "Gen
         Route("/admin/workers/drain", _admin(token, _drain_worker), methods=["POST"]),
         *AREAL_ROUTES,
         # SGLang's /generate and the model gateway's /workers (open unless an admin token is set)
-        *gateway_routes(_serve, (lambda h: _admin(token, h)) if token else (lambda h: h)),
+        *gateway_routes(serve_routed, (lambda h: _admin(token, h)) if token else (lambda h: h)),
     ]
     # an unhandled exception's 500 is RequestIdMiddleware's, so that it carries the request id
     handlers = {ApiError: _api_error, HTTPException: _http_error, ClientDisconnect: _client_left}
@@ -109,18 +109,14 @@ def _completion(path: str, field: str):
     async def handler(request: Request) -> Response:
         svc: RouterService = request.app.state.service
         s = svc.settings
-        ctype = request.headers.get("content-type", "application/json").partition(";")[0].strip().lower()
-        if ctype.startswith("text/"):          # vllm-router's answer; vLLM itself reads no such body either
-            svc.metrics.errors.labels("bad_request").inc()
-            return error_response(415, f"content-type: {ctype} is not JSON (send application/json)",
-                                  "content-type", "unsupported_media_type")
         try:
+            check_content_type(request.headers)
             routed = await read_request(request, field, s.classes, s.fallback_class, s.max_body_bytes)
             svc.check_fits(routed.prompt_len, field)
         except ApiError as exc:
             svc.metrics.errors.labels("bad_request").inc()
             return exc.response()
-        response = await while_connected(request, _serve(svc, path, routed, request.headers, field))
+        response = await while_connected(request, serve_routed(svc, path, routed, request.headers, field))
         if response is None:
             svc.metrics.errors.labels("client_disconnect").inc()
             return Response(status_code=CLIENT_CLOSED)
@@ -128,7 +124,7 @@ def _completion(path: str, field: str):
     return handler
 
 
-async def _serve(svc: RouterService, path: str, routed: Routed, headers, field: str) -> Response:
+async def serve_routed(svc: RouterService, path: str, routed: Routed, headers, field: str) -> Response:
     previous = routed.previous_response_id
     await svc.settle_background(routed.session_key, previous)
     try:

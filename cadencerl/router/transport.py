@@ -234,3 +234,22 @@ def _head(request: httpx.Request) -> bytes:
     lines.extend(b"%s: %s\r\n" % (k, v) for k, v in request.headers.raw)
     lines.append(b"\r\n")
     return b"".join(lines)
+
+
+def raw_reply(resp: httpx.Response) -> bool:
+    """Whether `resp` came over this transport (its body chunks are all that was ready, joined)."""
+    return type(resp.stream) is _Body
+
+
+def body_chunks(resp: httpx.Response):
+    """A reply's body as it arrives: this transport's stream itself (httpx's `aiter_raw` adds a
+    re-chunker and a timer per chunk), else `aiter_raw`. The caller closes `resp`."""
+    return resp.stream.__aiter__() if type(resp.stream) is _Body else resp.aiter_raw()
+
+
+async def read_body(resp: httpx.Response) -> bytes:
+    """A whole reply's body: this transport's chunks joined, unless the server encoded it (then
+    httpx's `aread`, which decodes). The caller closes `resp`."""
+    if type(resp.stream) is not _Body or "content-encoding" in resp.headers:
+        return await resp.aread()
+    return b"".join([chunk async for chunk in resp.stream])
