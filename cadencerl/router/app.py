@@ -23,6 +23,7 @@ from cadencerl.admission.misa import MisaT
 from cadencerl.engine.urls import check_server_url
 from cadencerl.router.areal import ROUTES as AREAL_ROUTES
 from cadencerl.router.areal import while_paused
+from cadencerl.router.backpressure import limit_for
 from cadencerl.router.disconnect import CLIENT_CLOSED, while_connected
 from cadencerl.router.gateway import routes as gateway_routes
 from cadencerl.router.passthrough import PASS_THROUGH, pass_through
@@ -73,6 +74,7 @@ def create_app(settings: RouterSettings, admin_token: str | None = None) -> "Gen
     app = Starlette(routes=routes, lifespan=lifespan, exception_handlers=handlers,
                     middleware=[Middleware(RequestIdMiddleware)])
     app.state.service = svc
+    app.state.limit = limit_for(svc)       # placement-only policies: a bound on what is in flight
     fast = {path: _completion(path, field) for path, field in (("/v1/completions", "prompt"),
                                                                ("/v1/chat/completions", "messages"))}
     return GeneratingRoutes(app, fast)
@@ -96,12 +98,27 @@ def _asgi(app: Starlette, handler):
     async def run(scope, receive, send) -> None:
         scope["app"] = app                       # `request.app.state.service`, as Starlette sets it
         request = Request(scope, receive, send)
+        limit = app.state.limit
         try:
-            response = await handler(request)
-        except ClientDisconnect:
-            response = await _client_left(request, None)
-        await response(scope, receive, send)
+            if limit is not None:       # waits unwatched (bounded by --hold-timeout): the body is not read yet
+                await limit.enter()
+        except Rejected as exc:
+            await rejection(exc)(scope, receive, send)
+            return
+        try:
+            try:
+                response = await handler(request)
+            except ClientDisconnect:
+                response = await _client_left(request, None)
+            await response(scope, receive, send)
+        finally:
+            if limit is not None:
+                limit.leave()
     return run
+
+
+def rejection(exc: Rejected) -> Response:
+    return error_response(exc.status, str(exc), exc.param, exc.reason, {"Retry-After": str(exc.retry_after)})
 
 
 def _completion(path: str, field: str):
@@ -139,7 +156,7 @@ async def serve_routed(svc: RouterService, path: str, routed: Routed, headers, f
                                         routed.route_key, field, pin, held, routed.max_new_tokens,
                                         resumable=routed.prompt_ids is not None)
     except Rejected as exc:
-        return error_response(exc.status, str(exc), exc.param, exc.reason, {"Retry-After": str(exc.retry_after)})
+        return rejection(exc)
     except ApiError as exc:           # an unknown previous response, or it stopped fitting any server's KV
         svc.metrics.errors.labels(UNKNOWN_RESPONSE if exc.status == 404 else "bad_request").inc()
         return exc.response()
@@ -219,7 +236,8 @@ async def _metrics(request: Request) -> Response:
         m.held_kv.labels(label).set(held.get(w.id, 0) / max(w.kv_capacity, 1))
         if up.prefix_queries:
             m.server_hit_rate.labels(label).set(up.prefix_hits / up.prefix_queries)
-    m.hold_depth.set(len(st.hold))
+    limit = request.app.state.limit
+    m.hold_depth.set(len(st.hold) + (limit.depth if limit is not None else 0))
     m.parked.set(len(st.parked))
     for cls in svc.settings.classes:
         m.completed.labels(cls).set(st.completed.get(cls, 0))

@@ -19,9 +19,10 @@ from http import HTTPStatus
 from starlette.datastructures import Headers
 from starlette.responses import Response
 
-from cadencerl.router.app import GeneratingRoutes, serve_routed
+from cadencerl.router.app import GeneratingRoutes, rejection, serve_routed
 from cadencerl.router.limits import LimitedHttpToolsProtocol, _Refused
 from cadencerl.router.proxy import LastChunk, RelayResponse
+from cadencerl.router.rejections import Rejected
 from cadencerl.router.request_id import HEADER as REQUEST_ID
 from cadencerl.router.requests import ApiError, check_content_type, internal_error, parse_request, too_large
 
@@ -49,14 +50,14 @@ class _Exchange:
     pipelined behind it waits in uvicorn's queue, and a shutdown sees it in flight (`keep_alive`)."""
 
     __slots__ = ("path", "field", "headers", "chunks", "size", "keep_alive", "response_complete",
-                 "disconnected", "task")
+                 "disconnected", "task", "slot")
     message_event = _NoEvent
 
     def __init__(self, path: str, field: str, headers: list, keep_alive: bool) -> None:
         self.path, self.field, self.headers, self.keep_alive = path, field, headers, keep_alive
         self.chunks: list[bytes] = []
         self.size = 0
-        self.response_complete = self.disconnected = False
+        self.response_complete = self.disconnected = self.slot = False
         self.task: asyncio.Task | None = None
 
 
@@ -159,6 +160,8 @@ class DataPathProtocol(LimitedHttpToolsProtocol):
         finally:
             exch.response_complete = True
             self._current = None
+            if exch.slot:
+                self.routes.state.limit.leave()
             if not exch.keep_alive:
                 self.transport.close()
             elif not exch.disconnected:
@@ -178,7 +181,13 @@ class DataPathProtocol(LimitedHttpToolsProtocol):
             svc.metrics.errors.labels("bad_request").inc()
             return exc.response()
         try:
+            limit = self.routes.state.limit
+            if limit is not None:
+                await limit.enter()
+                exch.slot = True
             return await serve_routed(svc, exch.path, routed, headers, exch.field)
+        except Rejected as exc:
+            return rejection(exc)
         except asyncio.CancelledError:
             if exch.disconnected:
                 svc.metrics.errors.labels("client_disconnect").inc()
