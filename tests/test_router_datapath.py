@@ -138,3 +138,11 @@ def test_a_client_that_leaves_a_stream_or_a_held_request_frees_what_it_held() ->
             assert settle(lambda: f.states[0].running == 0 and all(w.load == 0 for w in f.service.state.workers))
         metric = 'cadencerl_router_errors_total{kind="client_disconnect"} 2.0'   # both left before their reply began
         assert metric in httpx.get(f.url + "/metrics").text
+
+
+def test_the_head_limits_hold_on_the_data_path() -> None:
+    with Fleet(stubs=1) as f:
+        many = b"".join(b"x-h%d: v\r\n" % i for i in range(101))
+        done, closed = _talk(f.url, _post("/v1/completions", BODY, many.rstrip(b"\r\n")), 1)
+        assert done[0][0] == 431 and closed
+        assert httpx.post(f.url + "/v1/completions", content=BODY).status_code == 200
