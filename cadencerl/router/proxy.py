@@ -98,9 +98,8 @@ async def _attempt(svc: RouterService, session: Session, url: httpx.URL, req: Ro
     # Straight to the transport: the client's layers (cookies, auth, redirects, default headers such
     # as Accept-Encoding, which a raw relay must not ask for) do nothing a forwarded request needs.
     content = req.raw if req.prompt_ids is None else resumable.upstream_body(req.raw)
-    request = httpx.Request("POST", url, content=content, headers=fwd, extensions={"timeout": svc.forward_timeout})
     try:
-        resp = await svc.transport.handle_async_request(request)
+        resp = await svc.transport.post(url, fwd, content, svc.forward_timeout)
     except httpx.ConnectError:     # refused or unreachable: the server is gone
         raise _BeforeFirstToken("connect", down=True) from None
     except httpx.ReadTimeout:

@@ -161,16 +161,25 @@ class RawTransport(httpx.AsyncBaseTransport):
         self._closing = False
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
-        url = request.url
+        body = request.content if isinstance(request.stream, httpx.ByteStream) else await request.aread()
+        if request.headers.get("transfer-encoding") == "chunked":     # a streamed body, read whole: one chunk
+            body = (b"%x\r\n%s\r\n" % (len(body), body) if body else b"") + b"0\r\n\r\n"
+        return await self._send(request.url, _head(request), body, request.extensions.get("timeout", {}))
+
+    async def post(self, url: httpx.URL, headers: list[tuple[bytes, bytes]], body: bytes,
+                   timeout: dict) -> httpx.Response:
+        """POST `body` with `headers` (Host and Content-Length are added here): the request as
+        `handle_async_request` sends it, without building an httpx.Request on the way."""
+        lines = [b"POST %s HTTP/1.1\r\nhost: %s\r\ncontent-length: %d\r\n" % (url.raw_path, url.netloc, len(body))]
+        lines.extend(b"%s: %s\r\n" % kv for kv in headers)
+        lines.append(b"\r\n")
+        return await self._send(url, b"".join(lines), body, timeout)
+
+    async def _send(self, url: httpx.URL, head: bytes, body: bytes, timeout: dict) -> httpx.Response:
         origin = (url.raw_scheme, url.raw_host, url.port)
         pool = self._idle.get(origin)
         if pool is None:
             pool = self._idle[origin] = deque()
-        timeout = request.extensions.get("timeout", {})
-        head = _head(request)
-        body = request.content if isinstance(request.stream, httpx.ByteStream) else await request.aread()
-        if request.headers.get("transfer-encoding") == "chunked":     # a streamed body, read whole: one chunk
-            body = (b"%x\r\n%s\r\n" % (len(body), body) if body else b"") + b"0\r\n\r\n"
         conn = self._reused(pool)
         if conn is not None:
             try:
