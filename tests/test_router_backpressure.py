@@ -82,7 +82,7 @@ def test_the_default_bound_is_twice_the_servers_up_and_none_up_waits_for_nothing
 
 def test_past_the_bound_requests_wait_then_past_the_queue_get_429_with_retry_after() -> None:
     with Fleet(stubs=1, policy="cache-aware", max_concurrent_requests=2, hold_max=1) as f:
-        f.states[0].token_delay_s = 0.1         # each completion takes about half a second
+        f.states[0].token_delay_s = 0.6         # each completion takes about 3 s
         results: list[httpx.Response] = []
 
         def post() -> None:
@@ -91,7 +91,7 @@ def test_past_the_bound_requests_wait_then_past_the_queue_get_429_with_retry_aft
         threads = [threading.Thread(target=post) for _ in range(3)]
         for t in threads:
             t.start()
-        assert settle(lambda: f.states[0].running == 2 and f.app.state.limit.depth == 1)
+        assert settle(lambda: f.states[0].running == 2 and f.app.state.limit.depth == 1, timeout_s=2.5)
         refused = httpx.post(f.url + "/v1/chat/completions", json={"messages": [{"role": "user", "content": "x"}]})
         assert refused.status_code == 429 and int(refused.headers["retry-after"]) >= 1
         assert refused.json()["error"]["type"] == "hold_full" and refused.headers["x-request-id"]

@@ -25,7 +25,7 @@ from cadencerl.router.live import Session
 from cadencerl.router.requests import ApiError, Routed
 from cadencerl.router.service import RouterService
 from cadencerl.router.stored import ResponseStream
-from cadencerl.router.transport import body_chunks, raw_reply, read_body
+from cadencerl.router.transport import body_chunks, post, raw_reply, read_body
 
 WORKER_HEADER = "x-cadencerl-worker"
 END_GRACE_S = 1.0       # how long a stream that sent its end may stay open before the relay ends it
@@ -99,7 +99,7 @@ async def _attempt(svc: RouterService, session: Session, url: httpx.URL, req: Ro
     # as Accept-Encoding, which a raw relay must not ask for) do nothing a forwarded request needs.
     content = req.raw if req.prompt_ids is None else resumable.upstream_body(req.raw)
     try:
-        resp = await svc.transport.post(url, fwd, content, svc.forward_timeout)
+        resp = await post(svc.transport, url, fwd, content, svc.forward_timeout)
     except httpx.ConnectError:     # refused or unreachable: the server is gone
         raise _BeforeFirstToken("connect", down=True) from None
     except httpx.ReadTimeout:

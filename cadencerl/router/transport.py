@@ -245,6 +245,16 @@ def _head(request: httpx.Request) -> bytes:
     return b"".join(lines)
 
 
+async def post(transport: httpx.AsyncBaseTransport, url: httpx.URL, headers: list[tuple[bytes, bytes]],
+               body: bytes, timeout: dict) -> httpx.Response:
+    """A POST straight to `transport`: `RawTransport.post`, else (any other httpx transport) an
+    httpx.Request to its `handle_async_request`."""
+    if isinstance(transport, RawTransport):
+        return await transport.post(url, headers, body, timeout)
+    request = httpx.Request("POST", url, content=body, headers=headers, extensions={"timeout": timeout})
+    return await transport.handle_async_request(request)
+
+
 def raw_reply(resp: httpx.Response) -> bool:
     """Whether `resp` came over this transport (its body chunks are all that was ready, joined)."""
     return type(resp.stream) is _Body
