@@ -102,8 +102,8 @@ def test_connection_close_and_http_1_0_are_honoured() -> None:
 
 def test_a_body_over_the_limit_is_a_413_at_once_and_the_connection_closed() -> None:
     with Fleet(stubs=1, max_body_bytes=1000) as f:
-        declared = b"POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-length: 5000\r\n\r\n"
-        done, closed = _talk(f.url, declared, 1)       # refused before a byte of the body came
+        declared = b"POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-length: 5000\r\nexpect: 100-continue\r\n\r\n"
+        done, closed = _talk(f.url, declared, 1)       # refused before a byte of the body came (no 100 first)
         assert done[0][0] == 413 and b'"request_too_large"' in done[0][2] and closed
         chunked = (b"POST /v1/completions HTTP/1.1\r\nhost: x\r\ntransfer-encoding: chunked\r\n\r\n"
                    + b"400\r\n" + b"a" * 1024 + b"\r\n" + b"400\r\n" + b"a" * 1024 + b"\r\n")

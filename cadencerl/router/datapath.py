@@ -79,12 +79,12 @@ class DataPathProtocol(LimitedHttpToolsProtocol):
         self._unset_keepalive_if_required()
         exch = _Exchange(route[0], route[1], self.headers, parser.should_keep_alive())
         self.cycle = self._current = self._reading = exch
-        if self.expect_100_continue:
-            self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
         declared = next((v for k, v in self.headers if k == b"content-length"), None)
         limit = self.routes.state.service.settings.max_body_bytes
         if declared is not None and (not declared.isdigit() or int(declared) > limit):
-            self._refuse_body(exch, limit)
+            self._refuse_body(exch, limit)      # (raises: parsing stops here)
+        if self.expect_100_continue:
+            self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
 
     def on_body(self, body: bytes) -> None:
         exch = self._reading
