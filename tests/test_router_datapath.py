@@ -146,3 +146,33 @@ def test_the_head_limits_hold_on_the_data_path() -> None:
         done, closed = _talk(f.url, _post("/v1/completions", BODY, many.rstrip(b"\r\n")), 1)
         assert done[0][0] == 431 and closed
         assert httpx.post(f.url + "/v1/completions", content=BODY).status_code == 200
+
+
+def test_a_reply_made_after_its_client_left_is_dropped_and_counted_not_logged(monkeypatch, caplog) -> None:
+    """A cancel can be lost (3.11's wait_for drops one that comes with its result): the reply is then
+    ready for a connection that is gone, and must be dropped quietly, not written."""
+    import asyncio
+    import logging
+
+    from starlette.responses import Response
+
+    from cadencerl.router import datapath
+
+    async def deaf(*args) -> Response:           # the lost cancel, made certain
+        try:
+            await asyncio.sleep(0.5)
+        except asyncio.CancelledError:
+            await asyncio.sleep(0.1)
+        return Response(b"{}", media_type="application/json")
+
+    monkeypatch.setattr(datapath, "serve_routed", deaf)
+    caplog.set_level(logging.ERROR, logger="cadencerl.router")
+    with Fleet(stubs=1) as f:
+        u = urlsplit(f.url)
+        with socket.create_connection((u.hostname, u.port), timeout=5) as sock:
+            sock.sendall(_post("/v1/completions", BODY))
+            time.sleep(0.1)
+        metric = 'cadencerl_router_errors_total{kind="client_disconnect"} 1.0'
+        assert settle(lambda: metric in httpx.get(f.url + "/metrics").text)
+        time.sleep(0.3)
+        assert not [r for r in caplog.records if "unhandled" in r.getMessage()]

@@ -142,7 +142,13 @@ class DataPathProtocol(LimitedHttpToolsProtocol):
         started = False
         try:
             response = await self._response(exch)
-            if response is not None:
+            if response is not None and self.transport.is_closing():
+                # the client left as its reply was made (3.11's wait_for can drop a cancel that
+                # comes with the result: the held request's wait in `service.py`)
+                self.routes.state.service.metrics.errors.labels("client_disconnect").inc()
+                if isinstance(response, RelayResponse):
+                    await response.body_iterator.aclose()       # releases, closes the upstream stream
+            elif response is not None:
                 if isinstance(response, RelayResponse):
                     started = True
                     await self._write_stream(exch, response, rid)
@@ -155,7 +161,7 @@ class DataPathProtocol(LimitedHttpToolsProtocol):
             log.exception("unhandled error in POST %s (request %s)", exch.path, rid.decode("latin-1"))
             if started:
                 exch.keep_alive = False         # a second status cannot follow a started reply
-            else:
+            elif not self.transport.is_closing():
                 self._write_plain(exch, internal_error(exc), rid)
         finally:
             exch.response_complete = True
@@ -218,6 +224,8 @@ class DataPathProtocol(LimitedHttpToolsProtocol):
         body, write, flow = response.body_iterator, self.transport.write, self.flow
         try:
             async for chunk in body:
+                if self.transport.is_closing():     # the client left (its cancel is on the way, or lost)
+                    return
                 last = type(chunk) is LastChunk
                 if chunk:
                     pending += b"%x\r\n%s\r\n" % (len(chunk), chunk)
@@ -228,7 +236,8 @@ class DataPathProtocol(LimitedHttpToolsProtocol):
                     pending = b""
                     if flow.write_paused:
                         await flow.drain()
-            write(pending + _END)
+            if not self.transport.is_closing():
+                write(pending + _END)
         finally:
             await body.aclose()
 
