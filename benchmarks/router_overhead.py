@@ -40,10 +40,10 @@ def free_port() -> int:
 class Proc:
     """A child process in its own process group, stopped (TERM, then KILL) on exit."""
 
-    def __init__(self, args: list[str], log: Path, env: dict | None = None) -> None:
+    def __init__(self, args: list[str], log: Path, env: dict | None = None, tree: Path = ROOT) -> None:
         self.log = log.open("w")
         self.p = subprocess.Popen(args, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True,
-                                  cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})})
+                                  cwd=tree, env={**os.environ, "PYTHONPATH": str(tree), **(env or {})})
 
     def wait_http(self, url: str, timeout_s: float = 60.0) -> None:
         deadline = time.monotonic() + timeout_s
@@ -80,9 +80,9 @@ def vllm_router_binary() -> str | None:
         (str(p) for p in [Path(sys.executable).parent / "vllm-router"] if p.exists()), None)
 
 
-def cadencerl_router(workers: list[str], port: int, policy: str, log: Path, *extra: str) -> Proc:
+def cadencerl_router(workers: list[str], port: int, policy: str, log: Path, *extra: str, tree: Path = ROOT) -> Proc:
     return Proc([sys.executable, "-m", "cadencerl.cli", "router", "--workers", ",".join(workers),
-                 "--policy", policy, "--port", str(port), *extra], log)
+                 "--policy", policy, "--port", str(port), *extra], log, tree=tree)
 
 
 def vllm_router(workers: list[str], port: int, log: Path, *extra: str) -> Proc:
@@ -199,6 +199,8 @@ def main() -> None:
     ap.add_argument("--logs", type=Path, default=Path("/tmp/router_overhead"))
     ap.add_argument("--policies", default="misa+cache-aware,cache-aware",
                     help="the cadencerl router policies to measure, comma-separated")
+    ap.add_argument("--compare-tree", type=Path, action="append", default=[],
+                    help="also the router of this source tree (e.g. an earlier commit's `git archive`), same policies")
     args = ap.parse_args()
     args.logs.mkdir(parents=True, exist_ok=True)
     stub_port = free_port()
@@ -210,11 +212,14 @@ def main() -> None:
                                              args.logs / "stub.log"))
         stub_proc.wait_http(f"{stub}/health")
         targets: dict[str, tuple[str, int | None]] = {"direct": (stub, None)}
-        for policy in args.policies.split(","):
-            port = free_port()
-            r = stack.enter_context(cadencerl_router([stub], port, policy, args.logs / f"cadencerl-{policy}.log"))
-            r.wait_http(f"http://127.0.0.1:{port}/health")
-            targets[f"cadencerl router ({policy})"] = (f"http://127.0.0.1:{port}", r.p.pid)
+        for tree in [ROOT, *args.compare_tree]:
+            at = "" if tree == ROOT else f" @{tree}"
+            for policy in args.policies.split(","):
+                port = free_port()
+                r = stack.enter_context(cadencerl_router([stub], port, policy, args.logs / f"cadencerl-{policy}{len(at)}.log",
+                                                         tree=tree.resolve()))
+                r.wait_http(f"http://127.0.0.1:{port}/health")
+                targets[f"cadencerl router ({policy}){at}"] = (f"http://127.0.0.1:{port}", r.p.pid)
         reference = "vllm-router (cache_aware)"
         if vllm_router_binary() is None:
             result["vllm-router"] = "not installed (pip install vllm-router==0.1.17)"

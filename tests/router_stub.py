@@ -319,8 +319,8 @@ class Fleet:
         settings.setdefault("metrics_interval_s", 0.1)
         self.settings = make_settings(workers=[s.url for s in self.stubs], **settings)
         self.app = create_app(self.settings, admin_token=admin_token)
-        from cadencerl.router.limits import LimitedHttpToolsProtocol
-        self.router = ServerThread(self.app, name="router", **{**FAST, "http": LimitedHttpToolsProtocol}).start()
+        from cadencerl.router.datapath import protocol_for  # as `cadencerl router` serves it
+        self.router = ServerThread(self.app, name="router", **{**FAST, "http": protocol_for(self.app)}).start()
         self.url = self.router.url
 
     @property

@@ -34,6 +34,10 @@ def router(
     balance_rel_threshold: Optional[float] = typer.Option(None, "--balance-rel-threshold", help="(1.5)"),
     hold_max: Optional[int] = typer.Option(None, "--hold-max", help="new sessions that may wait (1024)"),
     hold_timeout: Optional[float] = typer.Option(None, "--hold-timeout", help="seconds before a 429 (30)"),
+    max_concurrent: Optional[int] = typer.Option(None, "--max-concurrent-requests", help="vllm-router's name: "
+                                                 "completions in flight at once under a policy with no admission "
+                                                 "(misa+ admits itself); more wait as --hold-max and --hold-timeout "
+                                                 "say (default 0: twice the max_num_seqs of the servers up)"),
     session_ttl: Optional[float] = typer.Option(None, "--session-ttl", help="seconds a parked session lives (60)"),
     contended_ttl: Optional[float] = typer.Option(None, "--contended-session-ttl", help="seconds a parked session "
                                                   "lives while new sessions wait for admission (15)"),
@@ -85,7 +89,7 @@ def router(
             default_class=default, host=host, port=port, cache_threshold=cache_threshold,
             balance_abs_threshold=balance_abs_threshold, balance_rel_threshold=balance_rel_threshold,
             hold_max=hold_max, hold_timeout_s=hold_timeout, session_ttl_s=session_ttl, kv_capacity=kv_capacity,
-            contended_ttl_s=contended_ttl,
+            contended_ttl_s=contended_ttl, max_concurrent_requests=max_concurrent,
             max_num_seqs=max_num_seqs, batch_size=batch_size, eta=eta, journal=journal and str(journal),
             max_response_ids=max_response_ids, max_sessions=max_sessions, request_timeout_s=request_timeout,
             max_body_bytes=max_payload_size, eviction_interval_s=eviction_interval, max_tree_size=max_tree_size,

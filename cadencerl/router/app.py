@@ -23,12 +23,13 @@ from cadencerl.admission.misa import MisaT
 from cadencerl.engine.urls import check_server_url
 from cadencerl.router.areal import ROUTES as AREAL_ROUTES
 from cadencerl.router.areal import while_paused
+from cadencerl.router.backpressure import limit_for
 from cadencerl.router.disconnect import CLIENT_CLOSED, while_connected
 from cadencerl.router.gateway import routes as gateway_routes
 from cadencerl.router.passthrough import PASS_THROUGH, pass_through
 from cadencerl.router.proxy import forward
 from cadencerl.router.request_id import RequestIdMiddleware
-from cadencerl.router.requests import ApiError, Routed, error_response, read_request
+from cadencerl.router.requests import ApiError, Routed, check_content_type, error_response, read_request
 from cadencerl.router.responses import UNKNOWN_RESPONSE, stored_response
 from cadencerl.router.service import Rejected, RouterService
 from cadencerl.router.settings import ADMIN_TOKEN_ENV, RouterSettings
@@ -66,13 +67,14 @@ def create_app(settings: RouterSettings, admin_token: str | None = None) -> "Gen
         Route("/admin/workers/drain", _admin(token, _drain_worker), methods=["POST"]),
         *AREAL_ROUTES,
         # SGLang's /generate and the model gateway's /workers (open unless an admin token is set)
-        *gateway_routes(_serve, (lambda h: _admin(token, h)) if token else (lambda h: h)),
+        *gateway_routes(serve_routed, (lambda h: _admin(token, h)) if token else (lambda h: h)),
     ]
     # an unhandled exception's 500 is RequestIdMiddleware's, so that it carries the request id
     handlers = {ApiError: _api_error, HTTPException: _http_error, ClientDisconnect: _client_left}
     app = Starlette(routes=routes, lifespan=lifespan, exception_handlers=handlers,
                     middleware=[Middleware(RequestIdMiddleware)])
     app.state.service = svc
+    app.state.limit = limit_for(svc)       # placement-only policies: a bound on what is in flight
     fast = {path: _completion(path, field) for path, field in (("/v1/completions", "prompt"),
                                                                ("/v1/chat/completions", "messages"))}
     return GeneratingRoutes(app, fast)
@@ -96,12 +98,27 @@ def _asgi(app: Starlette, handler):
     async def run(scope, receive, send) -> None:
         scope["app"] = app                       # `request.app.state.service`, as Starlette sets it
         request = Request(scope, receive, send)
+        limit = app.state.limit
         try:
-            response = await handler(request)
-        except ClientDisconnect:
-            response = await _client_left(request, None)
-        await response(scope, receive, send)
+            if limit is not None:       # waits unwatched (bounded by --hold-timeout): the body is not read yet
+                await limit.enter()
+        except Rejected as exc:
+            await rejection(exc)(scope, receive, send)
+            return
+        try:
+            try:
+                response = await handler(request)
+            except ClientDisconnect:
+                response = await _client_left(request, None)
+            await response(scope, receive, send)
+        finally:
+            if limit is not None:
+                limit.leave()
     return run
+
+
+def rejection(exc: Rejected) -> Response:
+    return error_response(exc.status, str(exc), exc.param, exc.reason, {"Retry-After": str(exc.retry_after)})
 
 
 def _completion(path: str, field: str):
@@ -109,18 +126,14 @@ def _completion(path: str, field: str):
     async def handler(request: Request) -> Response:
         svc: RouterService = request.app.state.service
         s = svc.settings
-        ctype = request.headers.get("content-type", "application/json").partition(";")[0].strip().lower()
-        if ctype.startswith("text/"):          # vllm-router's answer; vLLM itself reads no such body either
-            svc.metrics.errors.labels("bad_request").inc()
-            return error_response(415, f"content-type: {ctype} is not JSON (send application/json)",
-                                  "content-type", "unsupported_media_type")
         try:
+            check_content_type(request.headers)
             routed = await read_request(request, field, s.classes, s.fallback_class, s.max_body_bytes)
             svc.check_fits(routed.prompt_len, field)
         except ApiError as exc:
             svc.metrics.errors.labels("bad_request").inc()
             return exc.response()
-        response = await while_connected(request, _serve(svc, path, routed, request.headers, field))
+        response = await while_connected(request, serve_routed(svc, path, routed, request.headers, field))
         if response is None:
             svc.metrics.errors.labels("client_disconnect").inc()
             return Response(status_code=CLIENT_CLOSED)
@@ -128,7 +141,7 @@ def _completion(path: str, field: str):
     return handler
 
 
-async def _serve(svc: RouterService, path: str, routed: Routed, headers, field: str) -> Response:
+async def serve_routed(svc: RouterService, path: str, routed: Routed, headers, field: str) -> Response:
     previous = routed.previous_response_id
     await svc.settle_background(routed.session_key, previous)
     try:
@@ -143,7 +156,7 @@ async def _serve(svc: RouterService, path: str, routed: Routed, headers, field: 
                                         routed.route_key, field, pin, held, routed.max_new_tokens,
                                         resumable=routed.prompt_ids is not None)
     except Rejected as exc:
-        return error_response(exc.status, str(exc), exc.param, exc.reason, {"Retry-After": str(exc.retry_after)})
+        return rejection(exc)
     except ApiError as exc:           # an unknown previous response, or it stopped fitting any server's KV
         svc.metrics.errors.labels(UNKNOWN_RESPONSE if exc.status == 404 else "bad_request").inc()
         return exc.response()
@@ -223,7 +236,8 @@ async def _metrics(request: Request) -> Response:
         m.held_kv.labels(label).set(held.get(w.id, 0) / max(w.kv_capacity, 1))
         if up.prefix_queries:
             m.server_hit_rate.labels(label).set(up.prefix_hits / up.prefix_queries)
-    m.hold_depth.set(len(st.hold))
+    limit = request.app.state.limit
+    m.hold_depth.set(len(st.hold) + (limit.depth if limit is not None else 0))
     m.parked.set(len(st.parked))
     for cls in svc.settings.classes:
         m.completed.labels(cls).set(st.completed.get(cls, 0))

@@ -61,3 +61,15 @@ async def _pump(chunks: AsyncIterator[bytes], queue: asyncio.Queue[bytes | _End]
                 await aclose()
         except Exception:           # closing a broken stream may fail again; its reader closes the response
             pass
+
+
+async def single_runs(chunks: AsyncIterator[bytes]) -> AsyncIterator[list[bytes]]:
+    """`ready_runs` of a stream that yields all it has buffered at each step (`transport.py`'s reply
+    bodies): each chunk is a run already, read in the caller's task, with no queue and no task."""
+    try:
+        async for chunk in chunks:
+            yield [chunk]
+    finally:
+        aclose = getattr(chunks, "aclose", None)
+        if aclose is not None:
+            await aclose()

@@ -19,12 +19,13 @@ from starlette.types import Receive, Scope, Send
 
 from cadencerl.router import resumable
 from cadencerl.router.background import running_id
-from cadencerl.router.coalesce import ready_runs
+from cadencerl.router.coalesce import ready_runs, single_runs
 from cadencerl.router.framing import EventFramer
 from cadencerl.router.live import Session
 from cadencerl.router.requests import ApiError, Routed
 from cadencerl.router.service import RouterService
 from cadencerl.router.stored import ResponseStream
+from cadencerl.router.transport import body_chunks, post, raw_reply, read_body
 
 WORKER_HEADER = "x-cadencerl-worker"
 END_GRACE_S = 1.0       # how long a stream that sent its end may stay open before the relay ends it
@@ -97,9 +98,8 @@ async def _attempt(svc: RouterService, session: Session, url: httpx.URL, req: Ro
     # Straight to the transport: the client's layers (cookies, auth, redirects, default headers such
     # as Accept-Encoding, which a raw relay must not ask for) do nothing a forwarded request needs.
     content = req.raw if req.prompt_ids is None else resumable.upstream_body(req.raw)
-    request = httpx.Request("POST", url, content=content, headers=fwd, extensions={"timeout": svc.forward_timeout})
     try:
-        resp = await svc.transport.handle_async_request(request)
+        resp = await post(svc.transport, url, fwd, content, svc.forward_timeout)
     except httpx.ConnectError:     # refused or unreachable: the server is gone
         raise _BeforeFirstToken("connect", down=True) from None
     except httpx.ReadTimeout:
@@ -113,7 +113,7 @@ async def _attempt(svc: RouterService, session: Session, url: httpx.URL, req: Ro
         return await resumable.answer(svc, session, resp, req, out_headers)
     if resp.status_code != 200 or not req.stream:
         try:
-            content = await resp.aread()
+            content = await read_body(resp)
         except httpx.ReadTimeout:
             raise timed_out(svc) from None
         except httpx.HTTPError:
@@ -129,12 +129,15 @@ async def _attempt(svc: RouterService, session: Session, url: httpx.URL, req: Ro
         reply = Response(content, status_code=resp.status_code)     # content-length only
         reply.raw_headers.extend(out_headers)
         return reply
-    chunks = resp.aiter_raw()
+    chunks = body_chunks(resp)
     try:
         first = await anext(chunks, b"")
     except httpx.HTTPError as exc:
         await resp.aclose()
         raise (timed_out(svc) if isinstance(exc, httpx.ReadTimeout) else _BeforeFirstToken("stream_start")) from None
+    except BaseException:       # the client left before the first chunk: the server's stream is closed
+        await resp.aclose()
+        raise
     reader = ResponseStream(svc.owners if req.remember else None, worker, session.traj.context) \
         if req.responses else EventCount()
     follow = worker if req.background else None
@@ -248,7 +251,7 @@ async def _relay(svc: RouterService, session: Session, resp: httpx.Response, chu
     framer = EventFramer()
     ending = b""            # from the chunk that ends the stream on
     released = False
-    runs = ready_runs(chunks)
+    runs = single_runs(chunks) if raw_reply(resp) else ready_runs(chunks)
     events = framer.whole(first)
     if background is not None:      # before the client can leave: the response's id is in its first event
         reader.feed(events)

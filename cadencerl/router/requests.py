@@ -91,11 +91,27 @@ async def read_pass_through(request: Request, max_bytes: int) -> PassThrough:
 async def read_request(request: Request, field: str, classes: dict[str, float], default_class: str,
                        max_bytes: int) -> Routed:
     """A generating request; `field` names its prompt: `prompt`, `messages` (chat) or `input` (responses)."""
-    raw = await _read_body(request, max_bytes)
+    return parse_request(await _read_body(request, max_bytes), request.headers, field, classes, default_class)
+
+
+def parse_request(raw: bytes, headers, field: str, classes: dict[str, float], default_class: str) -> Routed:
+    """`read_request` on a body already read (the data path's, `datapath.py`)."""
     try:
-        return _route(raw, request.headers, field, classes, default_class)
+        return _route(raw, headers, field, classes, default_class)
     except RecursionError:     # hashing a prompt nested about a thousand levels deep
         raise ApiError(400, "the body is nested too deeply") from None
+
+
+def check_content_type(headers) -> None:
+    """A text/* body on a generating route is a 415 (vllm-router's answer; vLLM reads no such body either)."""
+    ctype = headers.get("content-type", "application/json").partition(";")[0].strip().lower()
+    if ctype.startswith("text/"):
+        raise ApiError(415, f"content-type: {ctype} is not JSON (send application/json)", "content-type",
+                       "unsupported_media_type")
+
+
+def too_large(max_bytes: int) -> ApiError:
+    return ApiError(413, f"the body is over {max_bytes} bytes", kind="request_too_large")
 
 
 def _route(raw: bytes, headers, field: str, classes: dict[str, float], default_class: str) -> Routed:
@@ -171,12 +187,12 @@ def route_key_of(headers, body: dict, session_key: str | None, group: int) -> st
 async def _read_body(request: Request, max_bytes: int) -> bytes:
     declared = request.headers.get("content-length")
     if declared is not None and (not declared.isdigit() or int(declared) > max_bytes):
-        raise ApiError(413, f"the body is over {max_bytes} bytes", kind="request_too_large")
+        raise too_large(max_bytes)
     chunks, size = [], 0
     async for chunk in request.stream():
         size += len(chunk)
         if size > max_bytes:
-            raise ApiError(413, f"the body is over {max_bytes} bytes", kind="request_too_large")
+            raise too_large(max_bytes)
         chunks.append(chunk)
     return b"".join(chunks)
 

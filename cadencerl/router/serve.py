@@ -1,4 +1,4 @@
-"""Run the router under uvicorn (uvloop and httptools when installed), bound to the given host.
+"""Run the router under uvicorn (uvloop and httptools when installed: `datapath.py`), bound to the given host.
 
 The socket is bound here, before uvicorn starts, so a host that does not resolve or a port in use
 is a ConfigError naming `host` or `port`, not uvicorn's own log line and exit code."""
@@ -13,7 +13,7 @@ import uvicorn
 
 from cadencerl.config import ConfigError
 from cadencerl.router.app import create_app
-from cadencerl.router.limits import LimitedHttpToolsProtocol
+from cadencerl.router.datapath import protocol_for
 from cadencerl.router.settings import RouterSettings
 
 _PORT_ERRORS = {errno.EADDRINUSE: "already in use", errno.EACCES: "not permitted (ports below 1024 need root)"}
@@ -22,8 +22,9 @@ _PORT_ERRORS = {errno.EADDRINUSE: "already in use", errno.EACCES: "not permitted
 def server_config(settings: RouterSettings, admin_token: str | None = None) -> uvicorn.Config:
     fast_loop = importlib.util.find_spec("uvloop") is not None
     fast_http = importlib.util.find_spec("httptools") is not None
-    return uvicorn.Config(create_app(settings, admin_token), host=settings.host, port=settings.port,
-                          loop="uvloop" if fast_loop else "asyncio", http=LimitedHttpToolsProtocol if fast_http else "h11",
+    app = create_app(settings, admin_token)     # the generating routes on the data path (`datapath.py`)
+    return uvicorn.Config(app, host=settings.host, port=settings.port,
+                          loop="uvloop" if fast_loop else "asyncio", http=protocol_for(app) if fast_http else "h11",
                           log_level="warning", access_log=False, lifespan="on", timeout_keep_alive=30,
                           backlog=4096)
 

@@ -139,7 +139,7 @@ class RouterService:
             self.metrics.rejections.labels("no_worker").inc()
             refused.append((s, Rejected(503, "no_worker", "previous_response_id: the server that holds it left "
                                         "rotation", self.retry_after(), "previous_response_id")))
-        for s in self.state.refuse_pinned_too_long(now):        # counted where it is answered (`app._serve`)
+        for s in self.state.refuse_pinned_too_long(now):        # counted where it is answered (`app.serve_routed`)
             refused.append((s, self._pinned_too_long(s)))
         for session, exc in refused:
             fut = self.waiters.pop(session.traj.id, None)

@@ -40,6 +40,7 @@ class RouterSettings(BaseModel):
     max_tree_size: int = Field(default=2**24, gt=0)
     hold_max: int = Field(default=1024, ge=0)            # sessions waiting for admission
     hold_timeout_s: float = Field(default=30.0, gt=0)    # longest wait before a 429
+    max_concurrent_requests: int = Field(default=0, ge=0)  # placement-only policies' bound (backpressure.py)
     session_ttl_s: float = Field(default=60.0, gt=0)     # a parked session with no next turn ends
     contended_ttl_s: float = Field(default=15.0, gt=0)   # ... after this long while new sessions wait
     max_sessions: int = Field(default=100_000, gt=0)     # parked sessions kept (oldest end first)

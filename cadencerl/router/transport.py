@@ -161,16 +161,25 @@ class RawTransport(httpx.AsyncBaseTransport):
         self._closing = False
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
-        url = request.url
+        body = request.content if isinstance(request.stream, httpx.ByteStream) else await request.aread()
+        if request.headers.get("transfer-encoding") == "chunked":     # a streamed body, read whole: one chunk
+            body = (b"%x\r\n%s\r\n" % (len(body), body) if body else b"") + b"0\r\n\r\n"
+        return await self._send(request.url, _head(request), body, request.extensions.get("timeout", {}))
+
+    async def post(self, url: httpx.URL, headers: list[tuple[bytes, bytes]], body: bytes,
+                   timeout: dict) -> httpx.Response:
+        """POST `body` with `headers` (Host and Content-Length are added here): the request as
+        `handle_async_request` sends it, without building an httpx.Request on the way."""
+        lines = [b"POST %s HTTP/1.1\r\nhost: %s\r\ncontent-length: %d\r\n" % (url.raw_path, url.netloc, len(body))]
+        lines.extend(b"%s: %s\r\n" % kv for kv in headers)
+        lines.append(b"\r\n")
+        return await self._send(url, b"".join(lines), body, timeout)
+
+    async def _send(self, url: httpx.URL, head: bytes, body: bytes, timeout: dict) -> httpx.Response:
         origin = (url.raw_scheme, url.raw_host, url.port)
         pool = self._idle.get(origin)
         if pool is None:
             pool = self._idle[origin] = deque()
-        timeout = request.extensions.get("timeout", {})
-        head = _head(request)
-        body = request.content if isinstance(request.stream, httpx.ByteStream) else await request.aread()
-        if request.headers.get("transfer-encoding") == "chunked":     # a streamed body, read whole: one chunk
-            body = (b"%x\r\n%s\r\n" % (len(body), body) if body else b"") + b"0\r\n\r\n"
         conn = self._reused(pool)
         if conn is not None:
             try:
@@ -234,3 +243,32 @@ def _head(request: httpx.Request) -> bytes:
     lines.extend(b"%s: %s\r\n" % (k, v) for k, v in request.headers.raw)
     lines.append(b"\r\n")
     return b"".join(lines)
+
+
+async def post(transport: httpx.AsyncBaseTransport, url: httpx.URL, headers: list[tuple[bytes, bytes]],
+               body: bytes, timeout: dict) -> httpx.Response:
+    """A POST straight to `transport`: `RawTransport.post`, else (any other httpx transport) an
+    httpx.Request to its `handle_async_request`."""
+    if isinstance(transport, RawTransport):
+        return await transport.post(url, headers, body, timeout)
+    request = httpx.Request("POST", url, content=body, headers=headers, extensions={"timeout": timeout})
+    return await transport.handle_async_request(request)
+
+
+def raw_reply(resp: httpx.Response) -> bool:
+    """Whether `resp` came over this transport (its body chunks are all that was ready, joined)."""
+    return type(resp.stream) is _Body
+
+
+def body_chunks(resp: httpx.Response):
+    """A reply's body as it arrives: this transport's stream itself (httpx's `aiter_raw` adds a
+    re-chunker and a timer per chunk), else `aiter_raw`. The caller closes `resp`."""
+    return resp.stream.__aiter__() if type(resp.stream) is _Body else resp.aiter_raw()
+
+
+async def read_body(resp: httpx.Response) -> bytes:
+    """A whole reply's body: this transport's chunks joined, unless the server encoded it (then
+    httpx's `aread`, which decodes). The caller closes `resp`."""
+    if type(resp.stream) is not _Body or "content-encoding" in resp.headers:
+        return await resp.aread()
+    return b"".join([chunk async for chunk in resp.stream])
