@@ -14,6 +14,9 @@ from cadencerl.config import ConfigError
 
 JournalOpt = typer.Option(None, "--journal", help="keep the parked sessions and class counts in this file; a "
                           "router started on it takes them up again")
+MaxConcurrentOpt = typer.Option(None, "--max-concurrent-requests", help="vllm-router's name: completions in flight "
+                                "at once under a policy with no admission (misa+ admits itself); more wait as "
+                                "--hold-max and --hold-timeout say (default 0: twice the servers' max_num_seqs)")
 
 
 def router(
@@ -34,15 +37,11 @@ def router(
     balance_rel_threshold: Optional[float] = typer.Option(None, "--balance-rel-threshold", help="(1.5)"),
     hold_max: Optional[int] = typer.Option(None, "--hold-max", help="new sessions that may wait (1024)"),
     hold_timeout: Optional[float] = typer.Option(None, "--hold-timeout", help="seconds before a 429 (30)"),
-    max_concurrent: Optional[int] = typer.Option(None, "--max-concurrent-requests", help="vllm-router's name: "
-                                                 "completions in flight at once under a policy with no admission "
-                                                 "(misa+ admits itself); more wait as --hold-max and --hold-timeout "
-                                                 "say (default 0: twice the max_num_seqs of the servers up)"),
+    max_concurrent: Optional[int] = MaxConcurrentOpt,
     session_ttl: Optional[float] = typer.Option(None, "--session-ttl", help="seconds a parked session lives (60)"),
     contended_ttl: Optional[float] = typer.Option(None, "--contended-session-ttl", help="seconds a parked session "
                                                   "lives while new sessions wait for admission (15)"),
-    kv_capacity: Optional[int] = typer.Option(None, "--kv-capacity",
-                                              help="KV tokens per server until it reports its own"),
+    kv_capacity: Optional[int] = typer.Option(None, "--kv-capacity", help="KV tokens a server has, till it says"),
     max_num_seqs: Optional[int] = typer.Option(None, "--max-num-seqs", help="sequences each server runs at once (its "
                                                "vLLM --max-num-seqs), as routing assumes (default: each --config pool "
                                                "worker's, else 256)"),

@@ -103,8 +103,7 @@ class Controller:
             raise AssertionError("conservation check failed: " + "; ".join(problems[:5]))
 
     def _skip_idle(self, next_tick: float, tick: float) -> float:
-        """Past idle time: with no trajectory on a worker and a decision that did nothing, nothing changes
-        before the backend's next event, so jump to the first tick at or after it (wall time grows with events)."""
+        """Nothing resident and nothing decided: jump to the first tick at or after the backend's next event."""
         if any(w.residents for w in self.workers):
             return next_tick
         wake = self.backend.next_event_time()
@@ -146,10 +145,8 @@ class Controller:
         if isinstance(ev, Published):
             self.trainer.publish(ev.time)
             self.journal.published(self.trainer.version, self.trainer.batches[-1].trajectory_ids)
-            self._maybe_train(ev.time)
-            return True
-        if isinstance(ev, Timer) and ev.tag == MIX_WAIT:
-            self._maybe_train(ev.time)
+        if isinstance(ev, Published) or (isinstance(ev, Timer) and ev.tag == MIX_WAIT):
+            self._maybe_train(ev.time)      # a new version, or a short class's wait ran out
             return True
         if isinstance(ev, WorkerLost):
             self._lose_worker(ev.worker, ev.time)
