@@ -33,7 +33,7 @@ def test_parked_sessions_and_class_counts_survive_a_restart_on_the_journal(tmp_p
     second = _state(workers=3)
     second.journal = Journal.open(path)
     report = restore_sessions(second, read_records(path).records, now=0.0)
-    assert report == {"sessions_restored": 4, "sessions_skipped": 0, "finished_classes": 1}
+    assert report == {"sessions_restored": 4, "sessions_skipped": 0, "finished_classes": 1, "admission_books": False}
     assert second.completed["agent"] == 1 and second.session("k0") is None
     for s in sessions[1:]:
         again = second.session(s.key)
@@ -115,10 +115,37 @@ def test_the_router_journal_stays_bounded_by_its_live_sessions_and_a_restart_res
             homes = {s.key: s.traj.home for s in keep}
             again = _state(workers=3)
             reopened = open_sessions_journal(again, str(path))
-            assert len(read_records(path).records) == 1 + 5      # compacted on open: the classes, the 5
+            assert len(read_records(path).records) == 2 + 5      # compacted on open: classes, books, the 5
             assert all(again.session(k) is not None and again.session(k).traj.home == h for k, h in homes.items())
             assert again.completed["agent"] == 3000 and again.session("short-0") is None
             reopened.close()
         else:
             assert rows[-1] >= 3 * 3000          # uncompacted: a park, a gone and a class record a session
     assert sizes[True] * 10 < sizes[False], sizes
+
+
+def test_misa_ts_cohorts_survive_a_restart_on_the_journal(tmp_path: Path) -> None:
+    """What MISA-T admitted, per class and per version (the cohorts each batch's mix is kept in),
+    is what a router started on the journal goes on from; sessions admitted after it add to it."""
+    path = str(tmp_path / "router.journal")
+    first = _state(workers=3)
+    sink = open_sessions_journal(first, path)
+    sessions = [first.new_session(f"k{i}", ("agent", "rlvr", "rlhf")[i % 3], 100 + i, group=i) for i in range(7)]
+    first.decide(0.0)
+    for s in sessions:
+        first.turn_ended(s, 40, 0.5)
+    first.end_parked(sessions[0])                 # one ends: its class is counted, its admission stays
+    books = first.controller.gate.books()
+    assert sum(books["admitted"].values()) == 7 and books["cohorts"]
+    sink.close()
+
+    second = _state(workers=3)
+    assert second.controller.gate.books() != books
+    reopened = open_sessions_journal(second, path)
+    assert second.controller.gate.books() == books
+    late = second.new_session("late", "rlhf", 50, group=99)
+    second.decide(1.0)
+    assert late.traj.worker is not None
+    after = second.controller.gate.books()
+    assert after["admitted"]["rlhf"] == books["admitted"]["rlhf"] + 1
+    reopened.close()

@@ -104,6 +104,14 @@ class MisaT:
         self.learner.track(traj)
         self.record(traj.workload_class, traj.tag if traj.tag is not None else 0)
 
+    def books(self) -> dict:
+        """The sessions admitted per class, and per version (the cohorts the mix is kept in)."""
+        return {"admitted": dict(self.admitted), "cohorts": {str(v): dict(c) for v, c in self.cohorts.items()}}
+
+    def take_up(self, books: dict) -> None:
+        self.admitted = dict(books.get("admitted", {}))
+        self.cohorts = {int(v): dict(c) for v, c in books.get("cohorts", {}).items()}
+
     def record(self, cls: str, version: int) -> None:
         """Count one admission of class `cls` under policy version `version`."""
         self.admitted[cls] = self.admitted.get(cls, 0) + 1

@@ -43,6 +43,12 @@ class SessionCap:
     def remaining(self, view: PoolView) -> int:
         return max(0, self.max_sessions - self._open(view))
 
+    def books(self) -> dict:
+        return {}            # it counts the controller's open sessions, nothing of its own
+
+    def take_up(self, books: dict) -> None:
+        pass
+
 
 class Capped(Gated):
     """cap<N>+PLACEMENT: `inner` places; the cap only holds new sessions back."""

@@ -106,3 +106,9 @@ class AdmissionGate(Protocol):
 
     def remaining(self, view: PoolView) -> int:
         """New sessions the layer lets start now, over the whole pool."""
+
+    def books(self) -> dict:
+        """What it counted of the sessions it admitted, as JSON, for a process that takes over (a journal)."""
+
+    def take_up(self, books: dict) -> None:
+        """Carry on from another process's `books()`."""

@@ -1,13 +1,13 @@
 """The router's session state in a journal (core/journal.py), so a restarted router keeps each
-multi-turn session on the worker that holds its prefix cache, and its class counts.
+multi-turn session on the worker that holds its prefix cache, its class counts and its cohorts.
 
-Recorded: a session parked after a reply (its key, class, group, context, home worker), a session
-gone (ended, withdrawn), a class finished. Restored: each parked session, parked again on its home
-at that worker's current version; the finished-class counts (the mix the admission layer steers).
-Sessions without a key cannot be found again by a client and are not recorded. The journal is
-rewritten as what its records leave (one record per live session, one of the class counts) on
-open and whenever the records written since outnumber twice the live sessions and `compact_after`.
-"""
+Recorded: a session parked after a reply (key, class, group, context, home worker), a session gone,
+a class finished, the admission layer's books when they change (MISA-T: admitted per class and per
+version). Restored: each parked session on its home at that worker's current version, the counts,
+the books. Sessions without a key cannot be found again by a client and are not recorded. The
+journal is rewritten as what its records leave (one record per live session, one of the class
+counts, one of the books) on open and whenever the records since outnumber twice the live sessions
+and `compact_after`."""
 
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ from pathlib import Path
 
 from cadencerl.core.journal import Journal, Record
 from cadencerl.core.residency import attach, start, to_tool
+from cadencerl.core.view import AdmissionGate
 
 log = logging.getLogger("cadencerl.router")
 RECENT = 256          # the finished classes kept in order (LiveState.recent's length)
@@ -38,6 +39,7 @@ class SessionRecords:
     parked: OrderedDict = field(default_factory=OrderedDict)
     counts: Counter = field(default_factory=Counter)
     recent: deque = field(default_factory=lambda: deque(maxlen=RECENT))
+    books: dict = field(default_factory=dict)      # the admission layer's (AdmissionGate.books)
 
     def apply(self, kind: str, body: dict) -> None:
         if kind == "session":
@@ -50,11 +52,14 @@ class SessionRecords:
             self.recent.append(body["cls"])
         elif kind == "classes":             # a compaction's base: the counts up to it
             self.counts, self.recent = Counter(body["counts"]), deque(body["recent"], maxlen=RECENT)
+        elif kind == "admission":
+            self.books = body
 
     def records(self) -> list[Record]:
         """The fewest records that leave this state."""
-        base = Record("classes", None, {"counts": dict(self.counts), "recent": list(self.recent)})
-        return [base] + [Record("session", None, b) for b in self.parked.values()]
+        base = [Record("classes", None, {"counts": dict(self.counts), "recent": list(self.recent)})]
+        books = [Record("admission", None, self.books)] if self.books else []
+        return base + books + [Record("session", None, b) for b in self.parked.values()]
 
 
 def replay_sessions(records: Iterable[Record]) -> SessionRecords:
@@ -66,7 +71,7 @@ def replay_sessions(records: Iterable[Record]) -> SessionRecords:
 
 def restore_sessions(state, records: Sequence[Record], now: float = 0.0) -> dict:
     """Put `state` (a LiveState with its workers, no session yet) back: every parked session on its
-    home, the finished-class counts. Returns what was restored."""
+    home, the finished-class counts, the admission layer's books. Returns what was restored."""
     replayed = replay_sessions(records)
     ctl, restored, skipped = state.controller, 0, 0
     for b in replayed.parked.values():
@@ -87,18 +92,23 @@ def restore_sessions(state, records: Sequence[Record], now: float = 0.0) -> dict
         restored += 1
     state.completed.update(replayed.counts)
     state.recent.extend(replayed.recent)
+    gate = state.controller.gate
+    if replayed.books and gate is not None:
+        gate.take_up(replayed.books)
     return {"sessions_restored": restored, "sessions_skipped": skipped,
-            "finished_classes": sum(replayed.counts.values())}
+            "finished_classes": sum(replayed.counts.values()), "admission_books": bool(replayed.books)}
 
 
 @dataclass
 class SessionsJournal:
     """The router's sink (LiveState.journal): each record goes to `journal` and into the state it
-    leaves (`mirror`), which the journal is rewritten as once it holds too many records."""
+    leaves (`mirror`), which the journal is rewritten as once it holds too many records. The
+    admission layer's books (`gate`) are recorded at a flush when they changed."""
 
     journal: Journal
     mirror: SessionRecords = field(default_factory=SessionRecords)
     compact_after: int = 1024
+    gate: AdmissionGate | None = None
     compactions: int = 0
     _written: int = 0           # records written since the last compaction
 
@@ -108,6 +118,9 @@ class SessionsJournal:
         self._written += 1
 
     def flush(self, force: bool = False) -> None:
+        books = self.gate.books() if self.gate is not None else {}
+        if books != self.mirror.books:
+            self.log("admission", **books)
         if self._written > max(self.compact_after, 2 * len(self.mirror.parked)):
             self.compact()
         else:
@@ -148,7 +161,7 @@ def open_sessions_journal(state, path: str | None, compact_after: int = 1024) ->
     mirror = replay_sessions(journal.recovered.records)
     for key in [k for k in mirror.parked if state.session(k) is None]:    # not restored: gone
         del mirror.parked[key]
-    sink = SessionsJournal(journal, mirror, compact_after)
+    sink = SessionsJournal(journal, mirror, compact_after, state.controller.gate)
     sink.compact()
     state.journal = sink
     return sink
