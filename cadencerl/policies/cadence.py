@@ -322,7 +322,11 @@ class Cadence(Policy):
 
 def _longest_first(w: Worker) -> Iterator[Trajectory]:
     """`w`'s residents that may leave, longest first (equal ones in residence order), read as they are
-    evicted: each context is read once, one scan finds the first, and only a second eviction sorts the rest."""
+    evicted: each context is read once, one scan finds the first, and only a second eviction sorts the rest.
+    A backend that keeps this order (`Worker.longest_first`) gives it without reading them."""
+    if w.longest_first is not None:
+        yield from w.longest_first()
+        return
     residents = [t for t in w.residents.values() if t.resumable]
     if not residents:
         return

@@ -34,6 +34,7 @@ class SimBackend:
         self.engines: list[SimEngine] = []
         self._heap: list = []
         self._seq = itertools.count()
+        self._placements = itertools.count()   # in the order the controller attaches residents
         self._clock = 0.0
         self._dirty: set[int] = set()
         self._requests: dict[int, Request] = {}
@@ -53,6 +54,8 @@ class SimBackend:
                                   cache=PrefixCache(block=p.accel.kv_block_tokens))
                         for w, p in zip(workers, self._perfs)]
         self._transit = {w.id: 0 for w in workers}
+        for w, e in zip(workers, self.engines):
+            w.longest_first = e.order.longest_first
         self._counted = [0] * len(self.engines)
 
     def decoded_tokens(self) -> int:
@@ -85,7 +88,9 @@ class SimBackend:
 
     def place(self, traj: Trajectory, worker: int, restore: Restore, delay_s: float) -> None:
         engine = self.engines[worker]
-        req = Request(traj, engine, traj.tokens, traj.context, self.env.target(traj), restore)
+        req = Request(traj, engine, traj.tokens, traj.context, self.env.target(traj), restore,
+                      seq=next(self._placements))
+        engine.order.file(req)
         traj.meter = Meter(req)
         self._requests[traj.id] = req
         if delay_s > 0:
@@ -102,6 +107,7 @@ class SimBackend:
         engine = req.engine
         if req.in_transit:
             req.live = req.in_transit = False
+            engine.order.unfile(req)
             self._transit[engine.id] -= req.ctx0
         else:
             engine.remove(req)

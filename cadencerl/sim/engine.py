@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from cadencerl.core.backend import Restore
 from cadencerl.core.trajectory import Trajectory
 from cadencerl.hardware.perf import DecodeLine, WorkerPerf
+from cadencerl.sim.context_order import ContextOrder
 from cadencerl.sim.prefix_cache import PrefixCache
 
 
@@ -35,6 +36,8 @@ class Request:
     in_transit: bool = False
     left: int = 0      # prompt tokens still to prefill while in `prefilling`
     done: int = 0      # prompt tokens already in KV then (prefix-cache hits and computed chunks)
+    seq: int = 0       # placement number: orders equal contexts as the worker's residents are ordered
+    filed: tuple | None = None   # where the engine's context order holds it (ContextOrder)
 
     def generated(self) -> int:
         if self.step0 < 0:
@@ -74,6 +77,10 @@ class SimEngine:
     cache: PrefixCache = field(default_factory=PrefixCache)
     pushes: int = 0
     preemptions_by_class: dict = field(default_factory=dict)
+    order: ContextOrder = field(init=False)   # its requests by context, for an eviction of the longest
+
+    def __post_init__(self) -> None:
+        self.order = ContextOrder(self)
 
     def kv_committed(self) -> int:
         return self.ctx_total + len(self.running) * self.lag + self.queued_ctx
@@ -127,6 +134,7 @@ class SimEngine:
         """Abort: the request leaves with every token it generated so far."""
         self._fold()
         req.live = False
+        self.order.unfile(req)
         if req.step0 >= 0:
             self.running.remove(req)
             self._leave_running(req)
@@ -237,6 +245,8 @@ class SimEngine:
         self.ctx_total += req.ctx0 + (1 if first_token else 0)
         self.tokens_generated += 1 if first_token else 0
         self.running.append(req)
+        self.order.unfile(req)
+        self.order.file(req)
         self.pushes += 1  # a deterministic tie-break (memory addresses are not)
         heapq.heappush(self.finish_heap, (req.step0 + req.target - req.gen0, self.pushes, req.joins, req))
         self.peak_kv = max(self.peak_kv, self.ctx_total + self.prefill_kv)
@@ -250,6 +260,7 @@ class SimEngine:
             req.live = False
             self.running.remove(req)
             self._leave_running(req)
+            self.order.unfile(req)
             finished.append(req)
         self._reline()
 
@@ -265,6 +276,8 @@ class SimEngine:
             else:
                 req = self.running.pop()
                 self._leave_running(req)
+                self.order.unfile(req)
+                self.order.file(req)
             req.restore = Restore.PREFILL
             self.waiting.appendleft(req)
             self.queued_ctx += req.ctx0
