@@ -70,10 +70,17 @@ class SimBackend:
         return self._decoded
 
     def sync(self, now: float) -> None:
+        """Every engine observes the steps finished by `now`; the decoded count takes each one's
+        new steps at once (only an engine's observed steps change here)."""
         self._clock = max(self._clock, now)
+        counted = self._counted
         for e in self.engines:
+            lag = e.lag
             e.sync(now)
-        self._touched.update(range(len(self.engines)))
+            if e.lag != lag:
+                more = (e.lag - lag) * len(e.running)
+                self._decoded += more
+                counted[e.id] += more
 
     def kv_committed(self, worker: int) -> int:
         return self.engines[worker].kv_committed() + self._transit[worker]

@@ -65,8 +65,9 @@ class SimEngine:
     prefill_kv: int = 0            # KV tokens reserved by prefilling requests (context + first token)
     queued_ctx: int = 0            # KV tokens reserved by waiting, in-transit and prefilling requests
     seg_start: float = 0.0         # time of step `steps` (start of the in-progress step)
-    line: DecodeLine | None = None
-    line_key: tuple[int, int] = (0, 0)   # (batch, context at step 0) of `line`
+    line_key: tuple[int, int] | None = None   # (batch, context at step 0) of the decode line; None: not decoding
+    _line: DecodeLine | None = None            # that line, built when first used (`line`)
+    _line_of: tuple[int, int] | None = None    # the key `_line` was built for
     finish_heap: list = field(default_factory=list)
     event_step: int = 0            # steps from seg_start to the scheduled event
     epoch: int = 0                 # bumps invalidate scheduled events
@@ -90,15 +91,15 @@ class SimEngine:
 
         Cheap on purpose: the steps are only counted (`lag`); they are folded into the segment
         when the engine next changes, so the scheduled event stays valid."""
-        if self.line is None or now <= self.seg_start:
+        if self.line_key is None or now <= self.seg_start:
             return
-        self.lag = self.line.steps_within(now - self.seg_start, self.event_step - 1)
+        self.lag = self.line().steps_within(now - self.seg_start, self.event_step - 1)
 
     def _fold(self) -> None:
         """Commit the observed steps before changing the batch."""
         if self.lag:
             n, self.lag = self.lag, 0
-            self._commit(n, self.seg_start + self.line.time(n))
+            self._commit(n, self.seg_start + self.line().time(n))
             self._trim()
 
     def _trim(self) -> None:
@@ -116,12 +117,17 @@ class SimEngine:
         self._reline()
 
     def _reline(self) -> None:
+        """File the decode line of the batch as it stands (built only when used: an event changes the
+        batch several times before the engine next plans)."""
         b = len(self.running)
-        if not b or self.mixed_end >= 0:
-            self.line = None
-        elif self.line is None or self.line_key != (b, self.ctx_total):   # most calls change neither
-            self.line_key = (b, self.ctx_total)
-            self.line = self.perf.decode_line(b, self.ctx_total)
+        self.line_key = None if not b or self.mixed_end >= 0 else (b, self.ctx_total)
+
+    def line(self) -> DecodeLine:
+        """The decode line `_reline` last filed (only while decoding)."""
+        if self._line_of != self.line_key:    # most uses find it built
+            self._line_of = self.line_key
+            self._line = self.perf.decode_line(*self.line_key)
+        return self._line
 
     # -- mutations from the controller --------------------------------------------------------------
 
@@ -164,13 +170,13 @@ class SimEngine:
         self._fold()
         if self.mixed_end >= 0:
             return self.mixed_end
-        if self.line is not None:
-            self.seg_start = max(self.seg_start, now - self.line.step(0))
+        if self.line_key is not None:
+            self.seg_start = max(self.seg_start, now - self.line().step(0))
         else:
             self.seg_start = now
         self._relieve_overflow()
         self._admit(now)
-        if self.line is None and self.prefilling and now >= self.ready_at:
+        if self.line_key is None and self.prefilling and now >= self.ready_at:
             self._start_mixed(now)
         return self._plan(now)
 
@@ -180,7 +186,7 @@ class SimEngine:
         self.lag = 0  # the event's step count already includes every observed step
         if self.mixed_end >= 0:
             self._end_mixed(now)
-        elif self.line is not None:
+        elif self.line_key is not None:
             self._commit(self.event_step, now)
         self._trim()
         self._collect_finished(finished)
@@ -216,7 +222,7 @@ class SimEngine:
         self.seg_start = now
         self.mixed_end = now + self.perf.mixed_step_time(len(self.running), self.ctx_total,
                                                          [(n, r.done) for r, n in self.chunks])
-        self.line = None
+        self.line_key = None
         self.event_step = 1
         self.peak_kv = max(self.peak_kv, self.ctx_total + self.prefill_kv)
 
@@ -322,7 +328,7 @@ class SimEngine:
         """The time of this engine's next event, or None when it has nothing to do."""
         if self.mixed_end >= 0:
             return self.mixed_end
-        if self.line is None:
+        if self.line_key is None:
             return self.ready_at if (self.waiting or self.prefilling) and now < self.ready_at else None
         if now < self.ready_at:
             # Paused for new weights with requests kept (`/pause?mode=keep`): they go on from then
@@ -341,4 +347,4 @@ class SimEngine:
             to_finish = heap[0][0] - self.steps
             to_overflow = (self.capacity - self.ctx_total) // len(self.running)
             self.event_step = max(1, min(to_finish, to_overflow))
-        return self.seg_start + self.line.time(self.event_step)
+        return self.seg_start + self.line().time(self.event_step)
