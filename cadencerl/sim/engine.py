@@ -298,6 +298,10 @@ class SimEngine:
         if now < self.ready_at:
             return
         kv = self.ctx_total + len(self.running) + self.prefill_kv
+        if not self.waiting:      # most calls: nothing to admit
+            self.cache.trim(self.capacity - kv)
+            self._reline()
+            return
         slots = self.max_num_seqs - len(self.running) - len(self.prefilling)
         budget = self.perf.token_budget - len(self.running) - sum(r.left for r in self.prefilling)
         while self.waiting and slots > 0 and budget > 0:
