@@ -34,7 +34,6 @@ class SimBackend:
         self.engines: list[SimEngine] = []
         self._heap: list = []
         self._seq = itertools.count()
-        self._placements = itertools.count()   # in the order the controller attaches residents
         self._clock = 0.0
         self._dirty: set[int] = set()
         self._requests: dict[int, Request] = {}
@@ -95,8 +94,7 @@ class SimBackend:
 
     def place(self, traj: Trajectory, worker: int, restore: Restore, delay_s: float) -> None:
         engine = self.engines[worker]
-        req = Request(traj, engine, traj.tokens, traj.context, self.env.target(traj), restore,
-                      seq=next(self._placements))
+        req = Request(traj, engine, traj.tokens, traj.context, self.env.target(traj), restore)
         engine.order.file(req)
         traj.meter = Meter(req)
         self._requests[traj.id] = req

@@ -10,6 +10,7 @@ takes one step per event, as a reference. The model and its simplifications: doc
 from __future__ import annotations
 
 import heapq
+import itertools
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -18,6 +19,8 @@ from cadencerl.core.trajectory import Trajectory
 from cadencerl.hardware.perf import DecodeLine, WorkerPerf
 from cadencerl.sim.context_order import ContextOrder
 from cadencerl.sim.prefix_cache import PrefixCache
+
+_created = itertools.count()   # requests in the order they are made (one per placement)
 
 
 @dataclass(eq=False, slots=True)
@@ -36,7 +39,8 @@ class Request:
     in_transit: bool = False
     left: int = 0      # prompt tokens still to prefill while in `prefilling`
     done: int = 0      # prompt tokens already in KV then (prefix-cache hits and computed chunks)
-    seq: int = 0       # placement number: orders equal contexts as the worker's residents are ordered
+    seq: int = field(default_factory=_created.__next__)   # creation (placement) order: orders equal contexts
+                                                          # as the worker's residents are ordered
     filed: tuple | None = None   # where the engine's context order holds it (ContextOrder)
 
     def generated(self) -> int:
