@@ -124,3 +124,27 @@ def test_residents_are_shed_longest_first_equal_ones_in_residence_order(lengths)
     assert contexts(residents) == [t.context for t in residents]
     expected = sorted(residents, key=lambda t: t.context, reverse=True)   # a stable sort keeps residence order
     assert list(_longest_first(w)) == expected
+
+
+@settings(max_examples=200, deadline=None)
+@given(spec=workers_st, ranks=st.lists(st.integers(0, 2), min_size=8, max_size=8),
+       floor_frac=st.sampled_from([0.0, 0.05, 0.3]), contexts=st.lists(st.integers(1, 20_000), max_size=16))
+def test_first_fit_picks_what_a_scan_of_the_affinity_order_picks(spec, ranks, floor_frac, contexts):
+    """Concentration's targets (`FirstFit`) against the scan it replaces: pending work longest first,
+    each on the first worker in (rank, most headroom, id) order with room, the rest passed over."""
+    from cadencerl.policies.cadence_rooms import FirstFit
+
+    policy, ws = _pool(spec, floor_frac)
+    for w, rank in zip(ws, ranks):
+        w.rank = rank
+    fit, placed = FirstFit(ws, policy._spare), 0
+    for c in sorted(contexts, reverse=True):
+        assert fit.largest() == max(policy._spare(w) for w in ws)
+        if c > fit.largest():
+            continue
+        expected = next(w for w in sorted(ws, key=lambda w: (w.rank, -w.headroom, w.id)) if policy._spare(w) >= c)
+        w = fit.first(c)
+        assert w is expected
+        t = traj(10_000 + placed, c)
+        w.residents[t.id], w.kv_used, placed = t, w.kv_used + c, placed + 1
+        fit.refile(w)

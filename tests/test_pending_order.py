@@ -37,3 +37,31 @@ def test_a_trajectory_that_departs_again_goes_behind_its_equals():
     pending.remove(a)
     pending.add(a)
     assert pending.by_context(0) == [b, a] and pending.by_context(0, longest_first=True) == [b, a]
+
+
+@settings(max_examples=200, deadline=None)
+@given(steps=STEPS, bounds=st.lists(st.integers(10, 17), max_size=40))
+def test_a_longest_first_walk_passes_over_what_is_longer_than_its_falling_bound(steps, bounds):
+    """`longest_first(v).next_within(bound)` gives what a walk of `by_context(v, longest_first=True)`
+    gives that skips each trajectory longer than the bound at its turn, the bound falling after each."""
+    pending, present = PendingSet(), {}
+    for add, i, ctx, version in steps:
+        if add and i not in present:
+            present[i] = traj(i, ctx, version=version)
+            pending.add(present[i])
+        elif not add and i in present:
+            pending.remove(present.pop(i))
+    bounds = sorted(bounds, reverse=True)
+    expected, k = [], 0
+    for t in pending.by_context(0, longest_first=True):
+        if k < len(bounds) and t.context <= bounds[k]:
+            expected.append(t)
+            k += 1
+    walk, got = pending.longest_first(0), []
+    for bound in bounds:
+        t = walk.next_within(bound)
+        if t is None:
+            break
+        got.append(t)
+        pending.remove(t)   # the set changes as the walk goes
+    assert got == expected

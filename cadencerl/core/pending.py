@@ -9,6 +9,7 @@ trajectory is on no worker, so its context does not change until it is placed or
 from __future__ import annotations
 
 import bisect
+import math
 from collections.abc import Iterator
 from itertools import count
 from operator import itemgetter
@@ -56,6 +57,11 @@ class PendingSet:
             entries = sorted(entries, key=_context_of, reverse=True)
         return list(map(_trajectory_of, entries))
 
+    def longest_first(self, version: int) -> LongestFirst:
+        """`by_context(version, longest_first=True)` as a walk that skips the work longer than a
+        bound in one bisection (a copy of the order: the set may change as the walk goes)."""
+        return LongestFirst(list(self._ordered.get(version, ())))
+
     def shortest_first(self, version: int) -> Iterator[Trajectory]:
         """`by_context(version)`, read lazily from the live order (no copy): read it through before
         the set changes."""
@@ -75,3 +81,30 @@ class PendingSet:
     def __iter__(self) -> Iterator[Trajectory]:
         for v in sorted(self._by_version):
             yield from list(self._by_version[v].values())
+
+
+class LongestFirst:
+    """Pending work longest first, equal contexts in departure order, for a caller whose bound on
+    what fits only falls as it goes: whatever is longer than the bound at its turn is passed over
+    for good, found by bisection, not read one by one."""
+
+    def __init__(self, entries: list[_Entry]) -> None:
+        self._entries = entries   # by (context, arrival): longest first is runs of equal context from the end
+        self._end = len(entries)  # entries from here on are given or passed over
+        self._next = self._run_end = 0   # the rest of the run of equal contexts being given
+
+    def next_within(self, bound: int) -> Trajectory | None:
+        """The next trajectory of context at most `bound` (never more than the last call's bound)."""
+        entries = self._entries
+        if self._next < self._run_end:
+            entry = entries[self._next]
+            if entry[0] <= bound:
+                self._next += 1
+                return entry[2]
+            self._next = self._run_end     # the rest of this run is as long: passed over
+        cut = bisect.bisect_right(entries, (bound, math.inf), 0, self._end)
+        if cut == 0:
+            return None
+        start = bisect.bisect_left(entries, (entries[cut - 1][0],), 0, cut)
+        self._end, self._next, self._run_end = start, start + 1, cut
+        return entries[start][2]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 from cadencerl.core.trajectory import Trajectory
@@ -26,6 +27,9 @@ class Worker:
     engine_kv: int = 0           # KV tokens the engine holds (running requests, and prefilling ones so far)
     num_waiting: int = 0
     preemptions: int = 0
+    # the residents that may leave, longest context first (equal ones in residence order), from a
+    # backend that keeps that order as they grow (the simulator's engines); None: read every context
+    longest_first: Callable[[], Iterator[Trajectory]] | None = None
 
     @property
     def headroom(self) -> int:

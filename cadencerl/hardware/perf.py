@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from functools import cached_property
 
 from cadencerl.hardware.catalog import GB, LINKS, Accelerator, Model
 
@@ -99,6 +100,7 @@ class WorkerPerf:
     tp: int
     tp_link_gbs: float = 0.0
     _lines: dict = field(default_factory=dict, compare=False, repr=False)
+    _mixed: dict = field(default_factory=dict, compare=False, repr=False)   # tokens -> (fixed time, weight bytes)
 
     @property
     def kv_bytes_per_token(self) -> int:
@@ -162,16 +164,23 @@ class WorkerPerf:
         """One vLLM V1 step: `batch` decodes over total `context`, plus prefill chunks (new tokens,
         tokens already computed before them). The same roofline as decode: weights (and the KV read)
         against the FLOPs of every token; attention of a chunk is quadratic in its own length."""
+        tokens = batch + sum(n for n, _c in chunks)
+        per_token, attn, kv_bytes, bw, peak = self._mixed_terms
+        fixed = self._mixed.get(tokens)
+        if fixed is None:     # the terms of the token count alone: the same operations, done once
+            fixed = self._mixed[tokens] = (self.accel.step_overhead_s + self._comm(tokens),
+                                           self.weight_bytes_read(tokens))
+        flops = per_token * tokens + attn * (context + sum(n * (c + n / 2.0) for n, c in chunks))
+        kv_read = kv_bytes * (context + sum(c for _n, c in chunks))
+        return fixed[0] + max((fixed[1] + kv_read) / bw, flops / peak)
+
+    @cached_property
+    def _mixed_terms(self) -> tuple[float, float, int, float, float]:
+        """The constants of `mixed_step_time`: FLOPs per token, attention FLOPs per token of context,
+        KV bytes per token, bandwidth and peak compute."""
         a, m = self.accel, self.model
-        new = sum(n for n, _c in chunks)
-        tokens = batch + new
-        attn = 4.0 * m.layers * m.q_heads * m.head_dim
-        flops = 2.0 * m.params_active * tokens + attn * (context + sum(n * (c + n / 2.0) for n, c in chunks))
-        kv_read = m.kv_bytes_per_token * (context + sum(c for _n, c in chunks))
-        bw = a.bw_efficiency * a.mem_bw_gbs * GB * self.tp
-        peak = a.compute_efficiency * a.bf16_tflops * 1e12 * self.tp
-        return a.step_overhead_s + self._comm(tokens) + max((self.weight_bytes_read(tokens) + kv_read) / bw,
-                                                            flops / peak)
+        return (2.0 * m.params_active, 4.0 * m.layers * m.q_heads * m.head_dim, m.kv_bytes_per_token,
+                a.bw_efficiency * a.mem_bw_gbs * GB * self.tp, a.compute_efficiency * a.bf16_tflops * 1e12 * self.tp)
 
     @property
     def token_budget(self) -> int:

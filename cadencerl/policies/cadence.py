@@ -12,7 +12,6 @@ docs/policies/cadence.md).
 
 from __future__ import annotations
 
-import bisect
 from collections.abc import Iterator
 
 from cadencerl.config import CadenceSpec
@@ -22,7 +21,7 @@ from cadencerl.core.trajectory import Trajectory, contexts
 from cadencerl.core.view import PoolView
 from cadencerl.core.worker import Worker
 from cadencerl.policies.base import PromptHomes
-from cadencerl.policies.cadence_rooms import RoomIndex, RoomTerms
+from cadencerl.policies.cadence_rooms import FirstFit, RoomIndex, RoomTerms
 from cadencerl.policies.growth import GrowthMeter
 
 
@@ -284,23 +283,17 @@ class Cadence(Policy):
 
     def _place_longest_first(self, view: PoolView, v: int, workers: list[Worker]) -> Iterator[Action]:
         """Pending work of `v`, longest first, each on the first of `workers` in (affinity, most
-        headroom) order with room for it. A placement changes only the worker it went to, so only
-        that one is re-filed in the order and its spare room recomputed."""
-        order = lambda w: (w.rank, -w.headroom, w.id)  # noqa: E731
-        targets = sorted(workers, key=order)
-        spare = {w.id: self._spare(w) for w in targets}   # -1 for a worker without a slot
-        largest = max(spare.values(), default=-1)         # the longest context any of them could take
-        for traj in view.pending.by_context(v, longest_first=True):
-            context = traj.context
-            if context > largest:
-                continue  # fits nowhere: skip without scanning
-            w = next(w for w in targets if spare[w.id] >= context)
+        headroom) order with room for it; what fits nowhere is passed over. A placement changes only
+        the worker it went to, so only that one is re-filed in the order (`FirstFit`)."""
+        if not view.pending.count(v):
+            return
+        targets = FirstFit(workers, self._spare)
+        walk = view.pending.longest_first(v)
+        while (traj := walk.next_within(targets.largest())) is not None:
+            w = targets.first(traj.context)
             self._note(traj, w)
             yield Place(traj.id, w.id)
-            targets.remove(w)
-            bisect.insort(targets, w, key=order)
-            spare[w.id] = self._spare(w)
-            largest = max(spare.values())
+            targets.refile(w)
 
     # -- advancing ------------------------------------------------------------------------------
 
@@ -322,7 +315,11 @@ class Cadence(Policy):
 
 def _longest_first(w: Worker) -> Iterator[Trajectory]:
     """`w`'s residents that may leave, longest first (equal ones in residence order), read as they are
-    evicted: each context is read once, one scan finds the first, and only a second eviction sorts the rest."""
+    evicted: each context is read once, one scan finds the first, and only a second eviction sorts the rest.
+    A backend that keeps this order (`Worker.longest_first`) gives it without reading them."""
+    if w.longest_first is not None:
+        yield from w.longest_first()
+        return
     residents = [t for t in w.residents.values() if t.resumable]
     if not residents:
         return

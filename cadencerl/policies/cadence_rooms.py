@@ -11,7 +11,8 @@ more than the arithmetic they would save; measured, see the benchmark's docstrin
 from __future__ import annotations
 
 import bisect
-from collections.abc import Mapping
+import heapq
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from cadencerl.core.worker import Worker
@@ -160,3 +161,48 @@ class RoomIndex:
             if room[i] >= need and (caps is None or load[i] < caps[wid]):
                 return self._workers[i]
         return None
+
+
+class FirstFit:
+    """Concentration's targets in (affinity rank, most headroom, id) order, each with its spare
+    room (`spare`): the first whose room covers a context, for contexts that only fall as they come
+    (pending work longest first), in O(log n) a pick instead of a scan of the order.
+
+    Workers whose room covered the last context asked for are kept in that order (`_open`); the
+    rest wait in a heap by room and join it when a context falls to their room. A pick changes only
+    the worker it went to: `refile` reads it again.
+    """
+
+    def __init__(self, workers: list[Worker], spare: Callable[[Worker], int]) -> None:
+        self._spare = spare
+        self._room = {w.id: spare(w) for w in workers}
+        self._rooms = sorted(self._room.values())          # every room, for the largest
+        self._open: list[tuple[int, int, int, Worker]] = []   # (rank, -headroom, id, worker)
+        self._waiting = [(-self._room[w.id], w.id, w) for w in workers]
+        heapq.heapify(self._waiting)
+        self._asked = 0
+
+    def largest(self) -> int:
+        """The longest context any of them could take (-1: none has a slot)."""
+        return self._rooms[-1] if self._rooms else -1
+
+    def first(self, context: int) -> Worker:
+        """The first worker in the order whose room covers `context` (at most `largest()`)."""
+        self._asked = context
+        waiting = self._waiting
+        while waiting and -waiting[0][0] >= context:
+            w = heapq.heappop(waiting)[2]
+            bisect.insort(self._open, (w.rank, -w.headroom, w.id, w))
+        return self._open[0][3]
+
+    def refile(self, w: Worker) -> None:
+        """`w`, the last pick, took its placement: its room and place in the order are read again."""
+        del self._open[0]
+        rooms, old = self._rooms, self._room[w.id]
+        del rooms[bisect.bisect_left(rooms, old)]
+        room = self._room[w.id] = self._spare(w)
+        bisect.insort(rooms, room)
+        if room >= self._asked:
+            bisect.insort(self._open, (w.rank, -w.headroom, w.id, w))
+        else:
+            heapq.heappush(self._waiting, (-room, w.id, w))

@@ -53,6 +53,8 @@ class SimBackend:
                                   cache=PrefixCache(block=p.accel.kv_block_tokens))
                         for w, p in zip(workers, self._perfs)]
         self._transit = {w.id: 0 for w in workers}
+        for w, e in zip(workers, self.engines):
+            w.longest_first = e.order.longest_first
         self._counted = [0] * len(self.engines)
 
     def decoded_tokens(self) -> int:
@@ -67,25 +69,34 @@ class SimBackend:
         return self._decoded
 
     def sync(self, now: float) -> None:
+        """Every engine observes the steps finished by `now`; the decoded count takes each one's
+        new steps at once (only an engine's observed steps change here)."""
         self._clock = max(self._clock, now)
+        counted = self._counted
         for e in self.engines:
+            lag = e.lag
             e.sync(now)
-        self._touched.update(range(len(self.engines)))
+            if e.lag != lag:
+                more = (e.lag - lag) * len(e.running)
+                self._decoded += more
+                counted[e.id] += more
 
     def kv_committed(self, worker: int) -> int:
-        return self.engines[worker].kv_committed() + self._transit[worker]
+        e = self.engines[worker]    # `e.kv_committed()`, inlined: asked for every worker at every decision
+        return e.ctx_total + len(e.running) * e.lag + e.queued_ctx + self._transit[worker]
 
     def stats(self, worker: int) -> EngineStats:
         e = self.engines[worker]
         # KV in use as vLLM's kv_cache_usage counts it: the running set's, and the blocks prefilling
         # requests already hold (cached prefix and computed chunks)
-        used = e.ctx_total + len(e.running) * e.lag + sum(r.done for r in e.prefilling)
+        used = e.ctx_total + len(e.running) * e.lag + (sum([r.done for r in e.prefilling]) if e.prefilling else 0)
         return EngineStats(used, len(e.running) + len(e.prefilling),
                            len(e.waiting), e.preemptions)
 
     def place(self, traj: Trajectory, worker: int, restore: Restore, delay_s: float) -> None:
         engine = self.engines[worker]
         req = Request(traj, engine, traj.tokens, traj.context, self.env.target(traj), restore)
+        engine.order.file(req)
         traj.meter = Meter(req)
         self._requests[traj.id] = req
         if delay_s > 0:
@@ -102,6 +113,7 @@ class SimBackend:
         engine = req.engine
         if req.in_transit:
             req.live = req.in_transit = False
+            engine.order.unfile(req)
             self._transit[engine.id] -= req.ctx0
         else:
             engine.remove(req)

@@ -10,13 +10,17 @@ takes one step per event, as a reference. The model and its simplifications: doc
 from __future__ import annotations
 
 import heapq
+import itertools
 from collections import deque
 from dataclasses import dataclass, field
 
 from cadencerl.core.backend import Restore
 from cadencerl.core.trajectory import Trajectory
 from cadencerl.hardware.perf import DecodeLine, WorkerPerf
+from cadencerl.sim.context_order import ContextOrder
 from cadencerl.sim.prefix_cache import PrefixCache
+
+_created = itertools.count()   # requests in the order they are made (one per placement)
 
 
 @dataclass(eq=False, slots=True)
@@ -35,6 +39,9 @@ class Request:
     in_transit: bool = False
     left: int = 0      # prompt tokens still to prefill while in `prefilling`
     done: int = 0      # prompt tokens already in KV then (prefix-cache hits and computed chunks)
+    seq: int = field(default_factory=_created.__next__)   # creation (placement) order: orders equal contexts
+                                                          # as the worker's residents are ordered
+    filed: tuple | None = None   # where the engine's context order holds it (ContextOrder)
 
     def generated(self) -> int:
         if self.step0 < 0:
@@ -62,8 +69,9 @@ class SimEngine:
     prefill_kv: int = 0            # KV tokens reserved by prefilling requests (context + first token)
     queued_ctx: int = 0            # KV tokens reserved by waiting, in-transit and prefilling requests
     seg_start: float = 0.0         # time of step `steps` (start of the in-progress step)
-    line: DecodeLine | None = None
-    line_key: tuple[int, int] = (0, 0)   # (batch, context at step 0) of `line`
+    line_key: tuple[int, int] | None = None   # (batch, context at step 0) of the decode line; None: not decoding
+    _line: DecodeLine | None = None            # that line, built when first used (`line`)
+    _line_of: tuple[int, int] | None = None    # the key `_line` was built for
     finish_heap: list = field(default_factory=list)
     event_step: int = 0            # steps from seg_start to the scheduled event
     epoch: int = 0                 # bumps invalidate scheduled events
@@ -74,6 +82,10 @@ class SimEngine:
     cache: PrefixCache = field(default_factory=PrefixCache)
     pushes: int = 0
     preemptions_by_class: dict = field(default_factory=dict)
+    order: ContextOrder = field(init=False)   # its requests by context, for an eviction of the longest
+
+    def __post_init__(self) -> None:
+        self.order = ContextOrder(self)
 
     def kv_committed(self) -> int:
         return self.ctx_total + len(self.running) * self.lag + self.queued_ctx
@@ -83,15 +95,15 @@ class SimEngine:
 
         Cheap on purpose: the steps are only counted (`lag`); they are folded into the segment
         when the engine next changes, so the scheduled event stays valid."""
-        if self.line is None or now <= self.seg_start:
+        if self.line_key is None or now <= self.seg_start:
             return
-        self.lag = self.line.steps_within(now - self.seg_start, self.event_step - 1)
+        self.lag = self.line().steps_within(now - self.seg_start, self.event_step - 1)
 
     def _fold(self) -> None:
         """Commit the observed steps before changing the batch."""
         if self.lag:
             n, self.lag = self.lag, 0
-            self._commit(n, self.seg_start + self.line.time(n))
+            self._commit(n, self.seg_start + self.line().time(n))
             self._trim()
 
     def _trim(self) -> None:
@@ -109,12 +121,17 @@ class SimEngine:
         self._reline()
 
     def _reline(self) -> None:
+        """File the decode line of the batch as it stands (built only when used: an event changes the
+        batch several times before the engine next plans)."""
         b = len(self.running)
-        if not b or self.mixed_end >= 0:
-            self.line = None
-        elif self.line is None or self.line_key != (b, self.ctx_total):   # most calls change neither
-            self.line_key = (b, self.ctx_total)
-            self.line = self.perf.decode_line(b, self.ctx_total)
+        self.line_key = None if not b or self.mixed_end >= 0 else (b, self.ctx_total)
+
+    def line(self) -> DecodeLine:
+        """The decode line `_reline` last filed (only while decoding)."""
+        if self._line_of != self.line_key:    # most uses find it built
+            self._line_of = self.line_key
+            self._line = self.perf.decode_line(*self.line_key)
+        return self._line
 
     # -- mutations from the controller --------------------------------------------------------------
 
@@ -127,6 +144,7 @@ class SimEngine:
         """Abort: the request leaves with every token it generated so far."""
         self._fold()
         req.live = False
+        self.order.unfile(req)
         if req.step0 >= 0:
             self.running.remove(req)
             self._leave_running(req)
@@ -156,13 +174,13 @@ class SimEngine:
         self._fold()
         if self.mixed_end >= 0:
             return self.mixed_end
-        if self.line is not None:
-            self.seg_start = max(self.seg_start, now - self.line.step(0))
+        if self.line_key is not None:
+            self.seg_start = max(self.seg_start, now - self.line().step(0))
         else:
             self.seg_start = now
         self._relieve_overflow()
         self._admit(now)
-        if self.line is None and self.prefilling and now >= self.ready_at:
+        if self.line_key is None and self.prefilling and now >= self.ready_at:
             self._start_mixed(now)
         return self._plan(now)
 
@@ -172,7 +190,7 @@ class SimEngine:
         self.lag = 0  # the event's step count already includes every observed step
         if self.mixed_end >= 0:
             self._end_mixed(now)
-        elif self.line is not None:
+        elif self.line_key is not None:
             self._commit(self.event_step, now)
         self._trim()
         self._collect_finished(finished)
@@ -208,7 +226,7 @@ class SimEngine:
         self.seg_start = now
         self.mixed_end = now + self.perf.mixed_step_time(len(self.running), self.ctx_total,
                                                          [(n, r.done) for r, n in self.chunks])
-        self.line = None
+        self.line_key = None
         self.event_step = 1
         self.peak_kv = max(self.peak_kv, self.ctx_total + self.prefill_kv)
 
@@ -237,6 +255,8 @@ class SimEngine:
         self.ctx_total += req.ctx0 + (1 if first_token else 0)
         self.tokens_generated += 1 if first_token else 0
         self.running.append(req)
+        self.order.unfile(req)
+        self.order.file(req)
         self.pushes += 1  # a deterministic tie-break (memory addresses are not)
         heapq.heappush(self.finish_heap, (req.step0 + req.target - req.gen0, self.pushes, req.joins, req))
         self.peak_kv = max(self.peak_kv, self.ctx_total + self.prefill_kv)
@@ -250,6 +270,7 @@ class SimEngine:
             req.live = False
             self.running.remove(req)
             self._leave_running(req)
+            self.order.unfile(req)
             finished.append(req)
         self._reline()
 
@@ -265,6 +286,8 @@ class SimEngine:
             else:
                 req = self.running.pop()
                 self._leave_running(req)
+                self.order.unfile(req)
+                self.order.file(req)
             req.restore = Restore.PREFILL
             self.waiting.appendleft(req)
             self.queued_ctx += req.ctx0
@@ -279,6 +302,10 @@ class SimEngine:
         if now < self.ready_at:
             return
         kv = self.ctx_total + len(self.running) + self.prefill_kv
+        if not self.waiting:      # most calls: nothing to admit
+            self.cache.trim(self.capacity - kv)
+            self._reline()
+            return
         slots = self.max_num_seqs - len(self.running) - len(self.prefilling)
         budget = self.perf.token_budget - len(self.running) - sum(r.left for r in self.prefilling)
         while self.waiting and slots > 0 and budget > 0:
@@ -309,7 +336,7 @@ class SimEngine:
         """The time of this engine's next event, or None when it has nothing to do."""
         if self.mixed_end >= 0:
             return self.mixed_end
-        if self.line is None:
+        if self.line_key is None:
             return self.ready_at if (self.waiting or self.prefilling) and now < self.ready_at else None
         if now < self.ready_at:
             # Paused for new weights with requests kept (`/pause?mode=keep`): they go on from then
@@ -328,4 +355,4 @@ class SimEngine:
             to_finish = heap[0][0] - self.steps
             to_overflow = (self.capacity - self.ctx_total) // len(self.running)
             self.event_step = max(1, min(to_finish, to_overflow))
-        return self.seg_start + self.line.time(self.event_step)
+        return self.seg_start + self.line().time(self.event_step)

@@ -26,6 +26,8 @@ class KvMoves:
     staged: dict[int, tuple[int, float]] = field(default_factory=dict)   # traj -> (source worker, staged at)
     snapshots: dict[int, tuple[int, float]] = field(default_factory=dict)  # traj -> (source worker, on host at)
     fallbacks: int = 0
+    _queues: dict = field(default_factory=dict, repr=False)   # (kind, worker or cluster) -> its link queues
+
 
     def depart(self, traj: int, worker: int, tokens: int, now: float) -> None:
         """Late-bound preparation starts as the trajectory departs: a host snapshot, then the relays.
@@ -35,7 +37,7 @@ class KvMoves:
             return
         w = self.workers[worker]
         nbytes = tokens * self.perfs[worker].kv_bytes_per_token
-        host = self.links.get(f"host:{worker}", LINKS["host"], w.tp, report="host")
+        host = self._link("host", worker)
         on_host = host.send(now, nbytes)
         self.snapshots[traj] = (worker, on_host)
         self.staged[traj] = (worker, transfer(on_host, nbytes, [self._nic_out(worker)], self._relays(w.cluster),
@@ -59,13 +61,27 @@ class KvMoves:
         return transfer(start, nbytes, *legs) - now
 
     def _relays(self, cluster: str) -> list[LinkQueue]:
-        return [self.links.get(f"relay:{cluster}:{i}", LINKS["intra-cluster"], report=f"intra-cluster:{cluster}")
-                for i in range(self.relays)]
+        return self._link("relays", cluster)
 
     def _nic_out(self, worker: int) -> LinkQueue:
-        w = self.workers[worker]
-        return self.links.get(f"nic-out:{worker}", LINKS["intra-cluster"], w.tp, report=f"intra-cluster:{w.cluster}")
+        return self._link("nic-out", worker)
 
     def _nic_in(self, worker: int) -> LinkQueue:
-        w = self.workers[worker]
-        return self.links.get(f"nic-in:{worker}", LINKS["intra-cluster"], w.tp, report=f"intra-cluster:{w.cluster}")
+        return self._link("nic-in", worker)
+
+    def _link(self, kind: str, at: int | str):
+        """The queue (the relays: the list of queues) of `kind` at a worker (a cluster, for the relays),
+        looked up in `links` on first use and kept (a lookup builds its name)."""
+        found = self._queues.get((kind, at))
+        if found is None:
+            found = self._queues[(kind, at)] = self._look_up(kind, at)
+        return found
+
+    def _look_up(self, kind: str, at: int | str):
+        if kind == "relays":
+            return [self.links.get(f"relay:{at}:{i}", LINKS["intra-cluster"], report=f"intra-cluster:{at}")
+                    for i in range(self.relays)]
+        w = self.workers[at]
+        if kind == "host":
+            return self.links.get(f"host:{at}", LINKS["host"], w.tp, report="host")
+        return self.links.get(f"{kind}:{at}", LINKS["intra-cluster"], w.tp, report=f"intra-cluster:{w.cluster}")

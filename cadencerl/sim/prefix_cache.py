@@ -27,7 +27,7 @@ class PrefixCache:
 
     def claim(self, group: int, traj: int, prompt_len: int, context: int) -> int:
         """A request starts running: reuse what is cached, return the hit tokens (block multiples)."""
-        pk, tk = ("p", group), ("t", traj)
+        pk, tk = _keys(group, traj)
         hit = 0
         if pk in self.in_use or pk in self.lru:
             hit = prompt_len
@@ -45,7 +45,7 @@ class PrefixCache:
 
     def release(self, group: int, traj: int, prompt_len: int, context: int) -> None:
         """A request stops running: its blocks become cached and evictable."""
-        pk, tk = ("p", group), ("t", traj)
+        pk, tk = _keys(group, traj)
         users = self.in_use.get(pk, 0) - 1
         if users > 0:
             self.in_use[pk] = users
@@ -74,3 +74,9 @@ class PrefixCache:
             self.cached_tokens -= self.lru.pop(key)
         self.lru[key] = tokens
         self.cached_tokens += tokens
+
+
+def _keys(group: int, traj: int) -> tuple[int, int]:
+    """The cache keys of a group's shared prompt and of one trajectory's own history: distinct ints
+    (even and odd), which hash faster than the ("p", group) and ("t", traj) pairs they stand for."""
+    return 2 * group, 2 * traj + 1
