@@ -12,9 +12,8 @@ from tests.pools import traj
 STEPS = st.lists(st.tuples(st.booleans(), st.integers(0, 39), st.integers(11, 16), st.integers(0, 1)), max_size=80)
 
 
-@settings(max_examples=200, deadline=None)
-@given(steps=STEPS)
-def test_by_context_matches_a_stable_sort_of_the_departure_order(steps):
+def built(steps) -> tuple[PendingSet, dict]:
+    """The pending set `steps` leave, and its trajectories by id."""
     pending, present = PendingSet(), {}
     for add, i, ctx, version in steps:
         if add and i not in present:
@@ -22,6 +21,13 @@ def test_by_context_matches_a_stable_sort_of_the_departure_order(steps):
             pending.add(present[i])
         elif not add and i in present:
             pending.remove(present.pop(i))
+    return pending, present
+
+
+@settings(max_examples=200, deadline=None)
+@given(steps=STEPS)
+def test_by_context_matches_a_stable_sort_of_the_departure_order(steps):
+    pending, present = built(steps)
     for v in (0, 1):
         departed = pending.at(v)
         assert pending.by_context(v) == sorted(departed, key=lambda t: t.context)
@@ -44,13 +50,7 @@ def test_a_trajectory_that_departs_again_goes_behind_its_equals():
 def test_a_longest_first_walk_passes_over_what_is_longer_than_its_falling_bound(steps, bounds):
     """`longest_first(v).next_within(bound)` gives what a walk of `by_context(v, longest_first=True)`
     gives that skips each trajectory longer than the bound at its turn, the bound falling after each."""
-    pending, present = PendingSet(), {}
-    for add, i, ctx, version in steps:
-        if add and i not in present:
-            present[i] = traj(i, ctx, version=version)
-            pending.add(present[i])
-        elif not add and i in present:
-            pending.remove(present.pop(i))
+    pending, present = built(steps)
     bounds = sorted(bounds, reverse=True)
     expected, k = [], 0
     for t in pending.by_context(0, longest_first=True):
