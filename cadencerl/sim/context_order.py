@@ -10,11 +10,26 @@ from __future__ import annotations
 
 import bisect
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
-if TYPE_CHECKING:
-    from cadencerl.core.trajectory import Trajectory
-    from cadencerl.sim.engine import Request, SimEngine
+from cadencerl.core.trajectory import Trajectory
+
+
+class Request(Protocol):
+    """What the order reads of an engine's request (`sim/engine.py`'s Request)."""
+
+    step0: int      # the engine step it started decoding at (-1: not decoding)
+    ctx0: int       # its context then
+    seq: int        # residence order
+    filed: Any      # where it is filed here (None: not filed)
+    traj: Trajectory
+
+
+class SimEngine(Protocol):
+    """What the order reads of its engine: the steps it has run."""
+
+    steps: int
+    lag: int
 
 
 class ContextOrder:
