@@ -134,7 +134,7 @@ def test_max_response_ids_reaches_the_router(monkeypatch) -> None:
     from cadencerl.router import serve
 
     served = []
-    monkeypatch.setattr(serve, "bind", lambda host, port: [socket.socket()])
+    monkeypatch.setattr(serve, "bind", lambda host, port, reuse_port=False: [socket.socket()])
     monkeypatch.setattr(serve, "serve", lambda settings, socks: served.append(settings) or socks[0].close())
     result = runner.invoke(app, ["router", "--workers", "http://a:1", "--max-response-ids", "12"])
     assert result.exit_code == 0 and served[0].max_response_ids == 12, result.output
@@ -153,7 +153,7 @@ def test_each_router_setting_has_a_flag_that_reaches_it(monkeypatch, flag: str, 
     from cadencerl.router.settings import RouterSettings
 
     served = []
-    monkeypatch.setattr(serve, "bind", lambda host, port: [socket.socket()])
+    monkeypatch.setattr(serve, "bind", lambda host, port, reuse_port=False: [socket.socket()])
     monkeypatch.setattr(serve, "serve", lambda settings, socks: served.append(settings) or socks[0].close())
     result = runner.invoke(app, ["router", "--workers", "http://a:1", flag, value])
     assert result.exit_code == 0, result.output

@@ -67,7 +67,7 @@ def test_the_router_service_takes_up_its_journal_and_a_second_router_is_refused(
     home = s.traj.worker
     first.state.turn_ended(s, 30, 0.2)
     served = []
-    monkeypatch.setattr(serve, "bind", lambda host, port: [socket.socket()])
+    monkeypatch.setattr(serve, "bind", lambda host, port, reuse_port=False: [socket.socket()])
     monkeypatch.setattr(serve, "serve", lambda settings, socks: served.append(settings) or socks[0].close())
     refused = CliRunner().invoke(app, ["router", "--workers", "http://127.0.0.1:9", "--journal", str(path)])
     assert refused.exit_code != 0 and "in use by another process" in refused.output and not served

@@ -17,6 +17,8 @@ JournalOpt = typer.Option(None, "--journal", help="keep the parked sessions and 
 MaxConcurrentOpt = typer.Option(None, "--max-concurrent-requests", help="vllm-router's name: completions in flight "
                                 "at once under a policy with no admission (misa+ admits itself); more wait as "
                                 "--hold-max and --hold-timeout say (default 0: twice the servers' max_num_seqs)")
+ProcessesOpt = typer.Option(None, "--processes", help="processes serving the port (SO_REUSEPORT), one of them "
+                            "owning every decision; more use more cores (default 1)")
 
 
 def router(
@@ -65,7 +67,7 @@ def router(
     health_failure_threshold: Optional[int] = typer.Option(None, "--health-failure-threshold", help="vllm-router's "
                                                            "name: failed health polls in a row that take a server out (2)"),
     poll_interval: Optional[float] = typer.Option(None, "--poll-interval-secs", help="seconds between polls of "
-                                                  "each server's /health and /metrics (0.5)"),
+                                                  "each server's /health and /metrics (0.5)"), processes: Optional[int] = ProcessesOpt,
 ) -> None:
     """Serve vLLM's OpenAI routes (and SGLang's /generate), routing with the simulator's controller
     and policy; embeddings, rerank and tokenizer routes are placed outside admission. Headers:
@@ -92,8 +94,8 @@ def router(
             max_num_seqs=max_num_seqs, batch_size=batch_size, eta=eta, journal=journal and str(journal),
             max_response_ids=max_response_ids, max_sessions=max_sessions, request_timeout_s=request_timeout,
             max_body_bytes=max_payload_size, eviction_interval_s=eviction_interval, max_tree_size=max_tree_size,
-            failures_to_down=health_failure_threshold, metrics_interval_s=poll_interval)
-        socks = bind(settings.host, settings.port)
+            failures_to_down=health_failure_threshold, metrics_interval_s=poll_interval, processes=processes)
+        socks = bind(settings.host, settings.port, reuse_port=settings.processes > 1)
     except ConfigError as exc:
         fail(with_flag(str(exc)))
     console(True).print(started_line(settings, socks[0].getsockname()[1]), markup=False, highlight=False,
@@ -118,4 +120,5 @@ def started_line(settings, port: int) -> str:
     """What the router serves, said once on stderr when it starts (uvicorn logs only warnings)."""
     host = f"[{settings.host}]" if ":" in settings.host else settings.host
     return (f"router: listening on http://{host}:{port}, {len(settings.workers)} workers "
-            f"({', '.join(settings.workers)}), policy {settings.policy}")
+            f"({', '.join(settings.workers)}), policy {settings.policy}"
+            + (f", {settings.processes} processes" if settings.processes > 1 else ""))

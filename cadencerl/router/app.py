@@ -26,6 +26,7 @@ from cadencerl.router.areal import while_paused
 from cadencerl.router.backpressure import limit_for
 from cadencerl.router.disconnect import CLIENT_CLOSED, while_connected
 from cadencerl.router.gateway import routes as gateway_routes
+from cadencerl.router.live import Session
 from cadencerl.router.passthrough import PASS_THROUGH, pass_through
 from cadencerl.router.proxy import forward
 from cadencerl.router.request_id import RequestIdMiddleware
@@ -35,7 +36,7 @@ from cadencerl.router.service import Rejected, RouterService
 from cadencerl.router.settings import ADMIN_TOKEN_ENV, RouterSettings
 
 
-def create_app(settings: RouterSettings, admin_token: str | None = None) -> "GeneratingRoutes":
+def create_app(settings: RouterSettings, admin_token: str | None = None) -> GeneratingRoutes:
     """The app; the admin token defaults to $CADENCERL_ROUTER_ADMIN_TOKEN (admin is off without one)."""
     svc = RouterService(settings)
     token = admin_token if admin_token is not None else os.environ.get(ADMIN_TOKEN_ENV)
@@ -87,6 +88,7 @@ class GeneratingRoutes:
 
     def __init__(self, app: Starlette, handlers: dict) -> None:
         self.app, self.state, self.handlers = app, app.state, handlers
+        self.serve = None       # the data path's own serving, where not `serve_routed` (`helper.serve_remote`)
         self._direct = {path: RequestIdMiddleware(_asgi(app, handler)) for path, handler in handlers.items()}
 
     async def __call__(self, scope, receive, send) -> None:
@@ -142,19 +144,9 @@ def _completion(path: str, field: str):
 
 
 async def serve_routed(svc: RouterService, path: str, routed: Routed, headers, field: str) -> Response:
-    previous = routed.previous_response_id
-    await svc.settle_background(routed.session_key, previous)
     try:
-        await while_paused(svc)
-        session = svc.resumes.take(routed.group) if routed.prompt_ids is not None else None
-        if session is not None and await svc.resume(session, field):
-            svc.metrics.resumed.inc()
-        else:
-            pin = None if previous is None else svc.owner(previous, "previous_response_id", generate=True).id
-            held = 0 if previous is None else svc.owners.context(previous)
-            session = await svc.acquire(routed.session_key, routed.workload_class, routed.prompt_len, routed.group,
-                                        routed.route_key, field, pin, held, routed.max_new_tokens,
-                                        resumable=routed.prompt_ids is not None)
+        session = await place(svc, routed, field)
+        svc.metrics.served_by("0").inc()
     except Rejected as exc:
         return rejection(exc)
     except ApiError as exc:           # an unknown previous response, or it stopped fitting any server's KV
@@ -164,6 +156,23 @@ async def serve_routed(svc: RouterService, path: str, routed: Routed, headers, f
         return await forward(svc, session, path, routed, headers)
     except ApiError as exc:
         return exc.response()
+
+
+async def place(svc: RouterService, routed: Routed, field: str) -> Session:
+    """The decision part of serving a request: admit or place it (waiting in HOLD, or through a
+    weight update's pause, as it must). The decision owner runs it for its data-path processes too."""
+    previous = routed.previous_response_id
+    await svc.settle_background(routed.session_key, previous)
+    await while_paused(svc)
+    session = svc.resumes.take(routed.group) if routed.prompt_ids is not None else None
+    if session is not None and await svc.resume(session, field):
+        svc.metrics.resumed.inc()
+        return session
+    pin = None if previous is None else svc.owner(previous, "previous_response_id", generate=True).id
+    held = 0 if previous is None else svc.owners.context(previous)
+    return await svc.acquire(routed.session_key, routed.workload_class, routed.prompt_len, routed.group,
+                             routed.route_key, field, pin, held, routed.max_new_tokens,
+                             resumable=routed.prompt_ids is not None)
 
 
 ANY_SERVER = ("/v1/models", "/version", "/ping", "/load")     # the same on every server: asked of one up
@@ -195,6 +204,8 @@ async def _health(request: Request) -> Response:
     svc: RouterService = request.app.state.service
     up = sum(u.routable for u in svc.upstreams)
     body = {"status": "ok" if up else "no_workers", "workers_up": up, "held": len(svc.state.hold)}
+    if svc.settings.processes > 1:
+        body["processes_up"] = svc.processes_up
     return JSONResponse(body, status_code=200 if up else 503)
 
 

@@ -191,7 +191,7 @@ class DataPathProtocol(LimitedHttpToolsProtocol):
             if limit is not None:
                 await limit.enter()
                 exch.slot = True
-            return await serve_routed(svc, exch.path, routed, headers, exch.field)
+            return await (self.routes.serve or serve_routed)(svc, exch.path, routed, headers, exch.field)
         except Rejected as exc:
             return rejection(exc)
         except asyncio.CancelledError:

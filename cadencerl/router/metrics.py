@@ -54,8 +54,11 @@ class RouterMetrics:
                                ["workload_class"], registry=r)
         self.dtv = Gauge("cadencerl_router_mix_dtv", "Total-variation distance between the classes of "
                          "finished sessions and the target mix (all, or the latest 256)", ["window"], registry=r)
+        self.by_process = Counter("cadencerl_router_requests_by_process", "Requests placed for each data-path "
+                                  "process (--processes N; 0 is the decision owner's own)", ["process"], registry=r)
         # The children every request counts in, each looked up once per label set: labels() takes a
         # lock and checks its values on every call. The label values are bounded (classes, kinds).
         self.requests_of = lru_cache(maxsize=None)(self.requests.labels)
         self.admissions_of = lru_cache(maxsize=None)(self.admissions.labels)
         self.prefix_hits_of = lru_cache(maxsize=None)(self.prefix_hits.labels)
+        self.served_by = lru_cache(maxsize=None)(self.by_process.labels)

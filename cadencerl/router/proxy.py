@@ -32,6 +32,7 @@ END_GRACE_S = 1.0       # how long a stream that sent its end may stay open befo
 HOP_BY_HOP = frozenset({"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailer",
                         "trailers", "transfer-encoding", "upgrade", "proxy-connection"})
 _NOT_FORWARDED = HOP_BY_HOP | {"host", "content-length", "content-type", "accept-encoding"}
+_NOT_SENT = HOP_BY_HOP | {"host", "content-length"}
 _NOT_RETURNED = HOP_BY_HOP | {"content-length", "content-encoding", "date", "server"}   # uvicorn sets its own
 
 
@@ -66,7 +67,17 @@ def forwarded_headers(headers) -> list[tuple[bytes, bytes]]:
 
 def returned_headers(resp: httpx.Response, worker: int) -> list[tuple[bytes, bytes]]:
     """The server's response headers as they go back, with the worker that answered."""
-    return [*_without(resp.headers.raw, _NOT_RETURNED), (WORKER_HEADER.encode(), str(worker).encode())]
+    return [*relayed_headers(resp), (WORKER_HEADER.encode(), str(worker).encode())]
+
+
+def relayed_headers(resp: httpx.Response) -> list[tuple[bytes, bytes]]:
+    """A relayed response's headers as they go back (less hop-by-hop and what the relay sets)."""
+    return _without(resp.headers.raw, _NOT_RETURNED)
+
+
+def sent_headers(headers: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
+    """A relayed request's headers as they go on (less hop-by-hop, Host and Content-Length)."""
+    return _without(headers, _NOT_SENT)
 
 
 async def forward(svc: RouterService, session: Session, path: str, req: Routed, headers) -> Response:

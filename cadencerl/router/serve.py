@@ -12,7 +12,7 @@ import socket
 import uvicorn
 
 from cadencerl.config import ConfigError
-from cadencerl.router.app import create_app
+from cadencerl.router.app import GeneratingRoutes, create_app
 from cadencerl.router.datapath import protocol_for
 from cadencerl.router.settings import RouterSettings
 
@@ -20,18 +20,23 @@ _PORT_ERRORS = {errno.EADDRINUSE: "already in use", errno.EACCES: "not permitted
 
 
 def server_config(settings: RouterSettings, admin_token: str | None = None) -> uvicorn.Config:
+    return uvicorn_config(create_app(settings, admin_token), settings)
+
+
+def uvicorn_config(app: GeneratingRoutes, settings: RouterSettings) -> uvicorn.Config:
+    """uvicorn's settings for `app`: its generating routes on the data path (`datapath.py`)."""
     fast_loop = importlib.util.find_spec("uvloop") is not None
     fast_http = importlib.util.find_spec("httptools") is not None
-    app = create_app(settings, admin_token)     # the generating routes on the data path (`datapath.py`)
     return uvicorn.Config(app, host=settings.host, port=settings.port,
                           loop="uvloop" if fast_loop else "asyncio", http=protocol_for(app) if fast_http else "h11",
                           log_level="warning", access_log=False, lifespan="on", timeout_keep_alive=30,
                           backlog=4096)
 
 
-def bind(host: str, port: int) -> list[socket.socket]:
+def bind(host: str, port: int, reuse_port: bool = False) -> list[socket.socket]:
     """TCP sockets bound to every address `host` resolves to, as uvicorn (asyncio's create_server)
-    binds them: SO_REUSEADDR, IPv6 sockets IPv6-only, one port for all (port 0: the first one's).
+    binds them: SO_REUSEADDR, IPv6 sockets IPv6-only, one port for all (port 0: the first one's);
+    `reuse_port`: SO_REUSEPORT too, for the data-path processes that share the port (`processes.py`).
     A ConfigError names `host` (does not resolve, not this machine's) or `port` (in use, privileged)."""
     try:
         infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
@@ -45,6 +50,8 @@ def bind(host: str, port: int) -> list[socket.socket]:
             sock = socket.socket(family, kind, proto)
             socks.append(sock)
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if reuse_port:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
             if family == socket.AF_INET6:
                 sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
             sock.bind(address)
@@ -58,5 +65,13 @@ def bind(host: str, port: int) -> list[socket.socket]:
 
 
 def serve(settings: RouterSettings, socks: list[socket.socket]) -> None:
-    """Serve on `socks` (from `bind`) until interrupted."""
-    uvicorn.Server(server_config(settings)).run(sockets=socks)
+    """Serve on `socks` (from `bind`) until interrupted; with `--processes N`, as the decision owner
+    of N - 1 data-path processes on the same port (`processes.py`)."""
+    if settings.processes == 1:
+        uvicorn.Server(server_config(settings)).run(sockets=socks)
+        return
+    from cadencerl.router.processes import OwnerServer
+    app = create_app(settings)
+    private = socket.socket()
+    private.bind(("127.0.0.1", 0))      # where the data-path processes relay what they do not serve
+    OwnerServer(uvicorn_config(app, settings), app, socks[0].getsockname()[1], private).run(sockets=[*socks, private])

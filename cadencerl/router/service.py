@@ -54,7 +54,7 @@ class RouterService:
         self.followers = Followers()        # background responses followed to their end
         self._stopping = False
         self.loop: asyncio.AbstractEventLoop | None = None
-        self.paused = False
+        self.paused, self.processes_up = False, 1   # processes_up: accepting on the port (--processes, owner.py)
         self._decision_due = False          # a pass is scheduled for the loop's next turn (`decide_soon`)
         self.unpaused = asyncio.Event()
         self.resumes = Resumes()            # resumable requests in flight, and those evicted until re-sent

@@ -54,6 +54,7 @@ class RouterSettings(BaseModel):
     batch_size: int = Field(default=1024, gt=0)          # the trainer's batch: MISA-T sizes its cohorts by it
     eta: int | None = Field(default=None, ge=0, le=1000)  # staleness budget; None: the clients keep their own
     max_response_ids: int = Field(default=65536, gt=0)  # stored responses whose server the router remembers
+    processes: int = Field(default=1, ge=1, le=64)       # data-path processes on the port (owner.py, helper.py)
 
     @field_validator("journal")
     @classmethod
@@ -88,7 +89,7 @@ class RouterSettings(BaseModel):
         return shares
 
     @model_validator(mode="after")
-    def _names(self) -> "RouterSettings":
+    def _names(self) -> RouterSettings:
         if self.default_class is not None and self.default_class not in self.classes:
             raise ValueError(f"default_class: {self.default_class!r} is not one of the classes")
         try:
