@@ -45,13 +45,15 @@ class Proc:
         self.p = subprocess.Popen(args, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True,
                                   cwd=tree, env={**os.environ, "PYTHONPATH": str(tree), **(env or {})})
 
-    def wait_http(self, url: str, timeout_s: float = 60.0) -> None:
+    def wait_http(self, url: str, timeout_s: float = 60.0, processes: int = 1) -> None:
+        """Until `url` answers (a router of several processes: until all of them accept)."""
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.p.poll() is not None:
                 raise RuntimeError(f"{self.p.args[0]} exited; see {self.log.name}")
             try:
-                if httpx.get(url, timeout=2).status_code < 500:
+                r = httpx.get(url, timeout=2)
+                if r.status_code < 500 and (processes == 1 or r.json().get("processes_up") == processes):
                     return
             except httpx.HTTPError:
                 pass
@@ -130,12 +132,23 @@ _UNITS = {"us": 1e-3, "ms": 1.0, "s": 1e3, "m": 6e4}
 
 
 def _cpu_s(pid: int) -> float | None:
-    """The process's CPU seconds so far (user + system), or None where /proc cannot tell."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
-    except OSError:
+    """The CPU seconds so far (user + system) of the process and its children (a router's
+    data-path processes), or None where /proc cannot tell."""
+    stats = {}
+    for path in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = path.read_text().rpartition(")")[2].split()
+        except OSError:
+            continue
+        stats[int(path.parent.name)] = (int(fields[1]), int(fields[11]) + int(fields[12]))
+    if pid not in stats:
         return None
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    tree, ticks = {pid}, 0
+    for child, (parent, _) in sorted(stats.items()):
+        if parent in tree:
+            tree.add(child)
+    ticks = sum(stats[p][1] for p in tree)
+    return ticks / os.sysconf("SC_CLK_TCK")
 
 
 def _wrk(url: str, connections: int, seconds: float, script: Path) -> dict:
@@ -199,6 +212,8 @@ def main() -> None:
     ap.add_argument("--logs", type=Path, default=Path("/tmp/router_overhead"))
     ap.add_argument("--policies", default="misa+cache-aware,cache-aware",
                     help="the cadencerl router policies to measure, comma-separated")
+    ap.add_argument("--processes", default="1",
+                    help="the cadencerl router's --processes, comma-separated: each policy measured at each")
     ap.add_argument("--compare-tree", type=Path, action="append", default=[],
                     help="also the router of this source tree (e.g. an earlier commit's `git archive`), same policies")
     args = ap.parse_args()
@@ -214,12 +229,14 @@ def main() -> None:
         targets: dict[str, tuple[str, int | None]] = {"direct": (stub, None)}
         for tree in [ROOT, *args.compare_tree]:
             at = "" if tree == ROOT else f" @{tree}"
-            for policy in args.policies.split(","):
+            for policy, n in ((p, int(n)) for p in args.policies.split(",") for n in args.processes.split(",")):
                 port = free_port()
-                r = stack.enter_context(cadencerl_router([stub], port, policy, args.logs / f"cadencerl-{policy}{len(at)}.log",
-                                                         tree=tree.resolve()))
-                r.wait_http(f"http://127.0.0.1:{port}/health")
-                targets[f"cadencerl router ({policy}){at}"] = (f"http://127.0.0.1:{port}", r.p.pid)
+                extra = ("--processes", str(n)) if n > 1 else ()
+                r = stack.enter_context(cadencerl_router([stub], port, policy, args.logs / f"cadencerl-{policy}{n}{len(at)}.log",
+                                                         *extra, tree=tree.resolve()))
+                r.wait_http(f"http://127.0.0.1:{port}/health", processes=n)
+                name = f"cadencerl router ({policy}{f', {n} processes' if n > 1 else ''}){at}"
+                targets[name] = (f"http://127.0.0.1:{port}", r.p.pid)
         reference = "vllm-router (cache_aware)"
         if vllm_router_binary() is None:
             result["vllm-router"] = "not installed (pip install vllm-router==0.1.17)"

@@ -43,7 +43,7 @@ class InFlightLimit:
         fut = loop.create_future()
         self.waiting.append(fut)
         self._admit()
-        timer = loop.call_later(settings.hold_timeout_s, _expire, fut)
+        timer = loop.call_later(settings.hold_timeout_s, expire, fut)
         try:
             await fut
         except TimeoutError:
@@ -79,7 +79,8 @@ class InFlightLimit:
         return len(self.waiting)
 
 
-def _expire(fut: asyncio.Future) -> None:
+def expire(fut: asyncio.Future) -> None:
+    """A wait's bound passed: its future raises TimeoutError (unless it was answered)."""
     if not fut.done():
         fut.set_exception(TimeoutError())
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import uuid
 from http import HTTPStatus
 
 from starlette.datastructures import Headers
@@ -24,6 +23,7 @@ from cadencerl.router.limits import LimitedHttpToolsProtocol, _Refused
 from cadencerl.router.proxy import LastChunk, RelayResponse
 from cadencerl.router.rejections import Rejected
 from cadencerl.router.request_id import HEADER as REQUEST_ID
+from cadencerl.router.request_id import new_request_id
 from cadencerl.router.requests import ApiError, check_content_type, internal_error, parse_request, too_large
 
 ROUTES = {b"/v1/completions": ("/v1/completions", "prompt"),
@@ -133,7 +133,7 @@ class DataPathProtocol(LimitedHttpToolsProtocol):
         """The client's X-Request-Id, or a new one, added to the headers the server is sent."""
         rid = next((v for k, v in exch.headers if k == REQUEST_ID), None)
         if rid is None:
-            rid = uuid.uuid4().hex.encode()
+            rid = new_request_id()
             exch.headers.append((REQUEST_ID, rid))
         return rid
 

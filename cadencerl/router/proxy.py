@@ -29,18 +29,20 @@ from cadencerl.router.transport import body_chunks, post, raw_reply, read_body
 
 WORKER_HEADER = "x-cadencerl-worker"
 END_GRACE_S = 1.0       # how long a stream that sent its end may stay open before the relay ends it
-HOP_BY_HOP = frozenset({"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailer",
-                        "trailers", "transfer-encoding", "upgrade", "proxy-connection"})
-_NOT_FORWARDED = HOP_BY_HOP | {"host", "content-length", "content-type", "accept-encoding"}
-_NOT_SENT = HOP_BY_HOP | {"host", "content-length"}
-_NOT_RETURNED = HOP_BY_HOP | {"content-length", "content-encoding", "date", "server"}   # uvicorn sets its own
+HOP_BY_HOP = frozenset({b"connection", b"keep-alive", b"proxy-authenticate", b"proxy-authorization", b"te",
+                        b"trailer", b"trailers", b"transfer-encoding", b"upgrade", b"proxy-connection"})
+_NOT_FORWARDED = HOP_BY_HOP | {b"host", b"content-length", b"content-type", b"accept-encoding"}
+_NOT_SENT = HOP_BY_HOP | {b"host", b"content-length"}
+_NOT_RETURNED = HOP_BY_HOP | {b"content-length", b"content-encoding", b"date", b"server"}   # uvicorn sets its own
 
 
-def _without(headers: list[tuple[bytes, bytes]], drop: frozenset[str]) -> list[tuple[bytes, bytes]]:
+def _without(headers: list[tuple[bytes, bytes]], drop: frozenset[bytes]) -> list[tuple[bytes, bytes]]:
     """`headers` less the names in `drop` and those the Connection header lists (hop-by-hop too)."""
-    listed = {n.strip().lower() for k, v in headers if k.lower() == b"connection"
-              for n in v.decode("latin-1").split(",")}
-    return [(k, v) for k, v in headers if (name := k.decode("latin-1").lower()) not in drop and name not in listed]
+    kept = [(k, v) for k, v in headers if k.lower() not in drop]
+    if len(kept) == len(headers) or not any(k.lower() == b"connection" for k, _ in headers):
+        return kept
+    listed = {n.strip().lower() for k, v in headers if k.lower() == b"connection" for n in v.split(b",")}
+    return [(k, v) for k, v in kept if k.lower() not in listed]
 
 
 class _BeforeFirstToken(Exception):

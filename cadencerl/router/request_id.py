@@ -13,13 +13,19 @@ is re-raised, for the server to log and close the connection (no second status c
 from __future__ import annotations
 
 import logging
-import uuid
+import os
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from cadencerl.router.requests import internal_error
 
 HEADER = b"x-request-id"
+
+
+def new_request_id() -> bytes:
+    """A fresh id, 32 hex digits as a uuid4's (uuid4's object alone cost a few percent of a request's CPU)."""
+    return os.urandom(16).hex().encode()
+
 
 log = logging.getLogger(__name__)
 
@@ -34,7 +40,7 @@ class RequestIdMiddleware:
             return
         rid = next((v for k, v in scope["headers"] if k == HEADER), None)
         if rid is None:
-            rid = uuid.uuid4().hex.encode()
+            rid = new_request_id()
             scope = {**scope, "headers": [*scope["headers"], (HEADER, rid)]}
         started = False
 

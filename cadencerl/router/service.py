@@ -17,6 +17,7 @@ import httpx
 from cadencerl.core.actions import Admit, Batch, Place
 from cadencerl.core.trajectory import State, Trajectory
 from cadencerl.router.background import Followers, follow
+from cadencerl.router.backpressure import expire
 from cadencerl.router.live import LiveState, Session
 from cadencerl.router.metrics import RouterMetrics
 from cadencerl.router.policy import described_workers, router_policy, router_worker
@@ -253,16 +254,16 @@ class RouterService:
         session.traj.tokens += tokens
 
     async def _wait(self, session: Session, field: str) -> None:
-        traj = session.traj
-        fut = asyncio.get_running_loop().create_future()
-        self.waiters[traj.id] = fut
+        traj, loop = session.traj, asyncio.get_running_loop()
+        fut = self.waiters[traj.id] = loop.create_future()
+        timer = loop.call_later(self.settings.hold_timeout_s, expire, fut)   # (not wait_for: a task a wait)
         try:
-            await asyncio.wait_for(fut, self.settings.hold_timeout_s)
+            await fut
         except TooLong as exc:            # withdrawn already (`_refuse_unfittable`)
             raise too_long(exc.tokens, field, exc.largest) from None
         except BaseException as exc:      # the wait passed its bound, or the client left
             self.waiters.pop(traj.id, None)
-            timed_out = isinstance(exc, asyncio.TimeoutError)
+            timed_out = isinstance(exc, TimeoutError)
             if traj.state is State.RESIDENT:
                 if timed_out:
                     return                     # placed just as the bound passed: go ahead
@@ -280,6 +281,8 @@ class RouterService:
                 raise Rejected(429, "hold_timeout", "waited too long for admission; retry later",
                                self.retry_after()) from None
             raise Rejected(503, "no_worker", "no server can take this request now") from None
+        finally:
+            timer.cancel()
 
     def owner(self, response_id: str, field: str, generate: bool = False) -> Upstream:
         """The server that made (and stores) a response; a 404 naming `field` when the router knows
@@ -316,12 +319,10 @@ class RouterService:
         if self._decision_due:
             return
         try:
-            loop = asyncio.get_running_loop()
-        except RuntimeError:
+            asyncio.get_running_loop().call_soon(self._decide_due)
+            self._decision_due = True
+        except RuntimeError:        # outside a running loop: the pass now
             self.decide()
-            return
-        self._decision_due = True
-        loop.call_soon(self._decide_due)
 
     def _decide_due(self) -> None:
         self._decision_due = False
@@ -343,8 +344,7 @@ class RouterService:
             seen.popitem(last=False)
 
     def _wake(self, traj: Trajectory, worker: int) -> None:
-        """The engines' hook: a placement (an admission, a move, a resume after a version switch)
-        lets the request waiting for it go."""
+        """The engines' hook: a placement (an admission, a move, a resume) lets its request go."""
         fut = self.waiters.pop(traj.id, None)
         if fut is not None and not fut.done():
             fut.set_result(None)
