@@ -4,10 +4,11 @@ The stub (benchmarks/fast_stub.py, raw uvloop + httptools) answers at once, so w
 the routers' HTTP and decision work. Closed loop, driven by `wrk` (else an httpx client): for each
 row (non-streaming or streaming `--stream-tokens` events, at each of `--connections`), every target
 is measured in turn, `--rounds` times (medians), after a warm-up. Each row gives requests/s, p50,
-p99, the router process's CPU ms per request (user + system from /proc over the measured run) and
+p99, the router's CPU ms per request (user + system of its process tree, from /proc, over the
+measured run), from `--probe-from` connections on the latency of requests on new connections, and
 each figure's ratio to vllm-router's. Needs `vllm-router==0.1.17` on PATH (the `bench` extra).
 
-    .venv/bin/python benchmarks/router_overhead.py [--connections 1,64,256] [--rounds 3]
+    .venv/bin/python benchmarks/router_overhead.py [--connections 1,64,256] [--rounds 3] [--processes 1,2]
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -171,6 +173,47 @@ def _wrk(url: str, connections: int, seconds: float, script: Path) -> dict:
     return row
 
 
+class NewConnections(threading.Thread):
+    """While wrk keeps its connections busy: a request on a fresh connection every `seconds / 40`,
+    timed from connect to the reply's last byte (Connection: close), as a client that just came sees it."""
+
+    def __init__(self, url: str, body: dict, seconds: float) -> None:
+        super().__init__(daemon=True)
+        host, port = url.removeprefix("http://").split(":")
+        payload = json.dumps(body).encode()
+        self.addr, self.seconds, self.times, self.failed = (host, int(port)), seconds, [], 0
+        self.request = (b"POST /v1/completions HTTP/1.1\r\nHost: %s\r\nContent-Type: application/json\r\n"
+                        b"Connection: close\r\nContent-Length: %d\r\n\r\n%s" % (host.encode(), len(payload), payload))
+        self.start()
+
+    def run(self) -> None:
+        end = time.monotonic() + self.seconds
+        time.sleep(self.seconds / 20)           # wrk's connections first
+        while time.monotonic() < end - 0.5:
+            t0 = time.monotonic()
+            try:
+                with socket.create_connection(self.addr, timeout=30) as sock:
+                    sock.sendall(self.request)
+                    reply = b""
+                    while chunk := sock.recv(65536):
+                        reply += chunk
+                ok = reply.startswith(b"HTTP/1.1 200")
+            except OSError:
+                ok = False
+            if ok:
+                self.times.append(time.monotonic() - t0)
+            else:
+                self.failed += 1
+            time.sleep(max(0.0, self.seconds / 40 - (time.monotonic() - t0)))
+
+    def result(self) -> dict:
+        self.join()
+        times = sorted(self.times)
+        pick = lambda q: round(times[min(len(times) - 1, int(q * len(times)))] * 1e3, 2) if times else None
+        return {"new_connection_p50_ms": pick(0.5), "new_connection_p99_ms": pick(0.99),
+                "new_connection_max_ms": pick(1.0), "new_connection_failed": self.failed}
+
+
 def measure(url: str, args, connections: int, stream: bool, pid: int | None = None) -> dict:
     """One closed-loop run; with `pid` (the router's), its CPU ms per request served in the run."""
     body = {**BODY, "stream": stream, "max_tokens": args.stream_tokens if stream else 16}
@@ -179,9 +222,12 @@ def measure(url: str, args, connections: int, stream: bool, pid: int | None = No
     script = args.logs / "post.lua"
     script.write_text(WRK_SCRIPT % json.dumps(body))
     _wrk(url, connections, args.warmup, script)
+    probe = NewConnections(url, body, args.seconds) if connections >= args.probe_from else None
     before = None if pid is None else _cpu_s(pid)
     row = _wrk(url, connections, args.seconds, script)
     after = None if pid is None else _cpu_s(pid)
+    if probe is not None:
+        row.update(probe.result())
     served = row.pop("requests", 0)
     if before is not None and after is not None and served:
         row["router_cpu_ms_per_request"] = round((after - before) * 1e3 / served, 3)
@@ -196,7 +242,7 @@ def ratios(rows: dict[str, dict], reference: str) -> dict[str, dict]:
         if name in (reference, "direct"):
             continue
         out[name] = {q: round(row[q] / ref[q], 3) for q in ("requests_per_s", "p50_ms", "p99_ms",
-                                                              "router_cpu_ms_per_request")
+                                                              "router_cpu_ms_per_request", "new_connection_p99_ms")
                      if row.get(q) and ref.get(q)}
     return out
 
@@ -212,6 +258,8 @@ def main() -> None:
     ap.add_argument("--logs", type=Path, default=Path("/tmp/router_overhead"))
     ap.add_argument("--policies", default="misa+cache-aware,cache-aware",
                     help="the cadencerl router policies to measure, comma-separated")
+    ap.add_argument("--probe-from", type=int, default=256,
+                    help="at this many connections and more, also time requests on new connections")
     ap.add_argument("--processes", default="1",
                     help="the cadencerl router's --processes, comma-separated: each policy measured at each")
     ap.add_argument("--compare-tree", type=Path, action="append", default=[],

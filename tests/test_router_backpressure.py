@@ -109,3 +109,22 @@ def test_misa_t_keeps_its_own_hold_and_is_not_bounded_twice() -> None:
         start = time.monotonic()
         assert httpx.post(f.url + "/v1/completions", json=TOKENS).status_code == 200
         assert time.monotonic() - start < 10
+
+
+def test_the_responses_and_generate_routes_are_within_the_same_bound() -> None:
+    with Fleet(stubs=1, policy="cache-aware", max_concurrent_requests=1, hold_max=0) as f:
+        f.states[0].token_delay_s = 0.3         # the completion holding the one slot takes about 1.5 s
+        held = threading.Thread(target=lambda: httpx.post(f.url + "/v1/completions", json=TOKENS, timeout=30))
+        held.start()
+        assert settle(lambda: f.states[0].running == 1, timeout_s=2.5)
+        responses = httpx.post(f.url + "/v1/responses", json={"model": "m", "input": "hi", "max_output_tokens": 2})
+        generate = httpx.post(f.url + "/generate", json={"input_ids": [1, 2, 3], "sampling_params": {"max_new_tokens": 2}})
+        for refused in (responses, generate):
+            assert refused.status_code == 429 and refused.json()["error"]["type"] == "hold_full", refused.text
+        held.join(30)
+        assert settle(lambda: f.app.state.limit.in_flight == 0, timeout_s=2)
+        f.states[0].token_delay_s = 0.0
+        assert httpx.post(f.url + "/v1/responses", json={"model": "m", "input": "hi", "max_output_tokens": 2}).status_code == 200
+        assert httpx.post(f.url + "/generate", json={"input_ids": [1, 2, 3],
+                                                     "sampling_params": {"max_new_tokens": 2}}).status_code == 200
+        assert f.app.state.limit.in_flight == 0

@@ -52,7 +52,7 @@ def create_app(settings: RouterSettings, admin_token: str | None = None) -> Gene
     routes = [
         Route("/v1/completions", _completion("/v1/completions", "prompt"), methods=["POST"]),
         Route("/v1/chat/completions", _completion("/v1/chat/completions", "messages"), methods=["POST"]),
-        Route("/v1/responses", _completion("/v1/responses", "input"), methods=["POST"]),
+        Route("/v1/responses", Bounded(_completion("/v1/responses", "input")), methods=["POST"]),
         Route("/v1/responses/{response_id}", stored_response(""), methods=["GET"]),
         Route("/v1/responses/{response_id}/cancel", stored_response("/cancel"), methods=["POST"]),
         *(Route(path, pass_through(path), methods=["POST"]) for path in PASS_THROUGH),
@@ -68,7 +68,7 @@ def create_app(settings: RouterSettings, admin_token: str | None = None) -> Gene
         Route("/admin/workers/drain", _admin(token, _drain_worker), methods=["POST"]),
         *AREAL_ROUTES,
         # SGLang's /generate and the model gateway's /workers (open unless an admin token is set)
-        *gateway_routes(serve_routed, (lambda h: _admin(token, h)) if token else (lambda h: h)),
+        *gateway_routes(serve_routed, (lambda h: _admin(token, h)) if token else (lambda h: h), Bounded),
     ]
     # an unhandled exception's 500 is RequestIdMiddleware's, so that it carries the request id
     handlers = {ApiError: _api_error, HTTPException: _http_error, ClientDisconnect: _client_left}
@@ -94,6 +94,17 @@ class GeneratingRoutes:
     async def __call__(self, scope, receive, send) -> None:
         direct = self._direct.get(scope["path"]) if scope["type"] == "http" and scope["method"] == "POST" else None
         await (direct or self.app)(scope, receive, send)
+
+
+class Bounded:
+    """A generating route's endpoint within the in-flight bound (`backpressure.py`), its reply's
+    stream included, as the two routes of `GeneratingRoutes` are."""
+
+    def __init__(self, handler) -> None:
+        self.handler = handler
+
+    async def __call__(self, scope, receive, send) -> None:
+        await _asgi(scope["app"], self.handler)(scope, receive, send)
 
 
 def _asgi(app: Starlette, handler):

@@ -198,10 +198,11 @@ async def _delete(request: Request) -> Response:
     return JSONResponse({"status": "ok", "worker_id": str(up.id), "removed": True})
 
 
-def routes(serve, guard) -> list[Route]:
-    """The routes; `serve` is the app's completion path, `guard` wraps those that change the pool."""
+def routes(serve, guard, bounded) -> list[Route]:
+    """The routes; `serve` is the app's completion path, `guard` wraps those that change the pool,
+    `bounded` puts a generating one within the in-flight bound (`app.Bounded`)."""
     rids = Rids()
-    return [Route("/generate", _generate(serve, rids), methods=["POST"]),
+    return [Route("/generate", bounded(_generate(serve, rids)), methods=["POST"]),
             Route("/abort_request", _abort(rids, per_worker=False), methods=["POST"]),
             Route("/workers", _list, methods=["GET"]),
             Route("/workers", guard(_add), methods=["POST"]),
