@@ -16,6 +16,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from router_process import stop
 from router_stub import FAST, StubState, stub_app
 from server_thread import ServerThread
 
@@ -88,11 +89,6 @@ def test_sigkill_between_turns_then_restart_keeps_every_session_on_its_worker(tm
             x for x in metrics.splitlines() if "sessions" in x and not x.startswith("#"))
     finally:
         for p in procs:
-            if p.poll() is None:
-                p.send_signal(signal.SIGTERM)
-                try:
-                    p.wait(10)
-                except subprocess.TimeoutExpired:
-                    p.kill()
+            stop(p, wait_s=10)
         for s in stubs:
             s.stop()

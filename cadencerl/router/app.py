@@ -40,15 +40,7 @@ def create_app(settings: RouterSettings, admin_token: str | None = None) -> Gene
     """The app; the admin token defaults to $CADENCERL_ROUTER_ADMIN_TOKEN (admin is off without one)."""
     svc = RouterService(settings)
     token = admin_token if admin_token is not None else os.environ.get(ADMIN_TOKEN_ENV)
-
-    @asynccontextmanager
-    async def lifespan(app):
-        await svc.start()
-        try:
-            yield
-        finally:
-            await svc.stop()
-
+    lifespan = service_lifespan(svc)
     routes = [
         Route("/v1/completions", _completion("/v1/completions", "prompt"), methods=["POST"]),
         Route("/v1/chat/completions", _completion("/v1/chat/completions", "messages"), methods=["POST"]),
@@ -79,6 +71,18 @@ def create_app(settings: RouterSettings, admin_token: str | None = None) -> Gene
     fast = {path: _completion(path, field) for path, field in (("/v1/completions", "prompt"),
                                                                ("/v1/chat/completions", "messages"))}
     return GeneratingRoutes(app, fast)
+
+
+def service_lifespan(svc):
+    """The app's lifespan: `svc` started before the first request, stopped after the last."""
+    @asynccontextmanager
+    async def lifespan(app):
+        await svc.start()
+        try:
+            yield
+        finally:
+            await svc.stop()
+    return lifespan
 
 
 class GeneratingRoutes:

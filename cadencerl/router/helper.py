@@ -15,7 +15,6 @@ import itertools
 import os
 import signal
 import sys
-from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
 import httpx
@@ -25,7 +24,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from cadencerl.router.app import GeneratingRoutes, rejection
+from cadencerl.router.app import GeneratingRoutes, rejection, service_lifespan
 from cadencerl.router.channel import Channel
 from cadencerl.router.processes import SETTINGS_ENV
 from cadencerl.router.proxy import RelayResponse, forward, relayed_headers, sent_headers
@@ -229,16 +228,7 @@ async def _relay_any(request: Request) -> Response:
 def helper_routes(settings: RouterSettings, index: int, channel_path: str, owner_url: str) -> GeneratingRoutes:
     """A data-path process's app: the generating routes on the data path, every other request relayed."""
     svc = HelperService(settings, index, channel_path, owner_url)
-
-    @asynccontextmanager
-    async def lifespan(app):
-        await svc.start()
-        try:
-            yield
-        finally:
-            await svc.stop()
-
-    app = Starlette(routes=[Route("/{path:path}", _relay_any, methods=METHODS)], lifespan=lifespan)
+    app = Starlette(routes=[Route("/{path:path}", _relay_any, methods=METHODS)], lifespan=service_lifespan(svc))
     app.state.service, app.state.limit = svc, None
     routes = GeneratingRoutes(app, {})
     routes.serve = serve_remote
