@@ -85,10 +85,10 @@ def test_slime_through_the_router(engine_pool: LocalPool, router: str) -> None:
 
     # abort_all mid-rollout, as slime aborts; partial rollout re-sends what is left (all at once, as
     # its next rollout does, within the router's session TTL). One sample a server, as long as the
-    # servers' KV allows: CadenceRL paces a worker's residents by their observed growth, so on a fast
-    # machine a second long sample waits for room (abort_all hands back the running ones), and one
-    # alone may decode thousands of tokens a second: a round the machine outran (a sample ended before
-    # the abort came, or none had a token yet) is tried again, with prompts of its own.
+    # servers' KV allows: on a fast machine CadenceRL ran one long sample a server at a time (least-
+    # loaded ran two; abort_all hands back the running ones), and one alone may decode thousands of
+    # tokens a second: a round the machine outran (a sample ended before the abort came, or none had a
+    # token yet) is tried again, with prompts of its own.
     n = 8000
     workers = c.get("/workers").json()["workers"]
     assert sorted(w["upstream_url"] for w in workers) == sorted(engine_pool.urls)
