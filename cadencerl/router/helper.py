@@ -29,7 +29,7 @@ from cadencerl.router.channel import Channel
 from cadencerl.router.processes import SETTINGS_ENV
 from cadencerl.router.proxy import RelayResponse, forward, relayed_headers, sent_headers
 from cadencerl.router.rejections import Rejected
-from cadencerl.router.requests import ApiError, Routed, too_large
+from cadencerl.router.requests import ApiError, Routed, error_response, too_large
 from cadencerl.router.serve import bind, uvicorn_config
 from cadencerl.router.settings import RouterSettings
 from cadencerl.router.transport import RawTransport, body_chunks, read_body
@@ -191,9 +191,8 @@ async def relay_to_owner(svc: HelperService, method: str, target: str, body: byt
     try:
         resp = await svc.transport.handle_async_request(request)
     except httpx.HTTPError as exc:
-        return Response(f'{{"error":{{"message":"the router is restarting ({type(exc).__name__}); retry later",'
-                        '"type":"service_unavailable","param":null,"code":503}}', status_code=503,
-                        media_type="application/json")
+        return error_response(503, f"the router is restarting ({type(exc).__name__}); retry later",
+                              kind="service_unavailable")
     out = relayed_headers(resp)
     if resp.headers.get("content-type", "").startswith("text/event-stream"):
         return RelayResponse(_stream(resp), out)
@@ -216,11 +215,13 @@ async def _stream(resp: httpx.Response):
 
 async def _relay_any(request: Request) -> Response:
     svc: HelperService = request.app.state.service
-    body, limit = b"", svc.settings.max_body_bytes
+    chunks, size, limit = [], 0, svc.settings.max_body_bytes
     async for chunk in request.stream():
-        body += chunk
-        if len(body) > limit:
+        chunks.append(chunk)
+        size += len(chunk)
+        if size > limit:
             return too_large(limit).response()
+    body = b"".join(chunks)
     target = request.url.path + (f"?{request.url.query}" if request.url.query else "")
     return await relay_to_owner(svc, request.method, target, body, sent_headers(request.headers.raw))
 
