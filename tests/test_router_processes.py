@@ -49,6 +49,19 @@ def by_process(client: httpx.Client) -> dict[str, float]:
     return {p: float(n) for p, n in found}
 
 
+def settle(client: httpx.Client, in_flight: int) -> None:
+    """Wait until the owner counts `in_flight` requests: a data-path process's release reaches the
+    owner over its channel, and may arrive after the client's next request (the same state before
+    each decision is what makes the sequence one recorded sequence)."""
+    deadline = time.monotonic() + 10
+    while True:
+        loads = re.findall(r'cadencerl_router_worker_load\{worker="[^"]*"\} (\S+)', client.get("/metrics").text)
+        if sum(float(n) for n in loads) == in_flight:
+            return
+        assert time.monotonic() < deadline, (loads, in_flight)
+        time.sleep(0.01)
+
+
 def sequence() -> list[tuple]:
     """Sessions' first and last turns and one-turn requests, with streams opened between them and
     kept open: the load they hold makes the policy spread what follows (in order, so deterministic)."""
@@ -84,6 +97,7 @@ def replay(url: str) -> list[str]:
                                headers=headers)
                 assert r.status_code == 200, r.read()
                 workers.append(r.headers["x-cadencerl-worker"])
+                settle(c, len(held) // 2)
         finally:
             for stream in held[::2]:
                 stream.__exit__(None, None, None)
