@@ -14,6 +14,7 @@ from cadencerl.core.worker import Worker
 from cadencerl.hardware import catalog
 from cadencerl.runs.assemble import build_pool, check_fits_somewhere
 from cadencerl.runs.bounds import add_bounds
+from cadencerl.runs.collector import collector_paused
 from cadencerl.runs.summary import summarize
 from cadencerl.sim.backend import SimBackend
 from cadencerl.sim.kv_moves import KvMoves
@@ -22,6 +23,7 @@ from cadencerl.sim.weights import WeightSync
 from cadencerl.workload.generate import generate
 
 
+@collector_paused()
 def simulate(scenario: Scenario, policy: Policy, *, exact: bool = False,
              progress: Callable[[int, int], None] | None = None, keep: dict | None = None,
              trace: tuple[int, ...] = (), key: object | None = None) -> dict:

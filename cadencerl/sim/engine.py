@@ -57,7 +57,7 @@ class SimEngine:
     capacity: int
     max_num_seqs: int
     exact: bool = False
-    running: list[Request] = field(default_factory=list)       # decoding
+    running: dict[Request, None] = field(default_factory=dict)   # decoding, in joining order (a dict: O(1) leave)
     waiting: deque[Request] = field(default_factory=deque)
     prefilling: list[Request] = field(default_factory=list)    # admitted, prompt still being computed
     chunks: list = field(default_factory=list)                 # (request, tokens) of the step in progress
@@ -146,7 +146,7 @@ class SimEngine:
         req.live = False
         self.order.unfile(req)
         if req.step0 >= 0:
-            self.running.remove(req)
+            del self.running[req]
             self._leave_running(req)
             self._reline()
         elif req in self.waiting:
@@ -159,7 +159,7 @@ class SimEngine:
             self._release(req)
 
     def _leave_running(self, req: Request) -> None:
-        """Take a request out of the running set's accounting (already removed from the list)."""
+        """Take a request out of the running set's accounting (already out of `running`)."""
         grown = self.steps - req.step0
         self.ctx_total -= req.ctx0 + grown
         req.gen0, req.ctx0, req.step0 = req.gen0 + grown, req.ctx0 + grown, -1
@@ -254,7 +254,7 @@ class SimEngine:
         req.restore = Restore.CACHED
         self.ctx_total += req.ctx0 + (1 if first_token else 0)
         self.tokens_generated += 1 if first_token else 0
-        self.running.append(req)
+        self.running[req] = None
         self.order.unfile(req)
         self.order.file(req)
         self.pushes += 1  # a deterministic tie-break (memory addresses are not)
@@ -268,7 +268,7 @@ class SimEngine:
             if not req.live or req.step0 < 0 or joins != req.joins:
                 continue
             req.live = False
-            self.running.remove(req)
+            del self.running[req]
             self._leave_running(req)
             self.order.unfile(req)
             finished.append(req)
@@ -284,7 +284,7 @@ class SimEngine:
                 self.queued_ctx -= req.ctx0
                 self._release(req)
             else:
-                req = self.running.pop()
+                req = self.running.popitem()[0]   # the newest
                 self._leave_running(req)
                 self.order.unfile(req)
                 self.order.file(req)
