@@ -56,11 +56,12 @@ RESULTS: dict[int, dict] = {}
 
 
 def episodes(n: int) -> list[dict]:
-    """Every third episode agentic (three turns), the rest a single long reply."""
+    """Every third episode agentic (three turns), the rest a single long reply; one in six 2,000
+    tokens, still running when the first batch is taken (so one spans the update on a fast machine)."""
     out = []
     for i in range(n):
         prompt = [5 + (i * 37 + j * 11) % 900 for j in range(24 + i % 5)]
-        replies = [120, 80, 100] if i % 3 == 2 else [300 + 100 * (i % 6)]
+        replies = [120, 80, 100] if i % 3 == 2 else [2000 if i % 6 == 4 else 300 + 100 * (i % 6)]
         out.append({"id": i, "prompt": prompt, "replies": replies, "observation": [7, 8, 9, 10] * 3})
     return out
 
