@@ -13,8 +13,8 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
-import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
@@ -94,44 +94,33 @@ def test_slime_through_the_router(engine_pool: LocalPool, router: str) -> None:
 
     def running() -> int:
         return sum(c.get(f"{w['url']}/v1/loads").json()["loads"][0]["num_running_reqs"] for w in workers)
+
+    def generate(body: dict) -> dict:
+        return c.post("/generate", json=body).json()
+    background = ThreadPoolExecutor(1)          # the sample runs while this thread aborts it
     for attempt in range(4):
         before = c.get("/metrics").text
         prompt = [200 + attempt, 3, 4, 5]
-        answers = _together(c, [payload(prompt, n, ignore_eos=True)])
+        answer = background.submit(generate, payload(prompt, n, ignore_eos=True))
         _wait(lambda: running() == 1, "the sample running")
         time.sleep(0.1)                         # mid-rollout: tokens flowing
         for w in workers:
             assert c.post(f"{w['url']}/abort_request", json={"abort_all": True}).json()["success"]
         _wait(lambda: running() == 0, "idle after abort_all")
-        first = answers.join()[0]
+        first = answer.result(120)
         got = ids_of(first)
         if first["meta_info"]["finish_reason"]["type"] == "abort" and got:
             break
+    background.shutdown()
     assert first["meta_info"]["finish_reason"]["type"] == "abort" and 0 < len(got) < n, first["meta_info"]
     assert got == first["output_ids"] and first["meta_info"]["completion_tokens"] == len(got)
-    rest = _together(c, [payload(prompt + got, n - len(got), ignore_eos=True)]).join()[0]
+    rest = generate(payload(prompt + got, n - len(got), ignore_eos=True))
     assert rest["meta_info"]["finish_reason"] == {"type": "length", "length": n - len(got)}
     metrics = c.get("/metrics").text
     delta = lambda name: series_total(metrics, name) - series_total(before, name)    # noqa: E731
     assert delta("cadencerl_router_handed_back_total") == 1 and delta("cadencerl_router_resumed_total") == 1
     assert delta("cadencerl_router_completed_sessions") == 1        # the sample ended once, resumed
     print(f"slime abort_all: handed back {len(got)} tokens of {n}, resumed")
-
-
-class _together:
-    """`/generate` requests sent at once, each in a thread; `join()` their answers in order."""
-
-    def __init__(self, c: httpx.Client, bodies: list[dict]) -> None:
-        self.out: list[dict] = [{} for _ in bodies]
-        self.threads = [threading.Thread(target=lambda i=i, b=b: self.out.__setitem__(
-            i, c.post("/generate", json=b).json())) for i, b in enumerate(bodies)]
-        for t in self.threads:
-            t.start()
-
-    def join(self) -> list[dict]:
-        for t in self.threads:
-            t.join(120)
-        return self.out
 
 
 def _ready(url: str) -> bool:
