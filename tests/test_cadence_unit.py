@@ -366,3 +366,19 @@ def test_a_prompts_home_holding_its_share_passes_fresh_work_on_even_when_it_ties
     acts = actions(view([home, *old, large], policy, fresh=[traj(100, 50, group=7)], trainer_version=1,
                         tags={0: 100}, consumed=100, batch=100, total=400))
     assert acts == [Admit(3, 100)]
+
+
+def test_a_growth_window_keeps_a_burst_counted_a_millisecond_later_from_reading_as_the_rate():
+    # A router counts tokens as its reads bring them: 12 tokens counted 1 ms after the last decision
+    # would read as 12,000 tokens/s. With a window, the measurement waits until it spans a tick.
+    bursty, windowed = cadence(), cadence(growth_window_s=0.5)
+    for policy in (bursty, windowed):
+        t = traj(0, 100)
+        w = worker(0, residents=[t])
+        actions(view([w], policy))
+        t.tokens += 12
+        actions(view([w], policy, now=0.001))
+        t.tokens += 12                         # 24 tokens over the half second: 48 tokens/s
+        actions(view([w], policy, now=0.5))
+    assert bursty.growth.rates[0] > 5_000      # the burst read as the rate (halved once since)
+    assert windowed.growth.rates[0] == 48.0    # one measurement over the whole span

@@ -168,7 +168,7 @@ class Streams:
             self._clock.fail(EngineRunError(f"worker {p.worker} ({url}), trajectory {p.traj.id}: {exc}"))
 
     def _receive(self, p: Placement, new: list[int]) -> None:
-        if p.start and not p.received and p.attempts == 1:
+        if p.start and not p.received:   # on whichever attempt first got a token (a retry re-sends the same ids)
             self.counts.resumes_accepted += 1   # the server took the continued ids and extended them
         if self.on_tokens is not None:
             self.on_tokens(p.traj.id, new[: max(0, p.target - p.generated())])

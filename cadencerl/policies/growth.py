@@ -19,8 +19,9 @@ class GrowthMeter:
     and decays by halves, so a worker speeding up is covered from its first observation.
     """
 
-    def __init__(self, horizon_s: float) -> None:
+    def __init__(self, horizon_s: float, window_s: float = 0.0) -> None:
         self.horizon_s = horizon_s
+        self.window_s = window_s        # shortest span a measurement covers (CadenceSpec.growth_window_s)
         self._probe: dict[int, tuple[Trajectory, int, float]] = {}   # worker -> (trajectory, context, time)
         self._rate: dict[int, float] = {}                      # worker -> tokens per second per resident
 
@@ -33,6 +34,8 @@ class GrowthMeter:
             if probe is not None:
                 traj, ctx, t = probe
                 if traj.worker == wid and now > t:   # still resident here
+                    if now - t < self.window_s:
+                        continue                     # too short a span yet: the probe keeps its start
                     context = traj.context
                     rate = (context - ctx) / (now - t)
                     old = rates.get(wid, 0.0)

@@ -37,8 +37,16 @@ def router_policy(settings) -> Policy:
     thresholds = dict(cache_threshold=settings.cache_threshold, balance_abs_threshold=settings.balance_abs_threshold,
                       balance_rel_threshold=settings.balance_rel_threshold,
                       eviction_interval_s=settings.eviction_interval_s, max_tree_size=settings.max_tree_size)
-    return make_policy(settings.policy, router_scenario(settings.scenario_file), target_mix=settings.target_mix,
-                       cache_aware=thresholds)
+    return make_policy(settings.policy, live_scenario(router_scenario(settings.scenario_file)),
+                       target_mix=settings.target_mix, cache_aware=thresholds)
+
+
+def live_scenario(s: Scenario) -> Scenario:
+    """The scenario as live traffic runs it: CadenceRL measures growth over at least a tick (a read
+    may bring a burst of tokens), unless the scenario says otherwise."""
+    if "growth_window_s" in s.cadence.model_fields_set:
+        return s
+    return s.with_overrides(cadence={"growth_window_s": s.controller.tick_s})
 
 
 
