@@ -32,7 +32,7 @@ from cadencerl.engine.exporter import MetricsExporter
 from cadencerl.runs.journaled import attach_journal, open_journal
 from cadencerl.runs.real import (MAX_DEADLINE_S, RealRun, assemble, kv_list, lost_why, parse_urls, resolve_labels,
                                  summarize_real)
-from cadencerl.runs.registry import make_policy
+from cadencerl.runs.registry import live_scenario, make_policy
 from cadencerl.workload.generate import generate
 
 _END = object()
@@ -302,7 +302,8 @@ class RolloutPool:
         if callable(getattr(self.weight_update, "start_at_base", None)):   # a WeightPusher: version 0 is the base
             self.weight_update.start_at_base(self.urls)
         self._started_at = time.perf_counter()
-        self._run = assemble(self.scenario, make_policy(self.policy, self.scenario), self.urls, self._specs, self._key, labels=self.labels,
+        policy = make_policy(self.policy, live_scenario(self.scenario))
+        self._run = assemble(self.scenario, policy, self.urls, self._specs, self._key, labels=self.labels,
                              kv_tokens=self.kv_tokens, prompts=self._prompts, weight_update=self.weight_update,
                              on_publish_due=self._hand_out_batch, timeouts=self.timeouts,
                              deadline_s=self.deadline_s, connect_timeout_s=self.connect_timeout_s)

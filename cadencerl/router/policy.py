@@ -13,7 +13,7 @@ from cadencerl.config import ConfigError, Scenario, builtin_scenario, load_scena
 from cadencerl.core.policy import Policy
 from cadencerl.core.worker import Worker
 from cadencerl.runs.assemble import build_pool
-from cadencerl.runs.registry import make_policy
+from cadencerl.runs.registry import live_scenario, make_policy
 
 DEFAULT_SCENARIO = "cpu-pair"
 # Policies that pace a trainer's batches themselves (they wait for a batch to finish before the
@@ -39,14 +39,6 @@ def router_policy(settings) -> Policy:
                       eviction_interval_s=settings.eviction_interval_s, max_tree_size=settings.max_tree_size)
     return make_policy(settings.policy, live_scenario(router_scenario(settings.scenario_file)),
                        target_mix=settings.target_mix, cache_aware=thresholds)
-
-
-def live_scenario(s: Scenario) -> Scenario:
-    """The scenario as live traffic runs it: CadenceRL measures growth over at least a tick (a read
-    may bring a burst of tokens), unless the scenario says otherwise."""
-    if "growth_window_s" in s.cadence.model_fields_set:
-        return s
-    return s.with_overrides(cadence={"growth_window_s": s.controller.tick_s})
 
 
 

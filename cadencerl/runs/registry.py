@@ -89,6 +89,15 @@ def policy_names() -> list[str]:
     return list(FACTORIES)
 
 
+def live_scenario(s: Scenario) -> Scenario:
+    """The scenario as live servers run it (the router; `run` on vLLM servers): their tokens are
+    counted as reads bring them, in bursts, so CadenceRL measures growth over at least a tick
+    (`growth_window_s`), unless the scenario sets it."""
+    if "growth_window_s" in s.cadence.model_fields_set:
+        return s
+    return s.with_overrides(cadence={"growth_window_s": s.controller.tick_s})
+
+
 def make_policy(name: str, scenario: Scenario, admission: str | None = None,
                 version_switch: str | None = None, grouped: bool = False,
                 target_mix: dict[str, float] | None = None, cache_aware: dict | None = None) -> Policy:
