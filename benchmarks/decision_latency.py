@@ -46,7 +46,6 @@ import time
 import numpy as np
 
 from cadencerl.config import ControllerSpec, builtin_scenario
-from cadencerl.core.backend import EngineStats
 from cadencerl.core.controller import Controller
 from cadencerl.core.spec import HiddenLength, TrajectorySpec
 from cadencerl.core.trajectory import State, Trajectory
@@ -61,16 +60,10 @@ class StubBackend:
 
     def __init__(self) -> None:
         self.workers: list[Worker] = []
-        self.idle_stats = EngineStats(0, 0, 0, 0)
 
-    def sync(self, now):
-        pass
-
-    def kv_committed(self, worker):
-        return self.workers[worker].kv_used
-
-    def stats(self, worker):
-        return self.idle_stats
+    def refresh(self, workers, now):
+        for w in workers:      # the controller's own books stand: KV as it booked it, an idle engine
+            w.engine_kv = w.num_waiting = w.preemptions = 0
 
     def commit(self, now):
         pass

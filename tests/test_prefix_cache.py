@@ -112,14 +112,14 @@ def test_an_update_in_place_freezes_the_engine_then_resumes_its_requests_on_thei
     ctl.apply(Admit(0, 0), 0.0)
     sim.commit(0.0)
     run_until(sim, 2.0)
-    sim.sync(2.0)                                                     # as the controller does before deciding
+    sim.refresh(workers, 2.0)                                         # as the controller does before deciding
     engine = sim.engines[0]
     engine.cache.release(group=9, traj=99, prompt_len=64, context=200)   # another session's blocks
     if mid_prefill:
         ctl.apply(Admit(0, 1), 2.0)
         sim.commit(2.0)
         run_until(sim, 2.05)                                          # its first chunk's step has begun
-        sim.sync(2.05)
+        sim.refresh(workers, 2.05)
         assert engine.mixed_end > 2.05
     ctl.trainer.version = 1
     ctl.apply(UpdateInPlace(0, 1), sim._clock)
@@ -127,18 +127,18 @@ def test_an_update_in_place_freezes_the_engine_then_resumes_its_requests_on_thei
     resume = sim._clock + 5.0
     request = sim._requests[0]
     run_until(sim, resume - 4.0)
-    sim.sync(resume - 4.0)
+    sim.refresh(workers, resume - 4.0)
     frozen_at, chunked = request.generated(), engine.prefill_tokens
     assert frozen_at > 50                                             # it had been decoding for a while
     assert chunked == 512 + (engine.perf.token_budget - 1 if mid_prefill else 0)   # the chunk in flight ended
     run_until(sim, resume - 0.1)
-    sim.sync(resume - 0.1)
+    sim.refresh(workers, resume - 0.1)
     assert (request.generated(), engine.prefill_tokens) == (frozen_at, chunked)   # nothing ran meanwhile
     run_until(sim, resume + 1e-3)
     if mid_prefill:                                                   # its next chunk starts as the weights land
         assert engine.mixed_end > resume and engine.seg_start == pytest.approx(resume)
     run_until(sim, resume + 8.0)
-    sim.sync(resume + 8.0)
+    sim.refresh(workers, resume + 8.0)
     assert sim._requests[0] is request and request.live
     assert request.generated() > frozen_at + 20                       # going on from where it stopped
     assert engine.prefill_tokens == (512 + 30_000 if mid_prefill else 512)   # each prompt once: no re-prefill
@@ -201,6 +201,6 @@ def test_the_kv_an_engine_reports_counts_what_a_prefill_has_computed_so_far(exac
     engine = sim.engines[0]
     budget = engine.perf.token_budget
     run_until(sim, engine.mixed_end + 1e-6)                           # the first chunk's step ended
-    sim.sync(sim._clock)
+    sim.refresh(workers, sim._clock)
     assert engine.prefilling and not engine.running
     assert sim.stats(0).kv_tokens == budget

@@ -14,7 +14,7 @@ import pytest
 
 from cadencerl.config import ControllerSpec
 from cadencerl.core.actions import Batch
-from cadencerl.core.backend import EngineStats, Finished, ToolReturned, TurnEnded
+from cadencerl.core.backend import EngineStats, Finished, ToolReturned, TurnEnded, refresh_each
 from cadencerl.core.controller import Controller
 from cadencerl.core.spec import HiddenLength, TrajectorySpec
 from cadencerl.core.trajectory import State, Trajectory
@@ -39,7 +39,7 @@ class RecordedBackend:
         self.workers = workers
         self.figures = {w.id: EngineStats(0, 0, 0, 0) for w in workers}
 
-    def sync(self, now): pass
+    def refresh(self, workers, now): refresh_each(self, workers)
     def commit(self, now): pass
     def schedule(self, time, tag): pass
     def publish_at(self, time): pass

@@ -99,13 +99,10 @@ class Backend(Protocol):
 
     def start(self, workers: list[Worker]) -> None: ...
 
-    def sync(self, now: float) -> None:
-        """Bring every observation (token counts, KV use) up to `now`."""
-
-    def kv_committed(self, worker: int) -> int:
-        """KV tokens held or reserved by the worker's residents right now."""
-
-    def stats(self, worker: int) -> EngineStats: ...
+    def refresh(self, workers: list[Worker], now: float) -> None:
+        """Bring every observation (token counts, KV use) up to `now` and write each live worker's
+        figures: `kv_used` (KV its residents hold or reserve), and what its engine reports
+        (`engine_kv`, `num_waiting`, `preemptions`). Before every decision."""
 
     def place(self, traj: Trajectory, worker: int, restore: Restore, delay_s: float) -> None: ...
 
@@ -138,3 +135,13 @@ class Backend(Protocol):
 
     def verify(self) -> list[str]:
         """Conservation problems found by the engine side (empty when all is well)."""
+
+
+def refresh_each(backend, workers: list[Worker]) -> None:
+    """`refresh` for a backend whose observations are live (nothing to bring up to date): each live
+    worker's figures from its `kv_committed(worker)` and `stats(worker)`."""
+    for w in workers:
+        if w.alive:
+            w.kv_used = backend.kv_committed(w.id)
+            st = backend.stats(w.id)
+            w.engine_kv, w.num_waiting, w.preemptions = st.kv_tokens, st.waiting, st.preemptions

@@ -157,13 +157,7 @@ class Controller:
         return False
 
     def _decide(self, now: float) -> bool:
-        backend = self.backend
-        backend.sync(now)
-        for w in self.workers:
-            if w.alive:
-                w.kv_used = backend.kv_committed(w.id)
-                st = backend.stats(w.id)
-                w.engine_kv, w.num_waiting, w.preemptions = st.kv_tokens, st.waiting, st.preemptions
+        self.backend.refresh(self.workers, now)
         self.recorder.at_decision(now, self.workers, self.trajectories)
         acted = False
         for action in self.policy.decide(self.view(now)):

@@ -15,7 +15,7 @@ import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from cadencerl.core.backend import EngineStats, Event, Published, Restore, Timer, ToolReturned
+from cadencerl.core.backend import EngineStats, Event, Published, Restore, Timer, ToolReturned, refresh_each
 from cadencerl.core.environment import Environment, ToolCall
 from cadencerl.core.trajectory import Trajectory
 from cadencerl.core.worker import Worker
@@ -168,8 +168,9 @@ class EngineBackend:
                                 for w, s in zip(workers, self.servers)]
         self._clock.spawn(self._metrics_loop())
 
-    def sync(self, now: float) -> None:
-        """Nothing to do: the meters are live, and frozen while the loop is not running."""
+    def refresh(self, workers: list[Worker], now: float) -> None:
+        """The meters are live (frozen while the loop is not running); the servers' figures as polled."""
+        refresh_each(self, workers)
 
     def kv_committed(self, worker: int) -> int:
         return self.streams.kv_committed(worker)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from cadencerl.core.backend import EngineStats, Event, Restore
+from cadencerl.core.backend import EngineStats, Event, Restore, refresh_each
 from cadencerl.core.trajectory import Trajectory
 from cadencerl.core.worker import Worker
 
@@ -30,8 +30,9 @@ class RouterEngines:
     def start(self, workers: list[Worker]) -> None:
         """Nothing to start: the servers are the clients'."""
 
-    def sync(self, now: float) -> None:
-        """The residents' contexts are counted as their streams arrive."""
+    def refresh(self, workers: list[Worker], now: float) -> None:
+        """The residents' contexts are counted as their streams arrive; the servers' figures as polled."""
+        refresh_each(self, workers)
 
     def kv_committed(self, worker: int) -> int:
         return sum(t.context for t in self.workers[worker].residents.values())

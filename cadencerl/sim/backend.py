@@ -68,24 +68,28 @@ class SimBackend:
         self._touched.clear()
         return self._decoded
 
-    def sync(self, now: float) -> None:
-        """Every engine observes the steps finished by `now`; the decoded count takes each one's
-        new steps at once (only an engine's observed steps change here)."""
+    def refresh(self, workers: list[Worker], now: float) -> None:
+        """Every engine observes the steps finished by `now` (the decoded count takes each one's new
+        steps at once) and its worker's figures are read: one pass, as it runs for every worker at
+        every decision (the engine's `kv_committed` plus KV in transit, and `stats`, inlined)."""
         self._clock = max(self._clock, now)
-        counted = self._counted
-        for e in self.engines:
+        counted, transit = self._counted, self._transit
+        for w, e in zip(workers, self.engines):
             lag = e.lag
             e.sync(now)
+            n = len(e.running)
             if e.lag != lag:
-                more = (e.lag - lag) * len(e.running)
+                more = (e.lag - lag) * n
                 self._decoded += more
                 counted[e.id] += more
-
-    def kv_committed(self, worker: int) -> int:
-        e = self.engines[worker]    # `e.kv_committed()`, inlined: asked for every worker at every decision
-        return e.ctx_total + len(e.running) * e.lag + e.queued_ctx + self._transit[worker]
+            if w.alive:
+                held = e.ctx_total + n * e.lag
+                w.kv_used = held + e.queued_ctx + transit[w.id]
+                w.engine_kv = held + (sum([r.done for r in e.prefilling]) if e.prefilling else 0)
+                w.num_waiting, w.preemptions = len(e.waiting), e.preemptions
 
     def stats(self, worker: int) -> EngineStats:
+        """The engine's figures now (as `refresh` writes them, inlined there: it runs for every worker)."""
         e = self.engines[worker]
         # KV in use as vLLM's kv_cache_usage counts it: the running set's, and the blocks prefilling
         # requests already hold (cached prefix and computed chunks)
