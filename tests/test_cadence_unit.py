@@ -382,3 +382,14 @@ def test_a_growth_window_keeps_a_burst_counted_a_millisecond_later_from_reading_
         actions(view([w], policy, now=0.5))
     assert bursty.growth.rates[0] > 5_000      # the burst read as the rate (halved once since)
     assert windowed.growth.rates[0] == 48.0    # one measurement over the whole span
+
+
+def test_live_servers_measure_growth_over_a_tick_unless_the_scenario_says_otherwise():
+    from cadencerl.config import builtin_scenario
+    from cadencerl.runs.registry import live_scenario
+
+    s = builtin_scenario("cpu-hetero")
+    assert s.cadence.growth_window_s is None                                      # the simulator: every decision
+    assert live_scenario(s).cadence.growth_window_s == s.controller.tick_s
+    assert live_scenario(s.with_knobs(delta=64)).cadence.growth_window_s == s.controller.tick_s   # an override keeps it
+    assert live_scenario(s.with_overrides(cadence={"growth_window_s": 0.0})).cadence.growth_window_s == 0.0

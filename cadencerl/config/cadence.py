@@ -54,10 +54,10 @@ class CadenceSpec(Strict):
     """KV headroom a worker keeps, as a fraction of its capacity; below it pacing evicts."""
     growth_ticks: float = Field(default=1.0, ge=0, le=100)   # beyond, the floor outgrows any worker's KV
     """Decisions of context growth the floor also covers (the rate observed between decisions)."""
-    growth_window_s: float = Field(default=0.0, ge=0, le=60)
-    """Shortest span a growth measurement covers (0: every decision measures, as the simulator's
-    exact counts allow). The router counts tokens as its reads bring them, in bursts: there a
-    measurement over a millisecond would read a burst as the rate, so it measures over a tick."""
+    growth_window_s: float | None = Field(default=None, ge=0, le=60)
+    """Shortest span a growth measurement covers. None: as the backend counts, every decision in
+    the simulator (its counts are exact), a tick where tokens are counted live, as reads bring them
+    in bursts (`runs/registry.live_scenario`): there a millisecond's burst would read as the rate."""
     pacing: bool = True
     """Long out, short in: a worker below its floor evicts its longest resident."""
     concentration: bool = True

@@ -32,7 +32,7 @@ class Cadence(Policy):
         self.delta = params.delta
         self.floor_frac = params.headroom_floor
         self.kv_transfer = params.kv_preparation
-        self.growth = GrowthMeter(tick_s * params.growth_ticks, params.growth_window_s)
+        self.growth = GrowthMeter(tick_s * params.growth_ticks, params.growth_window_s or 0.0)
         self.homes = PromptHomes() if params.prompt_affinity else None
         self.kv_bound: set[int] = set()   # versions under which a worker had to shed below its floor
         self.paced_bound: set[int] = set()   # ... while the version paced (not while it concentrated)

@@ -93,7 +93,7 @@ def live_scenario(s: Scenario) -> Scenario:
     """The scenario as live servers run it (the router; `run` on vLLM servers): their tokens are
     counted as reads bring them, in bursts, so CadenceRL measures growth over at least a tick
     (`growth_window_s`), unless the scenario sets it."""
-    if "growth_window_s" in s.cadence.model_fields_set:
+    if s.cadence.growth_window_s is not None:
         return s
     return s.with_overrides(cadence={"growth_window_s": s.controller.tick_s})
 
