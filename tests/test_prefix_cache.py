@@ -197,10 +197,11 @@ def test_the_kv_an_engine_reports_counts_what_a_prefill_has_computed_so_far(exac
     ctl = Controller(LeastLoaded(), sim, workers, [long], batch_size=1, params=ControllerSpec(eta=1), train_time_s=1.0)
     ctl.apply(Admit(0, 0), 0.0)
     sim.commit(0.0)
-    assert sim.stats(0).kv_tokens == 0                                # nothing computed yet
+    sim.refresh(workers, 0.0)
+    assert workers[0].engine_kv == 0                                  # nothing computed yet
     engine = sim.engines[0]
     budget = engine.perf.token_budget
     run_until(sim, engine.mixed_end + 1e-6)                           # the first chunk's step ended
     sim.refresh(workers, sim._clock)
     assert engine.prefilling and not engine.running
-    assert sim.stats(0).kv_tokens == budget
+    assert workers[0].engine_kv == budget

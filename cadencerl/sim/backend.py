@@ -9,7 +9,7 @@ from __future__ import annotations
 import heapq
 import itertools
 
-from cadencerl.core.backend import EngineStats, Event, Published, Restore, Timer, ToolReturned
+from cadencerl.core.backend import Event, Published, Restore, Timer, ToolReturned
 from cadencerl.core.environment import Environment
 from cadencerl.core.trajectory import Meter, Trajectory
 from cadencerl.core.worker import Worker
@@ -70,8 +70,8 @@ class SimBackend:
 
     def refresh(self, workers: list[Worker], now: float) -> None:
         """Every engine observes the steps finished by `now` (the decoded count takes each one's new
-        steps at once) and its worker's figures are read: one pass, as it runs for every worker at
-        every decision (the engine's `kv_committed` plus KV in transit, and `stats`, inlined)."""
+        steps at once) and its worker's figures are written: one pass, as it runs for every worker at
+        every decision (the engine's `kv_committed` plus KV in transit; what a server would report)."""
         self._clock = max(self._clock, now)
         counted, transit = self._counted, self._transit
         for w, e in zip(workers, self.engines):
@@ -85,17 +85,10 @@ class SimBackend:
             if w.alive:
                 held = e.ctx_total + n * e.lag
                 w.kv_used = held + e.queued_ctx + transit[w.id]
+                # KV in use as vLLM's kv_cache_usage counts it: the running set's, and the blocks
+                # prefilling requests already hold (cached prefix and computed chunks)
                 w.engine_kv = held + (sum([r.done for r in e.prefilling]) if e.prefilling else 0)
                 w.num_waiting, w.preemptions = len(e.waiting), e.preemptions
-
-    def stats(self, worker: int) -> EngineStats:
-        """The engine's figures now (as `refresh` writes them, inlined there: it runs for every worker)."""
-        e = self.engines[worker]
-        # KV in use as vLLM's kv_cache_usage counts it: the running set's, and the blocks prefilling
-        # requests already hold (cached prefix and computed chunks)
-        used = e.ctx_total + len(e.running) * e.lag + (sum([r.done for r in e.prefilling]) if e.prefilling else 0)
-        return EngineStats(used, len(e.running) + len(e.prefilling),
-                           len(e.waiting), e.preemptions)
 
     def place(self, traj: Trajectory, worker: int, restore: Restore, delay_s: float) -> None:
         engine = self.engines[worker]
