@@ -9,14 +9,24 @@ VERL := .venv-verl
 # needs on disk (a CI run once ran out of disk there).
 export PIP_NO_CACHE_DIR := 1
 
-.PHONY: demo test venv engine-venv areal-extra verl-extra clean
+.PHONY: demo test venv native engine-venv areal-extra verl-extra clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 
 venv: $(BIN)/python
-	$(BIN)/pip install -q -e '.[test]'
+	$(BIN)/pip install -q -e '.[test,native]'
+	@$(MAKE) --no-print-directory native
+
+# The simulator's hot modules compiled by mypyc (cadencerl/native.py): the same results in about
+# 30% less CPU. Built when missing or older than their sources; without a C compiler the simulator
+# runs as plain Python, and this says so.
+native:
+	@$(BIN)/python -c "import sys; from cadencerl.native import compiled; sys.exit(not compiled())" 2>/dev/null \
+	  || { mkdir -p build && $(BIN)/python -c "from cadencerl.native import build; build()" > build/native.log 2>&1 \
+	       && tail -1 build/native.log; } \
+	  || { tail -20 build/native.log; echo "WARNING: the simulator could not be compiled (see above): it runs as plain Python"; }
 
 demo: venv
 	$(BIN)/cadencerl report --quick --out report
@@ -55,4 +65,5 @@ test: venv engine-venv areal-extra verl-extra
 	  CADENCERL_VERL_PATH=$(CURDIR)/$(VERL) $(BIN)/python -m pytest -q
 
 clean:
-	rm -rf $(VENV) $(ENGINE) $(AREAL) $(VERL) build *.egg-info
+	rm -rf $(VENV) $(ENGINE) $(AREAL) $(VERL) build *.egg-info cadencerl/_native.json
+	find cadencerl -name '*.so' -delete

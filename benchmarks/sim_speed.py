@@ -29,6 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))   # this checkou
 
 from cadencerl.cli.common import scenario_from_options  # noqa: E402
 from cadencerl.config import ConfigError, builtin_scenario  # noqa: E402
+from cadencerl.native import compiled  # noqa: E402
 from cadencerl.runs.registry import make_policy  # noqa: E402
 from cadencerl.runs.simulate import simulate  # noqa: E402
 
@@ -96,7 +97,8 @@ def one_scale(args: argparse.Namespace, k: int) -> None:
     cpu, wall = time.process_time(), time.perf_counter()
     r = simulate(s, make_policy(args.policy, s))
     cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
-    print(json.dumps({"scale": k, "devices": sum(g.devices for g in s.pool), "trajectories": r["trajectories_completed"],
+    print(json.dumps({"scale": k, "compiled": compiled(), "devices": sum(g.devices for g in s.pool),
+                      "trajectories": r["trajectories_completed"],
                       "wall_s": round(wall, 2), "cpu_s": round(cpu, 2), "events": r["events"],
                       "events_per_cpu_s": round(r["events"] / cpu), "peak_rss_mb":
                       round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024),
@@ -117,8 +119,10 @@ def scales(args: argparse.Namespace) -> None:
         out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout.strip().splitlines()[-1]
         rows.append(json.loads(out))
         r = rows[-1]
-        print(f"  K={k:3d}: {r['devices']:6,} devices, {r['trajectories']:>9,} trajectories, wall {r['wall_s']:8.2f} s, "
-              f"CPU {r['cpu_s']:8.2f} s, {r['events_per_cpu_s']:>8,} events/CPU s, peak RSS {r['peak_rss_mb']:,} MB",
+        code = "compiled" if r["compiled"] else "plain Python"
+        print(f"  K={k:3d} ({code}): {r['devices']:6,} devices, {r['trajectories']:>9,} trajectories, "
+              f"wall {r['wall_s']:8.2f} s, CPU {r['cpu_s']:8.2f} s, {r['events_per_cpu_s']:>8,} events/CPU s, "
+              f"peak RSS {r['peak_rss_mb']:,} MB",
               flush=True)
     if len(rows) > 1 and rows[-1]["trajectories"] != rows[0]["trajectories"]:
         a, b = rows[0], rows[-1]
@@ -130,8 +134,9 @@ def scales(args: argparse.Namespace) -> None:
 def measure(args: argparse.Namespace, scenario) -> None:
     """Closed form (and, unless --skip-exact, exact stepping) on one scenario; the JSON line last."""
     devices = sum(g.devices for g in scenario.pool)
-    print(f"{scenario.name}: {scenario.workload.trajectories} trajectories, cap {scenario.workload.response.cap} "
-          f"tokens, {devices} devices, policy {args.policy}")
+    code = "compiled" if compiled() else "plain Python"
+    print(f"{scenario.name} ({code}): {scenario.workload.trajectories} trajectories, "
+          f"cap {scenario.workload.response.cap} tokens, {devices} devices, policy {args.policy}")
     runs = {}
     for mode in ("closed-form", "exact"):
         if mode == "exact" and args.skip_exact:
@@ -144,7 +149,8 @@ def measure(args: argparse.Namespace, scenario) -> None:
               f"{r['tokens_generated'] / wall:>14,.0f} simulated decode tokens per wall second "
               f"(sim throughput {r['throughput_tok_s']:,.0f} tok/s over {r['sim_time_s']:,.0f} s)")
     closed, wall = runs["closed-form"]
-    out = {"scenario": scenario.name, "policy": args.policy, "trajectories": closed["trajectories_completed"],
+    out = {"scenario": scenario.name, "policy": args.policy, "compiled": compiled(),
+           "trajectories": closed["trajectories_completed"],
            "devices": devices, "wall_time_s": round(wall, 3),
            "sim_tokens_per_wall_s": round(closed["tokens_generated"] / wall)}
     if "exact" in runs:

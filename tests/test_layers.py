@@ -3,7 +3,7 @@
 Read with `ast` (every import in a module, at any depth, counts), so a violation fails here before
 a reader meets it. The layers, bottom to top (see the README):
 
-    hardware, config, user_files -> core -> workload, policies, routing, sim, engine -> runs -> api, cli, report, router, integrations
+    hardware, config, user_files, native -> core -> workload, policies, routing, sim, engine -> runs -> api, cli, report, router, integrations
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1] / "cadencerl"
 
 LAYER = {
-    "hardware": 0, "config": 0, "user_files": 0,
+    "hardware": 0, "config": 0, "user_files": 0, "native": 0,
     "core": 1,
     "workload": 2, "policies": 2, "admission": 2, "sim": 2, "engine": 2, "devpool": 2,
     "runs": 3,

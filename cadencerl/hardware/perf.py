@@ -170,8 +170,13 @@ class WorkerPerf:
         if fixed is None:     # the terms of the token count alone: the same operations, done once
             fixed = self._mixed[tokens] = (self.accel.step_overhead_s + self._comm(tokens),
                                            self.weight_bytes_read(tokens))
-        flops = per_token * tokens + attn * (context + sum(n * (c + n / 2.0) for n, c in chunks))
-        kv_read = kv_bytes * (context + sum(c for _n, c in chunks))
+        attended = 0.0          # tokens of context each new token attends to, summed over the chunks
+        computed = 0            # tokens already computed before the chunks: their KV is read
+        for n, c in chunks:
+            attended += n * (c + n / 2.0)
+            computed += c
+        flops = per_token * tokens + attn * (context + attended)
+        kv_read = kv_bytes * (context + computed)
         return fixed[0] + max((fixed[1] + kv_read) / bw, flops / peak)
 
     @cached_property

@@ -128,10 +128,12 @@ class SimEngine:
 
     def line(self) -> DecodeLine:
         """The decode line `_reline` last filed (only while decoding)."""
-        if self._line_of != self.line_key:    # most uses find it built
-            self._line_of = self.line_key
-            self._line = self.perf.decode_line(*self.line_key)
-        return self._line
+        line, key = self._line, self.line_key
+        if line is None or self._line_of != key:    # most uses find it built
+            assert key is not None, "no decode line while not decoding"
+            self._line_of = key
+            line = self._line = self.perf.decode_line(key[0], key[1])
+        return line
 
     # -- mutations from the controller --------------------------------------------------------------
 
