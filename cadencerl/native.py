@@ -1,4 +1,5 @@
-"""The simulator's hot modules compiled to C by mypyc (`make native`), or run as plain Python.
+"""The simulator's hot modules (and CadenceRL's room and growth arithmetic) compiled to C by mypyc
+(`make native`), or run as plain Python.
 
 A compiled module sits beside its source and Python prefers it, so one built before its source was
 edited would run the old code without a word. The build therefore records each source's hash
@@ -20,8 +21,9 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parent
 MANIFEST = PACKAGE / "_native.json"
 GROUP = "cadencerl._native"     # the compiled modules' shared library, inside the package
-MODULES = ("cadencerl.sim.engine", "cadencerl.sim.backend", "cadencerl.sim.prefix_cache",
-           "cadencerl.sim.context_order", "cadencerl.hardware.perf")
+MODULES = ("cadencerl.sim.engine", "cadencerl.sim.backend", "cadencerl.sim.prefix_cache", "cadencerl.sim.context_order",
+           "cadencerl.sim.kv_moves", "cadencerl.sim.links", "cadencerl.sim.weights", "cadencerl.hardware.perf",
+           "cadencerl.policies.growth", "cadencerl.policies.cadence_rooms")
 PURE_ENV = "CADENCERL_PURE_PYTHON"
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+from typing import Protocol
 
 from cadencerl.core.backend import Event, Published, Restore, Timer, ToolReturned
 from cadencerl.core.environment import Environment
@@ -17,15 +18,22 @@ from cadencerl.hardware.perf import WorkerPerf
 from cadencerl.sim.engine import Request, SimEngine
 from cadencerl.sim.kv_moves import KvMoves
 from cadencerl.sim.prefix_cache import PrefixCache
-from cadencerl.sim.weights import WeightSync
 
 _ENGINE, _ARRIVAL, _TIMER, _TOOL = range(4)
 _PUBLISHED = object()      # the timer payload of a trainer step's end
 
 
+class Weights(Protocol):
+    """When new weights reach a worker: `sim/weights.py` models the copies over the links."""
+
+    def ready_at(self, worker: int, version: int, now: float) -> float: ...
+
+    def publish(self, now: float) -> None: ...
+
+
 class SimBackend:
     def __init__(self, perfs: list[WorkerPerf], key: object, *, exact: bool = False,
-                 weights: WeightSync | None = None, kv: KvMoves | None = None) -> None:
+                 weights: Weights | None = None, kv: KvMoves | None = None) -> None:
         self._perfs = perfs
         self.env = Environment(key)   # opens the sealed target lengths: the engine decides when EOS happens
         self.exact = exact

@@ -81,6 +81,7 @@ class KvMoves:
         if kind == "relays":
             return [self.links.get(f"relay:{at}:{i}", LINKS["intra-cluster"], report=f"intra-cluster:{at}")
                     for i in range(self.relays)]
+        assert isinstance(at, int), f"{kind} is a worker's link: at a worker id, not {at!r}"
         w = self.workers[at]
         if kind == "host":
             return self.links.get(f"host:{at}", LINKS["host"], w.tp, report="host")
