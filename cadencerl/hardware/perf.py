@@ -154,6 +154,15 @@ class WorkerPerf:
     def decode_step_time(self, batch: int, context: int) -> float:
         return self.decode_line(batch, context).step(0)
 
+    def decode_alone(self, turns: list[tuple[int, int]]) -> float:
+        """Decode time of a trajectory alone at batch 1, given each turn's (starting context, tokens
+        generated); the first token of each turn comes with its prefill and is not counted."""
+        total = 0.0
+        for context, n in turns:
+            if n > 1:
+                total += self.decode_line(1, context + 1).time(n - 1)
+        return total
+
     # -- prefill and movement -------------------------------------------------------------------
 
     def prefill_time(self, new_tokens: list[int], cached: list[int] | None = None) -> float:

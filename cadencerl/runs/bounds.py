@@ -54,11 +54,6 @@ def _segments(spec: TrajectorySpec, key: object) -> list[tuple[int, int]]:
     return out
 
 
-def _alone(segs: list[tuple[int, int]], perf: WorkerPerf) -> float:
-    """Decode steps of one trajectory at batch 1, the first token of each turn excepted."""
-    return sum(perf.decode_line(1, c + 1).time(n - 1) for c, n in segs if n > 1)
-
-
 def oracle_bounds(specs: list[TrajectorySpec], workers: list[Worker], perfs: list[WorkerPerf], key: object, *,
                   batch_size: int = 0, eta: int = 0, train_time_s: float = 0.0) -> dict:
     segs = [_segments(s, key) for s in specs]
@@ -75,7 +70,7 @@ def oracle_bounds(specs: list[TrajectorySpec], workers: list[Worker], perfs: lis
         bandwidth += bw
     distinct = {(p.accel.name, p.tp): p for p in perfs}.values()
     tools = [sum(t.tool_latency_s for t in s.later_turns.reveal(key)) for s in specs]
-    latency = np.array([min(_alone(ss, p) for p in distinct) + tool for ss, tool in zip(segs, tools)])
+    latency = np.array([min([p.decode_alone(ss) for p in distinct]) + tool for ss, tool in zip(segs, tools)])
     terms = {"bandwidth": (kv_bytes + tokens * per_token) / bandwidth, "critical path": float(latency.max())}
     if batch_size > 0:
         batches = -(-len(specs) // batch_size)
