@@ -16,17 +16,18 @@ $(BIN)/python:
 	$(BIN)/python -m pip install -q --upgrade pip
 
 venv: $(BIN)/python
-	$(BIN)/pip install -q -e '.[test,native]'
-	@$(MAKE) --no-print-directory native
+	$(BIN)/pip install -q -e '.[test]'
+	@$(BIN)/python -c "import sys; from cadencerl.native import compiled; sys.exit(not compiled())" 2>/dev/null \
+	  || $(MAKE) --no-print-directory native
 
 # The simulator's hot modules compiled by mypyc (cadencerl/native.py): the same results in about
-# 30% less CPU. Built when missing or older than their sources; without a C compiler the simulator
-# runs as plain Python, and this says so.
-native:
-	@$(BIN)/python -c "import sys; from cadencerl.native import compiled; sys.exit(not compiled())" 2>/dev/null \
-	  || { mkdir -p build && $(BIN)/python -c "from cadencerl.native import build; build()" > build/native.log 2>&1 \
-	       && tail -1 build/native.log; } \
-	  || { tail -20 build/native.log; echo "WARNING: the simulator could not be compiled (see above): it runs as plain Python"; }
+# 30% less CPU. `make venv` runs it when nothing compiled matches the sources; run it after an edit
+# to rebuild. Without mypy or a C compiler the simulator runs as plain Python, and this says so.
+native: $(BIN)/python
+	@echo "compiling the simulator with mypyc (log: build/native.log)"
+	@mkdir -p build && { $(BIN)/pip install -q -e '.[native]' && $(BIN)/python -c "from cadencerl.native import build; build()"; } \
+	  > build/native.log 2>&1 && tail -1 build/native.log \
+	  || { tail -20 build/native.log; echo "WARNING: the simulator could not be compiled (see above): it runs as plain Python (the same results, slower)"; }
 
 demo: venv
 	$(BIN)/cadencerl report --quick --out report

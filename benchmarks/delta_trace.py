@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
@@ -36,6 +37,8 @@ import numpy as np
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+if __name__ == "__main__":   # it subclasses the room index to count, which the compiled simulator (`make native`)
+    os.environ["CADENCERL_PURE_PYTHON"] = "1"   # does not allow: plain Python, here and in its workers
 
 from cadencerl.config import Scenario, builtin_scenario  # noqa: E402
 from cadencerl.core.actions import Batch, Evict, Place  # noqa: E402

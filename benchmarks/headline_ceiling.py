@@ -98,7 +98,7 @@ def floors(scenario: Scenario, batches: dict[str, dict]) -> dict:
         if w.accelerator in out:
             continue
         prompt = scenario.workload.prompt.median
-        row = {"alone_s": p.decode_line(1, prompt + 1).time(LONG - 1)}
+        row = {"alone_s": p.decode_line(1, int(prompt) + 1).time(LONG - 1)}
         for policy, batch in batches.items():
             b = batch.get(w.accelerator)
             if b:

@@ -39,11 +39,13 @@ def run_elsewhere(name: str, policy: str, exact: bool, **env: str) -> dict:
     return json.loads(out.stdout)
 
 
-def test_a_changed_source_is_stale_and_its_recorded_one_is_not() -> None:
-    recorded = {m: native.digest(native.source(m)) for m in native.MODULES}
-    assert native.stale(recorded) == []
-    assert native.stale({**recorded, "cadencerl.sim.engine": "0" * 64}) == ["cadencerl.sim.engine"]
-    assert native.stale({}) == list(native.MODULES)
+def test_a_record_of_other_sources_or_other_modules_is_stale() -> None:
+    record = {"modules": list(native.MODULES), "sources": native.sources()}
+    assert "cadencerl.core.trajectory" in record["sources"]     # what the compiled code was typed against
+    edited = {**record, "sources": {**record["sources"], "cadencerl.core.trajectory": "0" * 64}}
+    assert native.stale(edited) == "cadencerl/core/trajectory.py changed since `make native` compiled it"
+    assert native.stale({**record, "modules": record["modules"][:-1]}) == "the compiled modules are another version's"
+    assert native.stale({}) == "the compiled modules are another version's"
 
 
 @BUILT
@@ -53,22 +55,51 @@ def test_compiled_and_plain_python_give_the_same_run(name: str, policy: str, exa
     """Every figure of the run, to the last digit (the wall time aside)."""
     s = builtin_scenario(name).with_overrides(**SMALL)
     r = simulate(s, make_policy(policy, s), exact=exact)
-    here = json.loads(json.dumps({k: v for k, v in r.items() if k != "wall_time_s"}))   # as the other side sends it
+    here = {k: v for k, v in r.items() if k != "wall_time_s"}
     pure = run_elsewhere(name, policy, exact, **{native.PURE_ENV: "1"})
     assert pure["compiled"] is False
-    assert pure["result"] == here
+    assert json.dumps(pure["result"], sort_keys=True) == json.dumps(here, sort_keys=True)   # 1 and 1.0 differ here
+
+
+def _copy_and_probe(tmp_path: Path):
+    """A copy of the built package and a probe of which simulator an import of it runs."""
+    copy = tmp_path / "cadencerl"
+    shutil.copytree(native.PACKAGE, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
+    env.pop(native.PURE_ENV, None)
+
+    def probe(code: str = "from cadencerl import native; print(native.compiled())"):
+        return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, env=env,
+                              timeout=60, check=True)
+    return copy, probe
 
 
 @BUILT
-def test_a_compiled_copy_older_than_its_source_is_not_run(tmp_path: Path) -> None:
-    copy = tmp_path / "cadencerl"
-    shutil.copytree(native.PACKAGE, copy, ignore=shutil.ignore_patterns("__pycache__"))
-    probe = [sys.executable, "-c", "from cadencerl import native; print(native.compiled())"]
-    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
-    fresh = subprocess.run(probe, capture_output=True, text=True, cwd=tmp_path, env=env, timeout=60, check=True)
+def test_a_compiled_copy_older_than_any_source_it_was_typed_against_is_not_run(tmp_path: Path) -> None:
+    copy, probe = _copy_and_probe(tmp_path)
+    fresh = probe()
     assert fresh.stdout.strip() == "True" and fresh.stderr == ""
-    with open(copy / "sim" / "engine.py", "a") as f:
+    with open(copy / "core" / "worker.py", "a") as f:      # not compiled itself; the compiled code reads it
         f.write("# edited after the build\n")
-    edited = subprocess.run(probe, capture_output=True, text=True, cwd=tmp_path, env=env, timeout=60, check=True)
+    edited = probe()
     assert edited.stdout.strip() == "False"
-    assert "cadencerl/sim/engine.py changed since `make native`" in edited.stderr
+    assert "cadencerl/core/worker.py changed since `make native` compiled it" in edited.stderr
+
+
+@BUILT
+def test_a_missing_compiled_module_runs_all_of_them_as_plain_python(tmp_path: Path) -> None:
+    copy, probe = _copy_and_probe(tmp_path)
+    next((copy / "hardware").glob("perf.*.so")).unlink()
+    run = probe("from cadencerl import native; from cadencerl.sim import engine; print(native.compiled(), engine.__file__)")
+    assert run.stdout.split()[0] == "False" and run.stdout.split()[1].endswith("engine.py")
+    assert "cadencerl.hardware.perf is not compiled" in run.stderr
+
+
+@BUILT
+def test_a_compiled_file_the_build_did_not_make_is_never_imported(tmp_path: Path) -> None:
+    """A leftover of another build (here a stand-in: another module's library under this name)."""
+    copy, probe = _copy_and_probe(tmp_path)
+    library = next((copy / "policies").glob("growth.*.so"))
+    shutil.copy(library, library.with_name(library.name.replace("growth", "base", 1)))
+    run = probe("from cadencerl import native; from cadencerl.policies import base; print(native.compiled(), base.__file__)")
+    assert run.stdout.split() == ["True", str(copy / "policies" / "base.py")]

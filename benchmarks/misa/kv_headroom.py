@@ -38,6 +38,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
+if __name__ == "__main__":   # it patches the prefix cache's eviction, which the compiled simulator (`make native`)
+    os.environ["CADENCERL_PURE_PYTHON"] = "1"   # does not allow: plain Python, here and in its workers
 
 from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402

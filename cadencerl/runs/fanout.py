@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from cadencerl.config import ConfigError
+from cadencerl.native import PURE_ENV
 
 Progress = Callable[[int, int], None]
 
@@ -77,9 +78,10 @@ def connect_ray(address: str) -> Any:
     if not ray.is_initialized():
         _check_reachable(address)
         package = str(Path(__file__).resolve().parents[1])
+        env = {PURE_ENV: os.environ[PURE_ENV]} if PURE_ENV in os.environ else {}   # plain Python there too
         try:
             ray.init(address=address, log_to_driver=False, logging_level="ERROR",
-                     runtime_env={"py_modules": [package], "excludes": ["__pycache__"]})
+                     runtime_env={"py_modules": [package], "excludes": ["__pycache__"], "env_vars": env})
         except (ConnectionError, RuntimeError, ValueError) as exc:
             line = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
             raise ConfigError(f"ray: cannot attach to the cluster at {address}: {line}") from None
