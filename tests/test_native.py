@@ -90,7 +90,8 @@ def test_a_compiled_copy_older_than_any_source_it_was_typed_against_is_not_run(t
 def test_a_missing_compiled_module_runs_all_of_them_as_plain_python(tmp_path: Path) -> None:
     copy, probe = _copy_and_probe(tmp_path)
     next((copy / "hardware").glob("perf.*.so")).unlink()
-    run = probe("from cadencerl import native; from cadencerl.sim import engine; print(native.compiled(), engine.__file__)")
+    run = probe("from cadencerl import native; from cadencerl.sim import engine; "
+                "print(native.compiled(), engine.__file__)")
     assert run.stdout.split()[0] == "False" and run.stdout.split()[1].endswith("engine.py")
     assert "cadencerl.hardware.perf is not compiled" in run.stderr
 
@@ -101,5 +102,6 @@ def test_a_compiled_file_the_build_did_not_make_is_never_imported(tmp_path: Path
     copy, probe = _copy_and_probe(tmp_path)
     library = next((copy / "policies").glob("growth.*.so"))
     shutil.copy(library, library.with_name(library.name.replace("growth", "base", 1)))
-    run = probe("from cadencerl import native; from cadencerl.policies import base; print(native.compiled(), base.__file__)")
+    run = probe("from cadencerl import native; from cadencerl.policies import base; "
+                "print(native.compiled(), base.__file__)")
     assert run.stdout.split() == ["True", str(copy / "policies" / "base.py")]
