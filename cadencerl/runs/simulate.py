@@ -57,8 +57,10 @@ def simulate(scenario: Scenario, policy: Policy, *, exact: bool = False,
     generated: list[tuple[float, int]] = []
 
     def on_finish(done: int, total: int) -> None:
-        # decoded tokens so far, for the steady window (engines not synced lag by under one tick)
-        generated.append((ctl.now, backend.decoded_tokens()))
+        # decoded tokens so far, for the steady window (engines not synced lag by under one tick); the
+        # backend's clock is the controller's here, and reading it leaves no cycle through `ctl`, whose
+        # run's millions of objects then go by reference counting, not by a collector's pass over them
+        generated.append((backend.now(), backend.decoded_tokens()))
         if progress is not None:
             progress(done, total)
 
