@@ -15,7 +15,6 @@ import asyncio
 import logging
 from http import HTTPStatus
 
-from starlette.datastructures import Headers
 from starlette.responses import Response
 
 from cadencerl.router.app import GeneratingRoutes, rejection, serve_routed
@@ -24,7 +23,7 @@ from cadencerl.router.proxy import LastChunk, RelayResponse
 from cadencerl.router.rejections import Rejected
 from cadencerl.router.request_id import HEADER as REQUEST_ID
 from cadencerl.router.request_id import new_request_id
-from cadencerl.router.requests import ApiError, check_content_type, internal_error, parse_request, too_large
+from cadencerl.router.requests import ApiError, RawHeaders, check_content_type, internal_error, parse_request, too_large
 
 ROUTES = {b"/v1/completions": ("/v1/completions", "prompt"),
           b"/v1/chat/completions": ("/v1/chat/completions", "messages")}
@@ -176,7 +175,7 @@ class DataPathProtocol(LimitedHttpToolsProtocol):
     async def _response(self, exch: _Exchange) -> Response | None:
         """`app._completion`'s work on the body read here; None when the client left first."""
         svc = self.routes.state.service
-        headers = Headers(raw=exch.headers)
+        headers = RawHeaders(exch.headers)
         raw = exch.chunks[0] if len(exch.chunks) == 1 else b"".join(exch.chunks)
         exch.chunks = []
         try:

@@ -22,7 +22,7 @@ from cadencerl.engine.urls import check_server_url
 from cadencerl.router import sglang
 from cadencerl.router.disconnect import CLIENT_CLOSED, while_connected
 from cadencerl.router.proxy import WORKER_HEADER, RelayResponse
-from cadencerl.router.requests import SESSION_HEADER, ApiError, _read_body, _route
+from cadencerl.router.requests import SESSION_HEADER, ApiError, RawHeaders, _read_body, _route
 from cadencerl.router.service import RouterService
 
 MAX_RIDS = 65536        # rid -> prompt group, remembered for `/abort_request {"rid"}`
@@ -68,7 +68,7 @@ def _session_headers(headers: Headers) -> Headers:
     key = headers.get(sglang.ROUTING_KEY_HEADER)
     if key and SESSION_HEADER not in headers:
         raw.append((SESSION_HEADER.encode(), key.encode("latin-1")))
-    return Headers(raw=raw)
+    return RawHeaders(raw)
 
 
 async def _sglang_stream(inner, stream: sglang.StreamAnswer):

@@ -14,6 +14,7 @@ import hashlib
 import json
 from dataclasses import dataclass
 
+from starlette.datastructures import Headers
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 
@@ -24,6 +25,25 @@ RESUMABLE_HEADER = "x-cadencerl-resumable"   # `0`: never evict this request, th
 AFFINITY_HEADERS = ("x-user-id", "x-tenant-id", "x-correlation-id")     # vllm-router's order
 BODY_AFFINITY_FIELDS = ("user", "session_id", "user_id")                 # after session_params.session_id
 CHARS_PER_TOKEN = 4          # a text prompt's length in tokens, without a tokenizer (an estimate)
+
+
+class RawHeaders(Headers):
+    """Starlette's `Headers` over a connection's raw (lower-case) header list, each name looked up
+    in a dict made once: Starlette scans the list on every lookup and raises a KeyError for every
+    absent header, and a request asks for about ten of them (most absent)."""
+
+    def __init__(self, raw: list[tuple[bytes, bytes]]) -> None:
+        super().__init__(raw=raw)
+        self._first = {k.decode("latin-1"): v.decode("latin-1") for k, v in reversed(raw)}
+
+    def __getitem__(self, key: str) -> str:
+        return self._first[key.lower()]
+
+    def __contains__(self, key: object) -> bool:
+        return isinstance(key, str) and key.lower() in self._first
+
+    def get(self, key: str, default=None):
+        return self._first.get(key.lower(), default)
 
 
 class ApiError(Exception):
