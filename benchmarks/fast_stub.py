@@ -5,7 +5,10 @@ POST /v1/completions and /v1/chat/completions answer at once: one JSON body with
 in one write. GET /health, /v1/models and a /metrics page with vLLM's gauge names. So little work a
 request that what a router in front of it adds is what a benchmark measures.
 
-    python benchmarks/fast_stub.py --port 8001
+    python benchmarks/fast_stub.py --port 8001 [--port 8002 ...]
+
+Each `--port` is one server as a router sees it (a fleet of N servers in one process: the same
+work a request, N addresses).
 """
 
 from __future__ import annotations
@@ -77,17 +80,18 @@ class StubProtocol(asyncio.Protocol):
             self.transport.close()
 
 
-async def serve(host: str, port: int) -> None:
-    server = await asyncio.get_running_loop().create_server(StubProtocol, host, port, backlog=4096)
-    await server.serve_forever()
+async def serve(host: str, ports: list[int]) -> None:
+    loop = asyncio.get_running_loop()
+    servers = [await loop.create_server(StubProtocol, host, port, backlog=4096) for port in ports]
+    await asyncio.gather(*(server.serve_forever() for server in servers))
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--host", default="127.0.0.1")
-    ap.add_argument("--port", type=int, default=8001)
+    ap.add_argument("--port", type=int, action="append", help="a port to serve on (repeat for more; default 8001)")
     args = ap.parse_args()
-    uvloop.run(serve(args.host, args.port))
+    uvloop.run(serve(args.host, args.port or [8001]))
 
 
 if __name__ == "__main__":

@@ -6,9 +6,11 @@ row (non-streaming or streaming `--stream-tokens` events, at each of `--connecti
 is measured in turn, `--rounds` times (medians), after a warm-up. Each row gives requests/s, p50,
 p99, the router's CPU ms per request (user + system of its process tree, from /proc, over the
 measured run), from `--probe-from` connections on the latency of requests on new connections, and
-each figure's ratio to vllm-router's. Needs `vllm-router==0.1.17` on PATH (the `bench` extra).
+each figure's ratio to vllm-router's. `--servers N` gives every router N upstream servers (the one
+stub on N ports), as a fleet would: what a decision costs with the fleet's size. Needs
+`vllm-router==0.1.17` on PATH (the `bench` extra).
 
-    .venv/bin/python benchmarks/router_overhead.py [--connections 1,64,256] [--rounds 3] [--processes 1,2]
+    .venv/bin/python benchmarks/router_overhead.py [--connections 1,64,256] [--rounds 3] [--processes 1,2] [--servers N]
 """
 
 from __future__ import annotations
@@ -264,23 +266,33 @@ def main() -> None:
                     help="the cadencerl router's --processes, comma-separated: each policy measured at each")
     ap.add_argument("--compare-tree", type=Path, action="append", default=[],
                     help="also the router of this source tree (e.g. an earlier commit's `git archive`), same policies")
+    ap.add_argument("--servers", type=int, default=1,
+                    help="upstream servers each router is given (one stub process listening on as many ports)")
     args = ap.parse_args()
+    if args.servers < 1:
+        ap.error("--servers: at least 1")
     args.logs.mkdir(parents=True, exist_ok=True)
-    stub_port = free_port()
-    stub = f"http://127.0.0.1:{stub_port}"
+    stub_ports: list[int] = []
+    while len(stub_ports) < args.servers:
+        if (port := free_port()) not in stub_ports:
+            stub_ports.append(port)
+    stub = f"http://127.0.0.1:{stub_ports[0]}"
+    servers = [f"http://127.0.0.1:{port}" for port in stub_ports]
     result: dict = {"seconds": args.seconds, "stream_tokens": args.stream_tokens, "rounds": args.rounds,
+                    "servers": args.servers,
                     "loadavg": Path("/proc/loadavg").read_text().split()[:3], "rows": {}}
     with contextlib.ExitStack() as stack:
-        stub_proc = stack.enter_context(Proc([sys.executable, "benchmarks/fast_stub.py", "--port", str(stub_port)],
-                                             args.logs / "stub.log"))
-        stub_proc.wait_http(f"{stub}/health")
+        ports = [arg for port in stub_ports for arg in ("--port", str(port))]
+        stub_proc = stack.enter_context(Proc([sys.executable, "benchmarks/fast_stub.py", *ports], args.logs / "stub.log"))
+        for url in servers:
+            stub_proc.wait_http(f"{url}/health")
         targets: dict[str, tuple[str, int | None]] = {"direct": (stub, None)}
         for tree in [ROOT, *args.compare_tree]:
             at = "" if tree == ROOT else f" @{tree}"
             for policy, n in ((p, int(n)) for p in args.policies.split(",") for n in args.processes.split(",")):
                 port = free_port()
                 extra = ("--processes", str(n)) if n > 1 else ()
-                r = stack.enter_context(cadencerl_router([stub], port, policy, args.logs / f"cadencerl-{policy}{n}{len(at)}.log",
+                r = stack.enter_context(cadencerl_router(servers, port, policy, args.logs / f"cadencerl-{policy}{n}{len(at)}.log",
                                                          *extra, tree=tree.resolve()))
                 r.wait_http(f"http://127.0.0.1:{port}/health", processes=n)
                 name = f"cadencerl router ({policy}{f', {n} processes' if n > 1 else ''}){at}"
@@ -290,7 +302,7 @@ def main() -> None:
             result["vllm-router"] = "not installed (pip install vllm-router==0.1.17)"
         else:
             port = free_port()
-            r = stack.enter_context(vllm_router([stub], port, args.logs / "vllm-router.log", "--policy", "cache_aware"))
+            r = stack.enter_context(vllm_router(servers, port, args.logs / "vllm-router.log", "--policy", "cache_aware"))
             r.wait_http(f"http://127.0.0.1:{port}/health")
             targets[reference] = (f"http://127.0.0.1:{port}", r.p.pid)
         for mode in args.modes.split(","):

@@ -50,8 +50,8 @@ class HoldsWorker1:
     def open_classes(self, view, version=None):
         return {"rlvr"}
 
-    def accepts(self, view, w):
-        return w.id == 0
+    def accepting(self, view, workers):
+        return [w.id == 0 for w in workers]
 
     def remaining(self, view):
         return max(0, 1 - view.workers[0].sessions)

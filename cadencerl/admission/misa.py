@@ -95,9 +95,14 @@ class MisaT:
         """In front of a router, the sessions whose engine demand fills HIGH of `w`'s running batch
         (Little's law: sessions x share on the engine): past it the engine queues, and a queued
         continuation's cached prefix is the least recently used, the first evicted."""
-        if not self.kv_is_pressure:
-            return MAX_CAP_FACTOR * w.max_num_seqs
-        return min(MAX_CAP_FACTOR, HIGH / max(self.engine_share, 1e-3)) * w.max_num_seqs
+        return self._slot_caps([w])[0]
+
+    def _slot_caps(self, workers: list[Worker]) -> list[float]:
+        """`_slot_cap` of each of `workers` (their factor on max_num_seqs is one for all)."""
+        per_seq = MAX_CAP_FACTOR
+        if self.kv_is_pressure:
+            per_seq = min(MAX_CAP_FACTOR, HIGH / max(self.engine_share, 1e-3))
+        return [per_seq * w.max_num_seqs for w in workers]
 
     def admitted_session(self, traj: Trajectory) -> None:
         """A new session passed the gate: count it, and learn its figures when it finishes."""
@@ -237,16 +242,18 @@ class MisaT:
         front of a policy that never over-commits KV (see the module's docstring)."""
         return not self.kv_is_pressure or active < self.class_caps.get(cls, 1) + lent
 
+    def accepting(self, view: PoolView, workers: list[Worker]) -> list[bool]:
+        """Each worker under its cap or, `pooled`, the pool under its cap and the worker under its
+        running-batch bound; with `one_cohort` (in front of a router), on the version of the cohort
+        being filled in `view` (the one `open_classes` balances in the same view)."""
+        if self.pooled and self.remaining(view) <= 0:
+            return [False] * len(workers)
+        cohort = self.filling(view) if self.one_cohort else None
+        caps = self._slot_caps(workers) if self.pooled else [int(self.caps.get(w.id, 1)) for w in workers]
+        return [w.sessions < cap and (cohort is None or w.version == cohort) for w, cap in zip(workers, caps)]
+
     def accepts(self, view: PoolView, w: Worker) -> bool:
-        """Under its cap or, `pooled`, the pool under its cap and `w` under its running-batch bound;
-        with `one_cohort` (in front of a router), on the version of the cohort being filled in `view`
-        (the one `open_classes` balances in the same view)."""
-        if self.pooled:
-            if self.remaining(view) <= 0 or w.sessions >= self._slot_cap(w):
-                return False
-        elif w.sessions >= int(self.caps.get(w.id, 1)):
-            return False
-        return not self.one_cohort or w.version == self.filling(view)
+        return self.accepting(view, [w])[0]
 
     def remaining(self, view: PoolView) -> int:
         """New sessions the pool may still take: under each worker's cap or, `pooled`, under their sum

@@ -37,8 +37,11 @@ class SessionCap:
     def open_classes(self, view: PoolView, version: int | None = None) -> set[str]:
         return set(view.fresh.classes()) if self._open(view) < self.max_sessions else set()
 
-    def accepts(self, view: PoolView, worker: Worker) -> bool:
-        return self._open(view) < self.max_sessions
+    def accepting(self, view: PoolView, workers: list[Worker]) -> list[bool]:
+        return [self._open(view) < self.max_sessions] * len(workers)
+
+    def accepts(self, view: PoolView, worker: Worker | None) -> bool:
+        return self.accepting(view, [worker])[0]
 
     def remaining(self, view: PoolView) -> int:
         return max(0, self.max_sessions - self._open(view))

@@ -70,8 +70,9 @@ class PoolView:
 
     def next_fresh(self, version: int | None = None) -> Trajectory | None:
         """The next new session to admit (under `version`, when the caller knows which it joins):
-        the earliest one the admission layer lets through."""
-        if self.gate is None:
+        the earliest one the admission layer lets through (not asked when none waits: every pass
+        ends on an empty queue, and the layer's answer is a pure function of the view)."""
+        if self.gate is None or not self.fresh:
             return self.fresh.peek()
         return self.fresh.peek(self.gate.open_classes(self, version))
 
@@ -86,7 +87,20 @@ class PoolView:
         """May `worker` take a new session (`traj`, if known) now? Continuations are never held, and
         neither is a session pinned to `worker`: it continues state only that worker holds (a live
         router's stored response), so holding it there would hold every session queued behind it."""
-        return self.gate is None or (traj is not None and traj.pin == worker.id) or self.gate.accepts(self, worker)
+        return self.accepting_new([worker], traj)[0]
+
+    def accepting_new(self, workers: list[Worker], traj: Trajectory | None = None) -> list[bool]:
+        """`accepts_new` for each of `workers`, the admission layer asked once for all of them: its
+        pool-wide figures are sums over the pool, so a question a worker made a choice among the
+        workers cost the pool's size squared (a 64-server router's CPU went to that)."""
+        if self.gate is None:
+            return [True] * len(workers)
+        pin = traj.pin if traj is not None else None
+        return [ok or w.id == pin for w, ok in zip(workers, self.gate.accepting(self, workers))]
+
+    def open_versions(self, workers: list[Worker], traj: Trajectory | None = None) -> set[int]:
+        """The versions of `workers` under which a new session (`traj`, if known) may start now."""
+        return {v for v in {w.version for w in workers} if self.admissible(v, traj) > 0}
 
     def alive(self) -> list[Worker]:
         return [w for w in self.workers if w.alive]
@@ -101,8 +115,9 @@ class AdmissionGate(Protocol):
     def open_classes(self, view: PoolView, version: int | None = None) -> set[str]:
         """The classes a new session may come from now (to start under `version`; None: any)."""
 
-    def accepts(self, view: PoolView, worker: Worker) -> bool:
-        """May `worker` take a new session now?"""
+    def accepting(self, view: PoolView, workers: list[Worker]) -> list[bool]:
+        """May each of `workers` take a new session now? (One question for all: what the answer
+        shares, the pool's figures, is worked out once.)"""
 
     def remaining(self, view: PoolView) -> int:
         """New sessions the layer lets start now, over the whole pool."""

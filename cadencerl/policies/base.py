@@ -116,9 +116,9 @@ def admit_fresh(view: PoolView, choose: Callable[[list[Worker], Trajectory], Wor
 def _admit_into(view: PoolView, choose: Callable[[list[Worker], Trajectory], Worker | None],
                 workers: list[Worker], version: int | None) -> Iterator[Action]:
     while (nxt := view.next_fresh(version)) is not None:
-        open_versions = {v for v in {w.version for w in workers} if view.admissible(v) > 0}
-        candidates = [w for w in workers if w.version in open_versions and fits(w, nxt.context)
-                      and view.accepts_new(w)]
+        open_versions = view.open_versions(workers)
+        fitting = [w for w in workers if w.version in open_versions and fits(w, nxt.context)]
+        candidates = [w for w, accepts in zip(fitting, view.accepting_new(fitting)) if accepts]
         if not candidates:
             return
         w = choose(candidates, nxt)

@@ -116,7 +116,7 @@ class Cadence(Policy):
         every = RoomIndex(terms, by_load=spread)
         newcomers = every
         if view.gate is not None:
-            newcomers = RoomIndex(terms.select([view.accepts_new(w) for w in workers]), by_load=spread)
+            newcomers = RoomIndex(terms.select(view.accepting_new(workers)), by_load=spread)
         stream = self._stream(view, v, pending, every, newcomers, spread)
         if view.gate is not None:   # the admission layer sees each admission before the next is chosen
             for tid, wid, admit in stream:

@@ -57,9 +57,10 @@ class Router(Policy):
                 if ok:
                     yield Place(traj.id, self.route(view, traj, ok).id)
         while (nxt := view.next_fresh()) is not None:
-            open_versions = {v for v in {w.version for w in view.alive()} if view.admissible(v, nxt) > 0}
-            ok = [w for w in _serving(nxt, view.alive()) if w.version in open_versions
-                  and view.accepts_new(w, nxt) and nxt.context < w.kv_capacity]
+            alive = view.alive()
+            open_versions = view.open_versions(alive, nxt)
+            serving = [w for w in _serving(nxt, alive) if w.version in open_versions and nxt.context < w.kv_capacity]
+            ok = [w for w, accepts in zip(serving, view.accepting_new(serving, nxt)) if accepts]
             if not ok:
                 return
             yield Admit(self.route(view, nxt, ok).id, nxt.id)

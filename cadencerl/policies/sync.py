@@ -45,8 +45,10 @@ class Synchronous(Policy):
                 if w.version < view.trainer_version:
                     yield Advance(w.id, view.trainer_version)
         while view.credits.admitted < (batch + 1) * b and (nxt := view.next_fresh()) is not None:
-            ws = [w for w in view.alive() if view.admissible(w.version) > 0 and fits(w, nxt.context)
-                  and view.accepts_new(w)]
+            alive = view.alive()
+            open_versions = view.open_versions(alive)
+            fitting = [w for w in alive if w.version in open_versions and fits(w, nxt.context)]
+            ws = [w for w, accepts in zip(fitting, view.accepting_new(fitting)) if accepts]
             if not ws:
                 return
             yield Admit(self._choose(ws, nxt).id, nxt.id)
