@@ -88,3 +88,25 @@ async def scrape(client: httpx.AsyncClient, url: str, timeout_s: float) -> Engin
     resp = await client.get(f"{url}/metrics", timeout=timeout_s)
     resp.raise_for_status()
     return parse_metrics(resp.text)
+
+
+async def poll(client: httpx.AsyncClient, up: Upstream, timeout_s: float, failures_to_down: int) -> EngineMetrics | None:
+    """One look at `up`: its health recorded, and its figures when it is up and its page reads
+    (best-effort: a page that cannot be read keeps the last ones)."""
+    reason = await probe(client, up.url, timeout_s)
+    if reason is not None:
+        up.failures += 1
+        if up.failures >= failures_to_down or not up.seen_up:
+            up.set_healthy(False, reason)
+        return None
+    up.failures, up.seen_up = 0, True
+    up.set_healthy(True)
+    try:
+        figures = await scrape(client, up.url, timeout_s)
+    except (httpx.HTTPError, ValueError) as exc:
+        up.set_metrics_ok(False, str(exc) or type(exc).__name__)
+        return None
+    up.set_metrics_ok(True)
+    up.prefix_queries, up.prefix_hits = figures.prefix_cache_queries_total, figures.prefix_cache_hits_total
+    return figures
+
