@@ -283,7 +283,8 @@ def main() -> None:
                     "loadavg": Path("/proc/loadavg").read_text().split()[:3], "rows": {}}
     with contextlib.ExitStack() as stack:
         ports = [arg for port in stub_ports for arg in ("--port", str(port))]
-        stub_proc = stack.enter_context(Proc([sys.executable, "benchmarks/fast_stub.py", *ports], args.logs / "stub.log"))
+        stub_proc = stack.enter_context(Proc([sys.executable, "benchmarks/fast_stub.py", *ports],
+                                             args.logs / "stub.log"))
         for url in servers:
             stub_proc.wait_http(f"{url}/health")
         targets: dict[str, tuple[str, int | None]] = {"direct": (stub, None)}
@@ -292,7 +293,8 @@ def main() -> None:
             for policy, n in ((p, int(n)) for p in args.policies.split(",") for n in args.processes.split(",")):
                 port = free_port()
                 extra = ("--processes", str(n)) if n > 1 else ()
-                r = stack.enter_context(cadencerl_router(servers, port, policy, args.logs / f"cadencerl-{policy}{n}{len(at)}.log",
+                log = args.logs / f"cadencerl-{policy}{n}{len(at)}.log"
+                r = stack.enter_context(cadencerl_router(servers, port, policy, log,
                                                          *extra, tree=tree.resolve()))
                 r.wait_http(f"http://127.0.0.1:{port}/health", processes=n)
                 name = f"cadencerl router ({policy}{f', {n} processes' if n > 1 else ''}){at}"

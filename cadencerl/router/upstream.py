@@ -90,7 +90,8 @@ async def scrape(client: httpx.AsyncClient, url: str, timeout_s: float) -> Engin
     return parse_metrics(resp.text)
 
 
-async def poll(client: httpx.AsyncClient, up: Upstream, timeout_s: float, failures_to_down: int) -> EngineMetrics | None:
+async def poll(client: httpx.AsyncClient, up: Upstream, timeout_s: float,
+               failures_to_down: int) -> EngineMetrics | None:
     """One look at `up`: its health recorded, and its figures when it is up and its page reads
     (best-effort: a page that cannot be read keeps the last ones)."""
     reason = await probe(client, up.url, timeout_s)
@@ -109,4 +110,3 @@ async def poll(client: httpx.AsyncClient, up: Upstream, timeout_s: float, failur
     up.set_metrics_ok(True)
     up.prefix_queries, up.prefix_hits = figures.prefix_cache_queries_total, figures.prefix_cache_hits_total
     return figures
-
