@@ -70,7 +70,7 @@ class MisaT:
         if view.now < self._next_adapt and self.class_caps:
             return
         self._next_adapt = view.now + ADAPT_EVERY_S
-        self.learner.learn(view.now)
+        self.learner.learn(view.now, count_streamed=self.climb is not None)
         if self.climb is not None:
             self.boost = self.climb.look(view.now, self.learner.decoded, view.trainer_version)
         held = self.learner.held_off_engine()

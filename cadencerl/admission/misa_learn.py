@@ -52,21 +52,25 @@ class Learner:
     def track(self, traj: Trajectory) -> None:
         self.tracked[traj.id] = traj
 
-    def learn(self, now: float) -> None:
-        """Fold in every tracked session that finished since the last look, and count the tokens
-        every tracked session streamed back since then."""
+    def learn(self, now: float, count_streamed: bool = True) -> None:
+        """Fold in every tracked session that finished since the last look and, `count_streamed`,
+        count the tokens every tracked session streamed back since then (`decoded`: the goodput
+        climber's figure; reading every session's meter was most of a large simulated pool's look,
+        so it is skipped where nothing reads it)."""
+        if count_streamed:
+            for tid, traj in self.tracked.items():
+                streamed = traj.generated
+                self.decoded += streamed - self._streamed.get(tid, 0)
+                self._streamed[tid] = streamed
+        finished = State.DONE
         done = 0
-        for tid, traj in list(self.tracked.items()):
-            streamed = traj.generated
-            self.decoded += streamed - self._streamed.get(tid, 0)
-            self._streamed[tid] = streamed
-            if traj.state is State.DONE:
-                del self.tracked[tid]
-                del self._streamed[tid]
-                done += 1
-                duration = max(traj.completed_at - traj.admitted_at, 1e-6)
-                footprint = (traj.prompt_len + traj.context) / 2
-                self.stats.setdefault(traj.workload_class, ClassStats()).observe(footprint, duration)
+        for traj in [t for t in self.tracked.values() if t.state is finished]:
+            del self.tracked[traj.id]
+            self._streamed.pop(traj.id, None)
+            done += 1
+            duration = max(traj.completed_at - traj.admitted_at, 1e-6)
+            footprint = (traj.prompt_len + traj.context) / 2
+            self.stats.setdefault(traj.workload_class, ClassStats()).observe(footprint, duration)
         if self._last_look is not None and now > self._last_look:
             sample = done / (now - self._last_look)
             self.rate = sample if self.rate == 0.0 else self.rate + RATE_EWMA * (sample - self.rate)
@@ -76,9 +80,10 @@ class Learner:
         """KV tokens per worker held for sessions between turns (on a tool call, or back and not yet
         placed): their prefix stays cached on their home worker for the next turn to hit."""
         held: dict[int, int] = {}
-        for traj in self.tracked.values():
-            if traj.state in (State.TOOL, State.PENDING) and traj.home is not None:
-                held[traj.home] = held.get(traj.home, 0) + traj.context
+        tool, pending = State.TOOL, State.PENDING
+        between = [t for t in self.tracked.values() if (t.state is tool or t.state is pending) and t.home is not None]
+        for traj in between:
+            held[traj.home] = held.get(traj.home, 0) + traj.context
         return held
 
     def footprint(self, cls: str, prompt_hint: int | None, reply_hint: int | None = None) -> float:
