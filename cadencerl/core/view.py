@@ -98,9 +98,12 @@ class PoolView:
         pin = traj.pin if traj is not None else None
         return [ok or w.id == pin for w, ok in zip(workers, self.gate.accepting(self, workers))]
 
-    def open_versions(self, workers: list[Worker], traj: Trajectory | None = None) -> set[int]:
-        """The versions of `workers` under which a new session (`traj`, if known) may start now."""
-        return {v for v in {w.version for w in workers} if self.admissible(v, traj) > 0}
+    def may_start_on(self, workers: list[Worker], traj: Trajectory | None = None) -> list[Worker]:
+        """Those of `workers` a new session (`traj`, if known) may start on now: their version has
+        budget for it, and the admission layer accepts it there (asked once for all of them)."""
+        open_versions = {v for v in {w.version for w in workers} if self.admissible(v, traj) > 0}
+        under = [w for w in workers if w.version in open_versions]
+        return [w for w, accepts in zip(under, self.accepting_new(under, traj)) if accepts]
 
     def alive(self) -> list[Worker]:
         return [w for w in self.workers if w.alive]

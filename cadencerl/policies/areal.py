@@ -33,9 +33,7 @@ class AReaL(Policy):
         workers = view.alive()
         yield from place_pending(view, self._sticky)   # tool returns, lost workers
         while (nxt := view.next_fresh()) is not None:
-            open_versions = view.open_versions(workers)
-            fitting = [w for w in workers if w.version in open_versions and fits(w, nxt.context)]
-            ok = [w for w, accepts in zip(fitting, view.accepting_new(fitting)) if accepts]
+            ok = view.may_start_on([w for w in workers if fits(w, nxt.context)])
             w = self._choose(ok, nxt) if ok else None
             if w is None:
                 return

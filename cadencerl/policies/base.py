@@ -116,9 +116,7 @@ def admit_fresh(view: PoolView, choose: Callable[[list[Worker], Trajectory], Wor
 def _admit_into(view: PoolView, choose: Callable[[list[Worker], Trajectory], Worker | None],
                 workers: list[Worker], version: int | None) -> Iterator[Action]:
     while (nxt := view.next_fresh(version)) is not None:
-        open_versions = view.open_versions(workers)
-        fitting = [w for w in workers if w.version in open_versions and fits(w, nxt.context)]
-        candidates = [w for w, accepts in zip(fitting, view.accepting_new(fitting)) if accepts]
+        candidates = view.may_start_on([w for w in workers if fits(w, nxt.context)])
         if not candidates:
             return
         w = choose(candidates, nxt)

@@ -57,10 +57,7 @@ class Router(Policy):
                 if ok:
                     yield Place(traj.id, self.route(view, traj, ok).id)
         while (nxt := view.next_fresh()) is not None:
-            alive = view.alive()
-            open_versions = view.open_versions(alive, nxt)
-            serving = [w for w in _serving(nxt, alive) if w.version in open_versions and nxt.context < w.kv_capacity]
-            ok = [w for w, accepts in zip(serving, view.accepting_new(serving, nxt)) if accepts]
+            ok = view.may_start_on([w for w in _serving(nxt, view.alive()) if nxt.context < w.kv_capacity], nxt)
             if not ok:
                 return
             yield Admit(self.route(view, nxt, ok).id, nxt.id)

@@ -45,10 +45,7 @@ class Synchronous(Policy):
                 if w.version < view.trainer_version:
                     yield Advance(w.id, view.trainer_version)
         while view.credits.admitted < (batch + 1) * b and (nxt := view.next_fresh()) is not None:
-            alive = view.alive()
-            open_versions = view.open_versions(alive)
-            fitting = [w for w in alive if w.version in open_versions and fits(w, nxt.context)]
-            ws = [w for w, accepts in zip(fitting, view.accepting_new(fitting)) if accepts]
+            ws = view.may_start_on([w for w in view.alive() if fits(w, nxt.context)])
             if not ws:
                 return
             yield Admit(self._choose(ws, nxt).id, nxt.id)
