@@ -6,6 +6,7 @@ file) rests on a few small functions that need no server to test.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import signal
@@ -50,6 +51,36 @@ def wait_groups_gone(
         if not any(group_members(pgid) for pgid in pgids):
             return
         time.sleep(0.1)
+
+
+def end_own_group(grace_s: float = 2.0) -> list[int]:
+    """In a process group's leader about to exit: stop what it would leave behind in its group.
+
+    A vLLM server shut down gracefully has stopped its engine, but once one left its engine core and
+    a worker running, orphaned and deaf to SIGTERM, after its Ray node was lost. SIGTERM, then
+    SIGKILL what is still there; returns the pids that were left. A process that leads no group
+    (run by hand, in a shell's group) touches nothing.
+    """
+    me = os.getpid()
+    if os.getpgrp() != me:
+        return []
+    left = _rest_of_group(me)
+    for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 1.0)):
+        rest = _rest_of_group(me)
+        for pid in rest:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, sig)
+        deadline = time.monotonic() + wait_s
+        while rest and time.monotonic() < deadline:
+            time.sleep(0.05)
+            rest = _rest_of_group(me)
+        if not rest:
+            break
+    return left
+
+
+def _rest_of_group(leader: int) -> list[int]:
+    return [pid for pid in group_members(leader) if pid != leader]
 
 
 def _read_stat(pid: int) -> list[str] | None:

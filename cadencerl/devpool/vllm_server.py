@@ -7,7 +7,8 @@ lost with its node: the server is told to die with its parent, `processes.term_w
 leave it in the temp folder for good. vLLM turns SIGTERM into a graceful shutdown once it has
 installed its handler, after seconds of imports: until then a SIGTERM here exits through Python
 too, so both paths run this module's `finally`; only SIGKILL, after which `down` removes the
-folder, skips it.
+folder, skips it. The `finally` also stops what vLLM's shutdown left in the server's process group
+(`processes.end_own_group`): with its parent gone, nothing else would.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import runpy
 import signal
 import sys
 
+from cadencerl.devpool.processes import end_own_group
 from cadencerl.devpool.server_env import remove_rpc_dir
 
 VLLM_SERVER = "vllm.entrypoints.openai.api_server"
@@ -28,6 +30,7 @@ def main() -> None:
         runpy.run_module(VLLM_SERVER, run_name="__main__", alter_sys=True)
     finally:
         remove_rpc_dir(os.environ.get("VLLM_RPC_BASE_PATH", ""))
+        end_own_group()
 
 
 def _exit(signum: int, _frame) -> None:
