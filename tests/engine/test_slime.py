@@ -13,6 +13,7 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -44,6 +45,9 @@ def router(engine_pool: LocalPool):
         line = proc.stderr.readline()
         address = re.search(r"listening on (http://127\.0\.0\.1:\d+)", line)
         assert address, line
+        # what it says later goes on to this test's stderr (shown with a failure), never into a
+        # full pipe that would stop it
+        threading.Thread(target=lambda: [sys.stderr.write(f"router: {x}") for x in proc.stderr], daemon=True).start()
         _wait(lambda: _ready(address.group(1)), "the router ready")
         yield address.group(1)
     finally:
@@ -102,7 +106,7 @@ def test_slime_through_the_router(engine_pool: LocalPool, router: str) -> None:
         before = c.get("/metrics").text
         prompt = [200 + attempt, 3, 4, 5]
         answer = background.submit(generate, payload(prompt, n, ignore_eos=True))
-        _wait(lambda: running() == 1, "the sample running")
+        _wait(lambda: running() == 1, "the sample running", state=lambda: c.get("/health").json())
         time.sleep(0.1)                         # mid-rollout: tokens flowing
         for w in workers:
             assert c.post(f"{w['url']}/abort_request", json={"abort_all": True}).json()["success"]
@@ -130,8 +134,9 @@ def _ready(url: str) -> bool:
         return False
 
 
-def _wait(check, what: str, timeout_s: float = 60.0) -> None:
+def _wait(check, what: str, timeout_s: float = 60.0, state=lambda: "") -> None:
+    """Until `check()`; a failure names what was awaited and the router's `state()` then."""
     deadline = time.monotonic() + timeout_s
     while not check():
-        assert time.monotonic() < deadline, f"not seen within {timeout_s} s: {what}"
+        assert time.monotonic() < deadline, f"not seen within {timeout_s} s: {what} {state()}"
         time.sleep(0.05)
