@@ -11,6 +11,7 @@ stub on N ports), as a fleet would: what a decision costs with the fleet's size.
 `vllm-router==0.1.17` on PATH (the `bench` extra).
 
     .venv/bin/python benchmarks/router_overhead.py [--connections 1,64,256] [--rounds 3] [--processes 1,2] [--servers N]
+        [--extra 'NAME={python} benchmarks/native_datapath/owner.py --port {port} --workers {workers}']
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import asyncio
 import contextlib
 import json
 import os
+import shlex
 import shutil
 import signal
 import socket
@@ -268,6 +270,9 @@ def main() -> None:
                     help="also the router of this source tree (e.g. an earlier commit's `git archive`), same policies")
     ap.add_argument("--servers", type=int, default=1,
                     help="upstream servers each router is given (one stub process listening on as many ports)")
+    ap.add_argument("--extra", action="append", default=[], metavar="NAME=COMMAND",
+                    help="also this router, started by COMMAND with {python}, {port} and {workers} filled in "
+                         "(e.g. benchmarks/native_datapath/owner.py's)")
     args = ap.parse_args()
     if args.servers < 1:
         ap.error("--servers: at least 1")
@@ -299,6 +304,13 @@ def main() -> None:
                 r.wait_http(f"http://127.0.0.1:{port}/health", processes=n)
                 name = f"cadencerl router ({policy}{f', {n} processes' if n > 1 else ''}){at}"
                 targets[name] = (f"http://127.0.0.1:{port}", r.p.pid)
+        for extra in args.extra:
+            name, _, template = extra.partition("=")
+            port = free_port()
+            cmd = shlex.split(template.format(python=sys.executable, port=port, workers=",".join(servers)))
+            r = stack.enter_context(Proc(cmd, args.logs / f"extra-{len(targets)}.log"))
+            r.wait_http(f"http://127.0.0.1:{port}/health")
+            targets[name] = (f"http://127.0.0.1:{port}", r.p.pid)
         reference = "vllm-router (cache_aware)"
         if vllm_router_binary() is None:
             result["vllm-router"] = "not installed (pip install vllm-router==0.1.17)"
