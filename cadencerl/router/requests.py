@@ -10,8 +10,10 @@ What each means and why: the README and docs/internals.md, "router".
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
+from array import array
 from dataclasses import dataclass
 
 from starlette.datastructures import Headers
@@ -142,7 +144,7 @@ def _route(raw: bytes, headers, field: str, classes: dict[str, float], default_c
         raise ApiError(400, f"{CLASS_HEADER}: unknown class {cls!r} (known: {', '.join(classes)})", CLASS_HEADER)
     key = headers.get(SESSION_HEADER) or None
     last = headers.get(END_HEADER, "").lower() in ("1", "true", "yes")
-    group = _group(repr(prompt).encode())
+    group = prompt_group(prompt)
     route_key = route_key_of(headers, body, key, group)
     previous = body.get("previous_response_id") if field == "input" else None
     return Routed(raw, bool(body.get("stream", False)), key, route_key, cls, last, _length(prompt), group,
@@ -163,7 +165,16 @@ def _resumes(body: dict, field: str, prompt: object, headers) -> bool:
 
 def resume_group(prompt_ids: tuple[int, ...], tokens: list[int]) -> int:
     """The group of the request that resumes one handed `tokens`: its prompt is the two together."""
-    return _group(repr([*prompt_ids, *tokens]).encode())
+    return prompt_group([*prompt_ids, *tokens])
+
+
+def prompt_group(prompt: object) -> int:
+    """A prompt's prefix-tree group: token ids (checked by `is_token_ids`) hashed as 8-byte integers,
+    anything else by its repr (the repr of 4,096 ids alone was 300 us of a request's parse)."""
+    if isinstance(prompt, list) and prompt and type(prompt[0]) is int:
+        with contextlib.suppress(OverflowError):        # an id past 2**63: by its repr, as the rest
+            return _group(array("q", prompt).tobytes())
+    return _group(repr(prompt).encode())
 
 
 def _json_object(raw: bytes) -> dict:
@@ -257,18 +268,27 @@ def _integral(value: object) -> bool:
     return isinstance(value, int) or (isinstance(value, float) and value.is_integer())
 
 
+def is_token_ids(value: object) -> bool:
+    """A non-empty list of non-negative integer token ids (a JSON true or false is not one). Checked
+    at C speed: a rollout's prompt is thousands of ids, and a test an id in a generator was most of
+    a 4,096-id request's parse (0.75 of 1.25 ms)."""
+    return isinstance(value, list) and bool(value) and set(map(type, value)) == _INT and min(value) >= 0
+
+
+_INT = {int}
+
+
 def _prompt(body: dict) -> object:
     """`prompt` as vLLM accepts it: text, a list of texts, token ids, or a list of token-id lists."""
     prompt = body.get("prompt")
     if isinstance(prompt, str) and prompt:
         return prompt
     if isinstance(prompt, list) and prompt:
-        if all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in prompt):
+        if is_token_ids(prompt):
             return prompt
         if all(isinstance(p, str) for p in prompt):
             return prompt
-        if all(isinstance(p, list) and p and all(isinstance(t, int) and not isinstance(t, bool) and t >= 0
-                                                  for t in p) for p in prompt):
+        if all(is_token_ids(p) for p in prompt):
             return prompt
     raise ApiError(400, "prompt: required, a non-empty string, list of strings, or list(s) of token ids", "prompt")
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 
-from cadencerl.router.requests import ApiError
+from cadencerl.router.requests import ApiError, is_token_ids
 
 ROUTING_KEY_HEADER = "x-smg-routing-key"     # SGLang Model Gateway's routing key: the session here
 MAX_NEW_TOKENS = 128                         # SGLang's default `max_new_tokens`
@@ -60,7 +60,7 @@ def completion_body(body: object) -> dict:
 def _prompt(body: dict) -> list[int] | str:
     ids, text = body.get("input_ids"), body.get("text")
     if ids is not None:
-        if (isinstance(ids, list) and ids and all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in ids)):
+        if is_token_ids(ids):
             return ids
         raise ApiError(400, "input_ids: must be one non-empty list of token ids (one prompt per request)", "input_ids")
     if isinstance(text, str) and text:
