@@ -64,9 +64,10 @@ def end_own_group(grace_s: float = 2.0) -> list[int]:
     me = os.getpid()
     if os.getpgrp() != me:
         return []
-    left = _rest_of_group(me)
+    left = rest = _rest_of_group(me)
     for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 1.0)):
-        rest = _rest_of_group(me)
+        if not rest:
+            break
         for pid in rest:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, sig)
@@ -74,8 +75,6 @@ def end_own_group(grace_s: float = 2.0) -> list[int]:
         while rest and time.monotonic() < deadline:
             time.sleep(0.05)
             rest = _rest_of_group(me)
-        if not rest:
-            break
     return left
 
 

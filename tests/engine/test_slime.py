@@ -45,9 +45,7 @@ def router(engine_pool: LocalPool):
         line = proc.stderr.readline()
         address = re.search(r"listening on (http://127\.0\.0\.1:\d+)", line)
         assert address, line
-        # what it says later goes on to this test's stderr (shown with a failure), never into a
-        # full pipe that would stop it
-        threading.Thread(target=lambda: [sys.stderr.write(f"router: {x}") for x in proc.stderr], daemon=True).start()
+        threading.Thread(target=_echo, args=(proc.stderr,), daemon=True).start()
         _wait(lambda: _ready(address.group(1)), "the router ready")
         yield address.group(1)
     finally:
@@ -125,6 +123,13 @@ def test_slime_through_the_router(engine_pool: LocalPool, router: str) -> None:
     assert delta("cadencerl_router_handed_back_total") == 1 and delta("cadencerl_router_resumed_total") == 1
     assert delta("cadencerl_router_completed_sessions") == 1        # the sample ended once, resumed
     print(f"slime abort_all: handed back {len(got)} tokens of {n}, resumed")
+
+
+def _echo(stream) -> None:
+    """What the router says after its first line, on to this test's stderr (shown with a failure):
+    never left in a pipe that, full, would stop the router."""
+    for line in stream:
+        sys.stderr.write(f"router: {line}")
 
 
 def _ready(url: str) -> bool:
