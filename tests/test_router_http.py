@@ -519,7 +519,10 @@ def test_embeddings_and_rerank_pass_through_outside_admission(path: str, body: d
 
 def test_pass_through_is_placed_by_the_policy_and_retried_once_on_another_server() -> None:
     embed = {"model": "tiny", "input": "hello"}
-    with Fleet(stubs=3, policy="consistent-hash") as f, httpx.Client(base_url=f.url, timeout=10) as c:
+    # No health poll in the test's time: the stopped server is found by the request itself (a poll
+    # 0.2 s after the stop could mark it down first on a slow machine, and nothing would be retried).
+    with Fleet(stubs=3, policy="consistent-hash", metrics_interval_s=60) as f, \
+            httpx.Client(base_url=f.url, timeout=10) as c:
         homes = {}
         for i in range(18):
             r = c.post("/v1/embeddings", json={**embed, "input": f"text {i}", "user": f"u{i % 6}"})
