@@ -11,8 +11,10 @@ The formulas, the reasons and what was measured for each: docs/policies/misa-t.m
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
+from itertools import chain
 
 from cadencerl.admission.gated import Gated
 from cadencerl.admission.misa_goodput import GoodputClimb
@@ -53,6 +55,7 @@ class MisaT:
     boost: float = 1.0              # the climber's multiplier on the KV bands (1: hold what is measured)
     engine_share: float = 1.0       # of the admitted sessions, the share running or queued at an engine
     _next_adapt: float = 0.0
+    _kept: dict | None = None       # this pass's answers, until the next action is applied (`within_pass`)
 
     @property
     def pooled(self) -> bool:
@@ -177,6 +180,30 @@ class MisaT:
 
     # -- the gate ---------------------------------------------------------------------------------
 
+    @contextmanager
+    def within_pass(self) -> Iterator[None]:
+        """Answers kept from one applied action to the next of a decision pass: only an applied action
+        changes what they read there, and a router asks the same ones up to three times an admission
+        (the policy's choice, its workers, the controller's check); `applied` forgets them."""
+        self._kept = {}
+        try:
+            yield
+        finally:
+            self._kept = None
+
+    def applied(self) -> None:
+        """An action of the pass was applied: the kept answers may be stale."""
+        if self._kept is not None:
+            self._kept.clear()
+
+    def _keep(self, key: object, compute: Callable, view: PoolView, *args):
+        kept = self._kept
+        if kept is None:
+            return compute(view, *args)
+        if key not in kept:
+            kept[key] = compute(view, *args)
+        return kept[key]
+
     def deficits(self, waiting: list[str], horizon: float, counts: dict[str, int]) -> dict[str, float]:
         """Sessions each waiting class is behind its share of the cohort admitted so far (`counts`),
         its share moved ahead by its expected completion time against the mix's mean: the lead is
@@ -208,14 +235,21 @@ class MisaT:
         return target_counts({c: self.target_mix.get(c, 0.0) for c in waiting}, size)
 
     def filling(self, view: PoolView) -> int:
+        return self._keep("filling", self._filling, view)
+
+    def _filling(self, view: PoolView) -> int:
         """The cohort new sessions join: the trainer's, or in front of a router the oldest version
         a live worker is on that has eta budget left (the router fills it before its workers move)."""
         if not self.one_cohort:
             return view.trainer_version
-        versions = {w.version for w in view.alive()}
-        return min((v for v in versions if view.credits.admissible(v, view.next_batch) > 0), default=view.trainer_version)
+        admissible, batch = view.credits.admissible, view.next_batch
+        open_ = [v for v in {w.version for w in view.workers if w.alive} if admissible(v, batch) > 0]
+        return min(open_) if open_ else view.trainer_version
 
     def open_classes(self, view: PoolView, version: int | None = None) -> set[str]:
+        return self._keep(("open", version), self._open_classes, view, version)
+
+    def _open_classes(self, view: PoolView, version: int | None) -> set[str]:
         """The class to admit next: among waiting classes with a place left in the cohort (of
         `version`, the one the session will join, or else the one being filled), within their
         quota (`_within_quota`) and not too far ahead of their share, the one furthest behind.
@@ -228,7 +262,8 @@ class MisaT:
         cohort = self.cohorts.get(version, {})
         places = self.cohort_places(view, waiting, version)
         left = [c for c in waiting if cohort.get(c, 0) < places[c]]    # never empty while there is room
-        deficit = self.deficits(left, view.credits.batch_size, cohort)
+        # a class alone is one session behind, whatever it admitted (`deficits`' answer, not asked)
+        deficit = self.deficits(left, view.credits.batch_size, cohort) if len(left) > 1 else {c: 1.0 for c in left}
         bound = MAX_AHEAD * view.credits.batch_size
         spare = sum(unused.values())
         open_ = [c for c in left if self._within_quota(c, active.get(c, 0), spare - unused.get(c, 0))
@@ -256,6 +291,9 @@ class MisaT:
         return self.accepting(view, [w])[0]
 
     def remaining(self, view: PoolView) -> int:
+        return self._keep("remaining", self._remaining, view)
+
+    def _remaining(self, view: PoolView) -> int:
         """New sessions the pool may still take: under each worker's cap or, `pooled`, under their sum
         (a worker with no cap yet, before its first look, has a cap of 1, as in `accepts`)."""
         alive = view.alive()
@@ -289,13 +327,14 @@ class Admitted(Gated):
         misa.one_cohort = self.queues_at_engine
 
     def decide(self, view: PoolView) -> Iterator[Action]:
-        self.misa.observe(view)
-        if self.queues_at_engine:
-            yield from keep_home(view)
-        for action in self.inner.decide(view):
-            yield action
-            if isinstance(action, Admit):  # applied by now
-                self.misa.admitted_session(view.workers[action.worker].residents[action.traj])
+        misa = self.misa
+        misa.observe(view)
+        with misa.within_pass():
+            for action in chain(keep_home(view) if self.queues_at_engine else (), self.inner.decide(view)):
+                yield action
+                misa.applied()                 # by the controller, before it asks for the next
+                if isinstance(action, Admit):
+                    misa.admitted_session(view.workers[action.worker].residents[action.traj])
 
 
 def keep_home(view: PoolView) -> Iterator[Action]:

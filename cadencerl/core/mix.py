@@ -33,6 +33,10 @@ class MixRule:
 
 def target_counts(mix: dict[str, float], n: int) -> dict[str, int]:
     """m_c x n rounded so the counts sum to n (largest remainder, ties by class name)."""
+    if len(mix) == 1:                       # one class with a share takes all n (the rule's answer,
+        (cls, share), = mix.items()         # without building its key: MISA-T asks on every admission)
+        if share > 0:
+            return {cls: n}
     return dict(_target_counts(tuple(mix.items()), n))
 
 
