@@ -29,6 +29,7 @@ import uvicorn
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import native_datapath  # noqa: E402  (built by build.sh beside this file)
 
+from cadencerl.core.trajectory import State  # noqa: E402
 from cadencerl.router.app import create_app, place, rejection  # noqa: E402
 from cadencerl.router.rejections import Rejected  # noqa: E402
 from cadencerl.router.requests import ApiError, parse_request  # noqa: E402
@@ -50,14 +51,29 @@ class Owner:
         self.svc = app.state.service
         self.placed: dict[int, tuple] = {}        # request id -> (session, routed)
         self.deciding: dict[int, asyncio.Task] = {}
+        self.entered: dict[int, tuple] = {}     # entered this loop turn, for `after_pass`
+        self.gone: set[int] = set()             # of those, the ones whose client left already
+        self.holding: dict[int, object] = {}    # held after the pass, their waits not begun yet
+        self.after_due = False
 
     def on_batch(self, batch: tuple[list, list]) -> None:
-        """Each ask's decision started, then the ends: a reply sent (its session released) or a client
-        gone before its request was placed (the decision cancelled: a held request is withdrawn)."""
+        """The asks, each parsed and entered for the loop turn's one decision pass (`after_pass`; one
+        `place` must see through a pause, a background response or a resume goes to a task at once),
+        then the ends, an ask's own among them: a reply sent (its session released), or a client
+        gone before its request went (its decision cancelled, a held request withdrawn)."""
         asks, done = batch
-        for ask in asks:
-            task = self.deciding[ask[0]] = asyncio.ensure_future(self.decide(*ask))
-            task.add_done_callback(lambda _, rid=ask[0]: self.deciding.pop(rid, None))
+        for rid, path, headers, body in asks:
+            try:
+                routed = parse_request(body, Headers(headers), FIELDS[path], self.svc.settings.classes,
+                                       self.svc.settings.fallback_class)
+                session = self.enter(routed)
+            except (Rejected, ApiError) as exc:
+                self.refuse(rid, exc)
+                continue
+            if session is None:
+                self.start(rid, place(self.svc, routed, FIELDS[path]), routed)
+            else:
+                self.entered[rid] = (session, routed, FIELDS[path])
         for rid, status in done:
             if rid in self.placed:
                 session, routed = self.placed.pop(rid)
@@ -65,21 +81,64 @@ class Owner:
                 self.svc.release(session, generated, last=routed.last)
             elif rid in self.deciding:
                 self.deciding[rid].cancel()
+                if (session := self.holding.pop(rid, None)) is not None:
+                    self.svc.abandon(session)       # held, its wait not begun: nothing else withdraws it
+            elif rid in self.entered:
+                self.gone.add(rid)
+        if self.entered and not self.after_due:     # after the pass every batch of this loop turn made due
+            self.after_due = True
+            asyncio.get_running_loop().call_soon(self.after_pass)
 
-    async def decide(self, rid: int, path: str, headers: list, body: bytes) -> None:
-        svc, field = self.svc, FIELDS[path]
+    def after_pass(self) -> None:
+        """The requests entered this loop turn: forwarded if the pass placed them, else each waits in a task."""
+        self.after_due = False
+        self.svc.decide_now()
+        entered, self.entered, gone, self.gone = self.entered, {}, self.gone, set()
+        for rid, (session, routed, field) in entered.items():
+            if rid in gone:
+                self.svc.abandon(session)        # its client left before the pass
+            elif session.traj.state is State.RESIDENT:
+                self.go(rid, session, routed)
+            else:
+                self.holding[rid] = session
+                self.start(rid, self.held(rid, session, field), routed)
+
+    def enter(self, routed):
+        """`place` without its waits where it has none to make (else None: `place` in a task)."""
+        svc = self.svc
+        if svc.paused or svc.followers or routed.previous_response_id is not None or \
+                (routed.prompt_ids is not None and svc.resumes.evicted_at):
+            return None
+        return svc.enter(routed.session_key, routed.workload_class, routed.prompt_len, routed.group, routed.route_key,
+                         None, 0, routed.max_new_tokens, resumable=routed.prompt_ids is not None)
+
+    def start(self, rid: int, placing, routed) -> None:
+        task = self.deciding[rid] = asyncio.ensure_future(self.wait(rid, placing, routed))
+        task.add_done_callback(lambda _: self.deciding.pop(rid, None))
+
+    async def wait(self, rid: int, placing, routed) -> None:
         try:
-            routed = parse_request(body, Headers(headers), field, svc.settings.classes, svc.settings.fallback_class)
-            session = await place(svc, routed, field)
+            session = await placing
         except asyncio.CancelledError:
-            return                      # its client left while it was held (`place` withdrew it)
+            return                      # its client left while it was held (the wait withdrew it)
         except (Rejected, ApiError) as exc:
-            refusal = rejection(exc) if isinstance(exc, Rejected) else exc.response()
-            native_datapath.reply(rid, refusal.status_code, [(k.decode(), v.decode()) for k, v in refusal.raw_headers],
-                                  refusal.body)
+            self.refuse(rid, exc)
             return
+        self.go(rid, session, routed)
+
+    async def held(self, rid: int, session, field: str):
+        del self.holding[rid]                   # from here, the wait withdraws it if its client leaves
+        await self.svc.wait_placed(session, field)
+        return session
+
+    def go(self, rid: int, session, routed) -> None:
         self.placed[rid] = (session, routed)
-        native_datapath.forward(rid, svc.upstreams[session.traj.worker].url)
+        native_datapath.forward(rid, self.svc.upstreams[session.traj.worker].url)
+
+    def refuse(self, rid: int, exc: Exception) -> None:
+        refusal = rejection(exc) if isinstance(exc, Rejected) else exc.response()
+        native_datapath.reply(rid, refusal.status_code, [(k.decode(), v.decode()) for k, v in refusal.raw_headers],
+                              refusal.body)
 
 
 def take_forever(owner: Owner, loop: asyncio.AbstractEventLoop) -> None:

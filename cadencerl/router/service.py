@@ -178,9 +178,8 @@ class RouterService:
         return max((w.kv_capacity for u, w in zip(self.upstreams, self.state.workers) if not u.removed), default=0)
 
     def check_fits(self, prompt_len: int, field: str) -> None:
-        """A prompt no server's KV can hold would wait at the head of the hold queue, blocking every
-        request behind it, until it timed out: refuse it now (the simulator refuses such a
-        trajectory at set-up, `check_fits_somewhere`)."""
+        """A prompt no server's KV can hold would block the hold queue's head until it timed out:
+        refuse it now (as the simulator does at set-up, `check_fits_somewhere`)."""
         largest = self.largest_kv()
         if largest and max(1, prompt_len) >= largest:
             raise too_long(prompt_len, field, largest)
@@ -192,9 +191,18 @@ class RouterService:
         `field` names the prompt in the 400 of a request that stops fitting while it waits. `pin`:
         the server holding the stored response the request continues; it goes there alone, and its
         prompt is the new part only, added to the context the server holds: a session's
-        continuation's own context (the earlier turns, counted as they went), else `held` (what
-        the server holds for the stored response, `ResponseOwners.context`). `max_new_tokens`: the
-        request's max_tokens, MISA-T's bound on a new session's first reply before it measured any."""
+        continuation's own context (the earlier turns, counted as they went), else `held` (what the
+        server holds for the stored response, `ResponseOwners.context`). `max_new_tokens`: MISA-T's
+        bound on a new session's first reply before it measured any."""
+        session = self.enter(key, cls, prompt_len, group, route_key, pin, held, max_new_tokens, resumable)
+        if session.traj.state is not State.RESIDENT:
+            await self.wait_placed(session, field)
+        return session
+
+    def enter(self, key: str | None, cls: str, prompt_len: int, group: int, route_key: str | None = None,
+              pin: int | None = None, held: int = 0, max_new_tokens: int | None = None,
+              resumable: bool = False) -> Session:
+        """`acquire` up to its wait: the session, placed already or held (a pass due: `decide_now`)."""
         now = self.now()
         if not any(w.alive for w in self.state.workers):
             self.metrics.rejections.labels("no_worker").inc()
@@ -225,24 +233,22 @@ class RouterService:
             self.state.withdraw(session)
             self.metrics.rejections.labels("hold_full").inc()
             raise Rejected(429, "hold_full", "the admission queue is full; retry later", self.retry_after())
-        if session.traj.state is not State.RESIDENT:
-            await self._wait(session, field)
         return session
 
     async def resume(self, session: Session, field: str) -> bool:
-        """The re-send of an evicted resumable request: it runs where its trajectory is placed (at
-        once if placed already). False when its session ended meanwhile (a new request, then)."""
+        """An evicted request's re-send: it runs where its trajectory is placed (at once if placed
+        already). False when its session ended meanwhile (a new request, then)."""
         if session.traj.state is State.PENDING:
             self.decide()
             if session.traj.state is not State.RESIDENT:
-                await self._wait(session, field)
+                await self.wait_placed(session, field)
         return session.traj.state is State.RESIDENT
 
     def progress(self, session: Session, tokens: int) -> None:
-        """A resumable request's tokens, counted as its stream brings them: the context the policy sees."""
-        session.traj.tokens += tokens
+        session.traj.tokens += tokens      # a resumable request's tokens as they stream: its context
 
-    async def _wait(self, session: Session, field: str) -> None:
+    async def wait_placed(self, session: Session, field: str) -> None:
+        """A held request's wait for its placement, bounded by --hold-timeout (then 429 or 503)."""
         traj, loop = session.traj, asyncio.get_running_loop()
         fut = self.waiters[traj.id] = loop.create_future()
         timer = loop.call_later(self.settings.hold_timeout_s, expire, fut)   # (not wait_for: a task a wait)
@@ -253,16 +259,10 @@ class RouterService:
         except BaseException as exc:      # the wait passed its bound, or the client left
             self.waiters.pop(traj.id, None)
             timed_out = isinstance(exc, TimeoutError)
-            if traj.state is State.RESIDENT:
-                if timed_out:
-                    return                     # placed just as the bound passed: go ahead
-                self.release(session, 0, last=True)
-                raise
+            if timed_out and traj.state is State.RESIDENT:
+                return                     # placed just as the bound passed: go ahead
             held = traj.state is State.FRESH
-            if held:
-                self.state.withdraw(session)
-            elif traj.state is State.PENDING:
-                self.state.drop_pending(session, self.now())
+            self.abandon(session)
             if not timed_out:
                 raise
             if held:
@@ -272,6 +272,15 @@ class RouterService:
             raise Rejected(503, "no_worker", "no server can take this request now") from None
         finally:
             timer.cancel()
+
+    def abandon(self, session: Session) -> None:
+        """A request that will not go (its client left, its wait ran out): released if placed, else withdrawn."""
+        if session.traj.state is State.RESIDENT:
+            self.release(session, 0, last=True)
+        elif session.traj.state is State.FRESH:
+            self.state.withdraw(session)
+        elif session.traj.state is State.PENDING:
+            self.state.drop_pending(session, self.now())
 
     def owner(self, response_id: str, field: str, generate: bool = False) -> Upstream:
         """The server that made (and stores) a response; a 404 naming `field` when the router knows
@@ -308,14 +317,16 @@ class RouterService:
         if self._decision_due:
             return
         try:
-            asyncio.get_running_loop().call_soon(self._decide_due)
+            asyncio.get_running_loop().call_soon(self.decide_now)
             self._decision_due = True
         except RuntimeError:        # outside a running loop: the pass now
             self.decide()
 
-    def _decide_due(self) -> None:
-        self._decision_due = False
-        self.decide()
+    def decide_now(self) -> None:
+        """The pass `decide_soon` made due, now (none if none is due)."""
+        if self._decision_due:
+            self._decision_due = False
+            self.decide()
 
     def _placed(self, session: Session, action: Admit | Place, now: float) -> None:
         traj = session.traj
