@@ -2,8 +2,9 @@
 
 `native_datapath.so` (build.sh) serves the public port in Rust (hyper, tokio) and hands each
 `POST /v1/completions` and `/v1/chat/completions` to this process in batches; here the router's own
-code parses it (`requests.parse_request`), admits or places it (`app.place`: MISA-T, the policy,
-HOLD and 429 as in the router), and answers "forward to this server" or the router's error reply.
+code parses it (`requests.parse_request`), admits or places it (the service's `enter` and one pass
+a loop turn, or `app.place`'s whole way: MISA-T, the policy, HOLD and 429 as in the router), and
+answers "forward to this server" or the router's error reply.
 The Rust side relays the server's reply; when it ends, the request is released. Every other route
 goes to the router's own app, served here by uvicorn on a private port.
 
