@@ -39,7 +39,7 @@ def test_kept_answers_equal_fresh_ones_in_whole_runs_and_a_live_sequence(monkeyp
         assert sim(mixed(), policy)["trajectories_completed"] == 600
     specs = _specs(40, random.Random(1))
     replay_live("misa+cache-aware", specs, record("misa+cache-aware", specs, steps=60, seed=7))
-    assert counts["kept"] > 1000 and counts["asked"] > 2 * counts["kept"] // 3   # the keeping was exercised
+    assert counts["kept"] > 1000 and 3 * counts["kept"] > counts["asked"]   # a third and more answered from the keep
 
 
 def test_outside_a_pass_nothing_is_kept() -> None:
