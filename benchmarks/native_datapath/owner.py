@@ -31,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import native_datapath  # noqa: E402  (built by build.sh beside this file)
 
 from cadencerl.core.trajectory import State  # noqa: E402
-from cadencerl.router.app import create_app, place, rejection  # noqa: E402
+from cadencerl.router.app import create_app, enter_at_once, place, rejection  # noqa: E402
 from cadencerl.router.rejections import Rejected  # noqa: E402
 from cadencerl.router.requests import ApiError, parse_request  # noqa: E402
 from cadencerl.router.serve import uvicorn_config  # noqa: E402
@@ -67,7 +67,7 @@ class Owner:
             try:
                 routed = parse_request(body, Headers(headers), FIELDS[path], self.svc.settings.classes,
                                        self.svc.settings.fallback_class)
-                session = self.enter(routed)
+                session = enter_at_once(self.svc, routed)
             except (Rejected, ApiError) as exc:
                 self.refuse(rid, exc)
                 continue
@@ -103,15 +103,6 @@ class Owner:
             else:
                 self.holding[rid] = session
                 self.start(rid, self.held(rid, session, field), routed)
-
-    def enter(self, routed):
-        """`place` without its waits where it has none to make (else None: `place` in a task)."""
-        svc = self.svc
-        if svc.paused or svc.followers or routed.previous_response_id is not None or \
-                (routed.prompt_ids is not None and svc.resumes.evicted_at):
-            return None
-        return svc.enter(routed.session_key, routed.workload_class, routed.prompt_len, routed.group, routed.route_key,
-                         None, 0, routed.max_new_tokens, resumable=routed.prompt_ids is not None)
 
     def start(self, rid: int, placing, routed) -> None:
         task = self.deciding[rid] = asyncio.ensure_future(self.wait(rid, placing, routed))

@@ -185,9 +185,24 @@ async def place(svc: RouterService, routed: Routed, field: str) -> Session:
         return session
     pin = None if previous is None else svc.owner(previous, "previous_response_id", generate=True).id
     held = 0 if previous is None else svc.owners.context(previous)
-    return await svc.acquire(routed.session_key, routed.workload_class, routed.prompt_len, routed.group,
-                             routed.route_key, field, pin, held, routed.max_new_tokens,
-                             resumable=routed.prompt_ids is not None)
+    return await svc.acquire(field=field, **_session_of(routed, pin, held))
+
+
+def enter_at_once(svc: RouterService, routed: Routed) -> Session | None:
+    """`place` up to its wait where nothing comes before the decision (no pause, no background
+    response to settle, no stored response, no evicted request it may resume); else None. The
+    session is placed or held for the pass due (`RouterService.decide_now`), as in `place`."""
+    if svc.paused or svc.followers or routed.previous_response_id is not None or \
+            (routed.prompt_ids is not None and svc.resumes.evicted_at):
+        return None
+    return svc.enter(**_session_of(routed, None, 0))
+
+
+def _session_of(routed: Routed, pin: int | None, held: int) -> dict:
+    """What `RouterService.acquire` and `enter` take of a request."""
+    return {"key": routed.session_key, "cls": routed.workload_class, "prompt_len": routed.prompt_len,
+            "group": routed.group, "route_key": routed.route_key, "pin": pin, "held": held,
+            "max_new_tokens": routed.max_new_tokens, "resumable": routed.prompt_ids is not None}
 
 
 ANY_SERVER = ("/v1/models", "/version", "/ping", "/load")     # the same on every server: asked of one up
