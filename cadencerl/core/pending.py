@@ -9,36 +9,40 @@ trajectory is on no worker, so its context does not change until it is placed or
 from __future__ import annotations
 
 import bisect
-import math
 from collections.abc import Iterator
 from itertools import count
-from operator import itemgetter
 
 from cadencerl.core.trajectory import Trajectory
 
-_Entry = tuple[int, int, Trajectory]   # (context, arrival number, trajectory): arrival breaks ties
-_context_of, _trajectory_of = itemgetter(0), itemgetter(2)
+_SHIFT = 40     # an entry's key is context << _SHIFT plus its arrival number (below 2**40): one int
+_ARRIVAL = 1 << _SHIFT      # compares faster than a (context, arrival) tuple; arrival breaks ties
+_ARRIVAL_MASK = _ARRIVAL - 1
 
 
 class PendingSet:
     def __init__(self) -> None:
         self._by_version: dict[int, dict[int, Trajectory]] = {}
-        self._ordered: dict[int, list[_Entry]] = {}       # version -> entries by (context, arrival)
-        self._entry: dict[int, _Entry] = {}               # trajectory id -> its entry
+        self._ordered: dict[int, list[int]] = {}        # version -> keys, ascending: by (context, arrival)
+        self._arrived: dict[int, Trajectory] = {}      # arrival number -> trajectory
+        self._key: dict[int, int] = {}                  # trajectory id -> its key
         self._arrivals = count()
 
     def add(self, traj: Trajectory) -> None:
         v = traj.version
         self._by_version.setdefault(v, {})[traj.id] = traj
-        entry = self._entry[traj.id] = (traj.context, next(self._arrivals), traj)
-        bisect.insort(self._ordered.setdefault(v, []), entry)
+        arrival = next(self._arrivals)
+        self._arrived[arrival] = traj
+        key = self._key[traj.id] = (traj.context << _SHIFT) + arrival
+        bisect.insort(self._ordered.setdefault(v, []), key)
 
     def remove(self, traj: Trajectory) -> None:
         v = traj.version
         bucket = self._by_version[v]
         del bucket[traj.id]
         ordered = self._ordered[v]
-        del ordered[bisect.bisect_left(ordered, self._entry.pop(traj.id))]
+        key = self._key.pop(traj.id)
+        del ordered[bisect.bisect_left(ordered, key)]
+        del self._arrived[key & _ARRIVAL_MASK]
         if not bucket:
             del self._by_version[v]
             del self._ordered[v]
@@ -52,20 +56,22 @@ class PendingSet:
 
     def by_context(self, version: int, longest_first: bool = False) -> list[Trajectory]:
         """Shortest first (or longest first); equal contexts in the order they departed."""
-        entries = self._ordered.get(version, ())
+        keys = self._ordered.get(version, ())
         if longest_first:   # a stable sort on the context alone keeps departure order among equals
-            entries = sorted(entries, key=_context_of, reverse=True)
-        return list(map(_trajectory_of, entries))
+            keys = sorted(keys, key=_context_of, reverse=True)
+        arrived = self._arrived
+        return [arrived[k & _ARRIVAL_MASK] for k in keys]
 
     def longest_first(self, version: int) -> LongestFirst:
         """`by_context(version, longest_first=True)` as a walk that skips the work longer than a
         bound in one bisection (a copy of the order: the set may change as the walk goes)."""
-        return LongestFirst(list(self._ordered.get(version, ())))
+        return LongestFirst(list(self._ordered.get(version, ())), self._arrived)
 
     def shortest_first(self, version: int) -> Iterator[Trajectory]:
         """`by_context(version)`, read lazily from the live order (no copy): read it through before
         the set changes."""
-        return map(_trajectory_of, self._ordered.get(version, ()))
+        arrived = self._arrived
+        return (arrived[k & _ARRIVAL_MASK] for k in self._ordered.get(version, ()))
 
     def versions(self) -> list[int]:
         return sorted(self._by_version)
@@ -88,23 +94,27 @@ class LongestFirst:
     what fits only falls as it goes: whatever is longer than the bound at its turn is passed over
     for good, found by bisection, not read one by one."""
 
-    def __init__(self, entries: list[_Entry]) -> None:
-        self._entries = entries   # by (context, arrival): longest first is runs of equal context from the end
-        self._end = len(entries)  # entries from here on are given or passed over
+    def __init__(self, keys: list[int], arrived: dict[int, Trajectory]) -> None:
+        self._keys, self._arrived = keys, arrived   # keys ascending: longest first is runs of equal context from the end
+        self._end = len(keys)    # entries from here on are given or passed over
         self._next = self._run_end = 0   # the rest of the run of equal contexts being given
 
     def next_within(self, bound: int) -> Trajectory | None:
         """The next trajectory of context at most `bound` (never more than the last call's bound)."""
-        entries = self._entries
+        keys = self._keys
         if self._next < self._run_end:
-            entry = entries[self._next]
-            if entry[0] <= bound:
+            key = keys[self._next]
+            if key >> _SHIFT <= bound:
                 self._next += 1
-                return entry[2]
+                return self._arrived[key & _ARRIVAL_MASK]
             self._next = self._run_end     # the rest of this run is as long: passed over
-        cut = bisect.bisect_right(entries, (bound, math.inf), 0, self._end)
+        cut = bisect.bisect_right(keys, (bound << _SHIFT) + _ARRIVAL_MASK, 0, self._end)
         if cut == 0:
             return None
-        start = bisect.bisect_left(entries, (entries[cut - 1][0],), 0, cut)
+        start = bisect.bisect_left(keys, keys[cut - 1] >> _SHIFT << _SHIFT, 0, cut)
         self._end, self._next, self._run_end = start, start + 1, cut
-        return entries[start][2]
+        return self._arrived[keys[start] & _ARRIVAL_MASK]
+
+
+def _context_of(key: int) -> int:
+    return key >> _SHIFT

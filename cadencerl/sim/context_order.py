@@ -21,7 +21,8 @@ class Request(Protocol):
     step0: int      # the engine step it started decoding at (-1: not decoding)
     ctx0: int       # its context then
     seq: int        # residence order
-    filed: Any      # where it is filed here (None: not filed)
+    filed: Any      # the list it is filed in (None: not filed)
+    key: int        # its key there
     traj: Trajectory
 
 
@@ -32,48 +33,56 @@ class SimEngine(Protocol):
     lag: int
 
 
+_SEQ = 1 << 40           # a request's key: its context part times _SEQ plus its seq (below 2**40)
+_SEQ_MASK = _SEQ - 1
+
+
 class ContextOrder:
-    __slots__ = ("engine", "still", "growing")
+    """Each list holds int keys (one int compares faster than a tuple, and a bisection compares
+    about twenty): a still request's is -context * _SEQ + seq, a decoding one's (step0 - ctx0) *
+    _SEQ + seq. Both ascend longest first, and a decoding key less `grown * _SEQ` is the still key
+    of its context now, so a walk is a merge of two sorted lists."""
+
+    __slots__ = ("engine", "still", "growing", "by_seq")
 
     def __init__(self, engine: SimEngine) -> None:
         self.engine = engine
-        self.still: list[tuple[int, int, Request]] = []     # (-context, seq, request): not decoding
-        self.growing: list[tuple[int, int, Request]] = []   # (step0 - ctx0, seq, request): decoding
+        self.still: list[int] = []       # keys of the requests not decoding
+        self.growing: list[int] = []     # keys of the decoding ones
+        self.by_seq: dict[int, Request] = {}   # every filed request by its seq
 
     def file(self, req: Request) -> None:
         """File `req` as it stands now (decoding or not), after `unfile` if it was filed."""
         if req.step0 >= 0:
-            entry, into = (req.step0 - req.ctx0, req.seq, req), self.growing
+            key, into = (req.step0 - req.ctx0) * _SEQ + req.seq, self.growing
         else:
-            entry, into = (-req.ctx0, req.seq, req), self.still
-        bisect.insort(into, entry)
-        req.filed = (into, entry)
+            key, into = -req.ctx0 * _SEQ + req.seq, self.still
+        bisect.insort(into, key)
+        self.by_seq[req.seq] = req
+        req.filed, req.key = into, key
 
     def unfile(self, req: Request) -> None:
         """Take `req` out of the order (a no-op if it is not filed)."""
-        if req.filed is not None:
-            into, entry = req.filed
-            del into[bisect.bisect_left(into, entry)]
+        into = req.filed
+        if into is not None:
+            del into[bisect.bisect_left(into, req.key)]
+            del self.by_seq[req.seq]
             req.filed = None
 
     def longest_first(self) -> Iterator[Trajectory]:
         """The requests' trajectories that may leave, longest context first, equal ones in residence
         order. The walk reads the order as it stood at its first step: take them out as it goes."""
-        still, growing = list(self.still), list(self.growing)
+        still, growing, by_seq = list(self.still), list(self.growing), self.by_seq
         e = self.engine
-        grown = e.steps + e.lag      # every decoding request's context is ctx0 - step0 + grown
+        shift = (e.steps + e.lag) * _SEQ     # every decoding request's context is ctx0 - step0 + grown
         i = j = 0
         while i < len(still) or j < len(growing):
-            if j < len(growing) and (i == len(still) or _ahead(grown - growing[j][0], growing[j][1], still[i])):
-                traj = growing[j][2].traj
+            if j < len(growing) and (i == len(still) or growing[j] - shift < still[i]):
+                key = growing[j]
                 j += 1
             else:
-                traj = still[i][2].traj
+                key = still[i]
                 i += 1
+            traj = by_seq[key & _SEQ_MASK].traj
             if traj.resumable:
                 yield traj
-
-
-def _ahead(context: int, seq: int, other: tuple[int, int, Request]) -> bool:
-    """Does a decoding request of `context` and `seq` come before the still one `other`?"""
-    return context > -other[0] or (context == -other[0] and seq < other[1])

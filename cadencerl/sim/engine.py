@@ -41,7 +41,8 @@ class Request:
     done: int = 0      # prompt tokens already in KV then (prefix-cache hits and computed chunks)
     seq: int = field(default_factory=_created.__next__)   # creation (placement) order: orders equal contexts
                                                           # as the worker's residents are ordered
-    filed: tuple | None = None   # where the engine's context order holds it (ContextOrder)
+    filed: list | None = None    # the context order's list that holds it (ContextOrder)
+    key: int = 0                 # its key in that list
 
     def generated(self) -> int:
         if self.step0 < 0:
