@@ -9,7 +9,7 @@ VERL := .venv-verl
 # needs on disk (a CI run once ran out of disk there).
 export PIP_NO_CACHE_DIR := 1
 
-.PHONY: demo test venv native engine-venv areal-extra verl-extra clean
+.PHONY: demo test venv native router-native engine-venv areal-extra verl-extra clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -28,6 +28,14 @@ native: $(BIN)/python
 	@mkdir -p build && { $(BIN)/pip install -q -e '.[native]' && $(BIN)/python -c "from cadencerl.native import build; build()"; } \
 	  > build/native.log 2>&1 && tail -1 build/native.log \
 	  || { tail -20 build/native.log; echo "WARNING: the simulator could not be compiled (see above): it runs as plain Python (the same results, slower)"; }
+
+# The router's Rust data path (`cadencerl router --data-path rust`, native/datapath): built from
+# Debian's packaged crates, offline but for apt-get. Without them, or without cargo, the router
+# serves with its Python data path only, its Rust tests skip, and this says so.
+router-native: $(BIN)/python
+	@$(BIN)/python -c "import cadencerl.router._datapath" 2>/dev/null || { mkdir -p build \
+	  && native/datapath/build.sh > build/router-native.log 2>&1 && tail -1 build/router-native.log; } \
+	  || { tail -20 build/router-native.log; echo "WARNING: the Rust data path could not be built (see above): its tests will SKIP"; }
 
 demo: venv
 	$(BIN)/cadencerl report --quick --out report
@@ -59,7 +67,7 @@ verl-extra: areal-extra
 	  || $(ENGINE)/bin/pip install -q --no-deps --target $(VERL) -r tests/engine/verl-requirements.txt \
 	  || { rm -rf $(VERL); echo "WARNING: the verl extra could not be installed (see above): the verl test will SKIP"; }
 
-test: venv engine-venv areal-extra verl-extra
+test: venv router-native engine-venv areal-extra verl-extra
 	$(BIN)/python -c "import importlib.util as u, sys; sys.exit(u.find_spec('ray') is None)" 2>/dev/null \
 	  || $(BIN)/pip install -q -e '.[test,ray]'
 	CADENCERL_VLLM_PYTHON=$(CURDIR)/$(ENGINE)/bin/python CADENCERL_AREAL_PATH=$(CURDIR)/$(AREAL) \

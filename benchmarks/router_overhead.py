@@ -10,8 +10,8 @@ each figure's ratio to vllm-router's. `--servers N` gives every router N upstrea
 stub on N ports), as a fleet would: what a decision costs with the fleet's size. Needs
 `vllm-router==0.1.17` on PATH (the `bench` extra).
 
-    .venv/bin/python benchmarks/router_overhead.py [--connections 1,64,256] [--rounds 3] [--processes 1,2] [--servers N]
-        [--extra 'NAME={python} benchmarks/native_datapath/owner.py --port {port} --workers {workers}']
+    .venv/bin/python benchmarks/router_overhead.py [--connections 1,64,256] [--rounds 3] [--processes 1,2]
+        [--data-paths python,rust] [--servers N] [--extra 'NAME=COMMAND with {python} {port} {workers}']
 """
 
 from __future__ import annotations
@@ -266,13 +266,15 @@ def main() -> None:
                     help="at this many connections and more, also time requests on new connections")
     ap.add_argument("--processes", default="1",
                     help="the cadencerl router's --processes, comma-separated: each policy measured at each")
+    ap.add_argument("--data-paths", default="python",
+                    help="the cadencerl router's --data-path, comma-separated (python, rust): each policy on each")
     ap.add_argument("--compare-tree", type=Path, action="append", default=[],
                     help="also the router of this source tree (e.g. an earlier commit's `git archive`), same policies")
     ap.add_argument("--servers", type=int, default=1,
                     help="upstream servers each router is given (one stub process listening on as many ports)")
     ap.add_argument("--extra", action="append", default=[], metavar="NAME=COMMAND",
                     help="also this router, started by COMMAND with {python}, {port} and {workers} filled in "
-                         "(e.g. benchmarks/native_datapath/owner.py's)")
+                         "(another router, or another build of this one)")
     args = ap.parse_args()
     if args.servers < 1:
         ap.error("--servers: at least 1")
@@ -295,14 +297,18 @@ def main() -> None:
         targets: dict[str, tuple[str, int | None]] = {"direct": (stub, None)}
         for tree in [ROOT, *args.compare_tree]:
             at = "" if tree == ROOT else f" @{tree}"
-            for policy, n in ((p, int(n)) for p in args.policies.split(",") for n in args.processes.split(",")):
+            for policy, n, path in ((p, int(n), d) for p in args.policies.split(",")
+                                    for n in args.processes.split(",") for d in args.data_paths.split(",")):
+                if n > 1 and path != "python":
+                    continue        # the Rust data path serves the port alone
                 port = free_port()
-                extra = ("--processes", str(n)) if n > 1 else ()
-                log = args.logs / f"cadencerl-{policy}{n}{len(at)}.log"
+                extra = (("--processes", str(n)) if n > 1 else ()) + (("--data-path", path) if path != "python" else ())
+                log = args.logs / f"cadencerl-{policy}{n}{path}{len(at)}.log"
                 r = stack.enter_context(cadencerl_router(servers, port, policy, log,
                                                          *extra, tree=tree.resolve()))
                 r.wait_http(f"http://127.0.0.1:{port}/health", processes=n)
-                name = f"cadencerl router ({policy}{f', {n} processes' if n > 1 else ''}){at}"
+                name = (f"cadencerl router ({policy}{f', {n} processes' if n > 1 else ''}"
+                        f"{', data path in Rust' if path == 'rust' else ''}){at}")
                 targets[name] = (f"http://127.0.0.1:{port}", r.p.pid)
         for extra in args.extra:
             name, _, template = extra.partition("=")

@@ -120,7 +120,8 @@ def build() -> None:
 
     MANIFEST.unlink(missing_ok=True)
     for leftover in PACKAGE.rglob("*.so"):
-        leftover.unlink()
+        if not leftover.name.startswith("_datapath"):    # the router's Rust data path (make router-native)
+            leftover.unlink()
     before = sources()
     paths = [str(source(m).relative_to(PACKAGE.parent)) for m in MODULES]
     os.chdir(PACKAGE.parent)

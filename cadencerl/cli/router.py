@@ -17,6 +17,8 @@ JournalOpt = typer.Option(None, "--journal", help="keep the parked sessions and 
 MaxConcurrentOpt = typer.Option(None, "--max-concurrent-requests", help="vllm-router's name: completions in flight "
                                 "at once under a policy with no admission (misa+ admits itself); more wait as "
                                 "--hold-max and --hold-timeout say (default 0: twice the servers' max_num_seqs)")
+DataPathOpt = typer.Option(None, "--data-path", help="who serves the port: python (default) or rust (built "
+                           "by `make router-native`: HTTP in Rust, the same decisions; docs/router.md)")
 ProcessesOpt = typer.Option(None, "--processes", help="processes serving the port (SO_REUSEPORT), one of them "
                             "owning every decision; more use more cores (default 1)")
 
@@ -68,22 +70,17 @@ def router(
                                                            "name: failed health polls in a row that take a server out (2)"),
     poll_interval: Optional[float] = typer.Option(None, "--poll-interval-secs", help="seconds between polls of "
                                                   "each server's /health and /metrics (0.5)"), processes: Optional[int] = ProcessesOpt,
+    data_path: Optional[str] = DataPathOpt,
 ) -> None:
     """Serve vLLM's OpenAI routes (and SGLang's /generate), routing with the simulator's controller
     and policy; embeddings, rerank and tokenizer routes are placed outside admission. Headers:
     X-Session-Id (a multi-turn session), X-Workload-Class, X-Session-End; X-User-Id, X-Tenant-Id,
     X-Correlation-Id and `user` are affinity keys only. Admin needs $CADENCERL_ROUTER_ADMIN_TOKEN."""
-    from cadencerl.router.serve import bind, serve
-    from cadencerl.router.settings import make_settings, read_classes, scenario_classes
+    from cadencerl.router.serve import listen, serve
+    from cadencerl.router.settings import make_settings
 
     try:
-        shares, default = None, None
-        if classes is not None and config is not None:
-            raise ConfigError("classes: give --classes or --config, not both")
-        if classes is not None:
-            shares, default = read_classes(classes)
-        elif config is not None:
-            shares = scenario_classes(config)
+        shares, default = target_classes(classes, config)
         settings = make_settings(
             workers=[w.strip() for w in workers.split(",") if w.strip()], policy=policy, classes=shares,
             scenario_file=str(config) if config is not None else None,
@@ -94,13 +91,25 @@ def router(
             max_num_seqs=max_num_seqs, batch_size=batch_size, eta=eta, journal=journal and str(journal),
             max_response_ids=max_response_ids, max_sessions=max_sessions, request_timeout_s=request_timeout,
             max_body_bytes=max_payload_size, eviction_interval_s=eviction_interval, max_tree_size=max_tree_size,
-            failures_to_down=health_failure_threshold, metrics_interval_s=poll_interval, processes=processes)
-        socks = bind(settings.host, settings.port, reuse_port=settings.processes > 1)
+            failures_to_down=health_failure_threshold, metrics_interval_s=poll_interval, processes=processes,
+            data_path=data_path)
+        socks = listen(settings)
     except ConfigError as exc:
         fail(with_flag(str(exc)))
     console(True).print(started_line(settings, socks[0].getsockname()[1]), markup=False, highlight=False,
                         soft_wrap=True)
     serve(settings, socks)
+
+
+def target_classes(classes: Optional[Path], config: Optional[Path]) -> tuple[dict | None, str | None]:
+    """The class shares and default class from `--classes` or `--config` (neither: the defaults)."""
+    from cadencerl.router.settings import read_classes, scenario_classes
+
+    if classes is not None and config is not None:
+        raise ConfigError("classes: give --classes or --config, not both")
+    if classes is not None:
+        return read_classes(classes)
+    return (scenario_classes(config) if config is not None else None), None
 
 
 # The settings whose flag is not their name with dashes (vllm-router's names, units dropped).
@@ -121,4 +130,5 @@ def started_line(settings, port: int) -> str:
     host = f"[{settings.host}]" if ":" in settings.host else settings.host
     return (f"router: listening on http://{host}:{port}, {len(settings.workers)} workers "
             f"({', '.join(settings.workers)}), policy {settings.policy}"
-            + (f", {settings.processes} processes" if settings.processes > 1 else ""))
+            + (f", {settings.processes} processes" if settings.processes > 1 else "")
+            + (", data path in Rust" if settings.data_path == "rust" else ""))

@@ -29,12 +29,18 @@ class InFlightLimit:
             return self.limit
         return 2 * sum(w.max_num_seqs for up, w in zip(self.svc.upstreams, self.svc.state.workers) if up.routable)
 
-    async def enter(self) -> None:
-        svc = self.svc
+    def try_enter(self) -> bool:
+        """A slot now if one is free and none waits (or no server is up: placement's 503)."""
         capacity = self.capacity()
-        if capacity == 0 or (self.in_flight < capacity and not self.waiting):     # none up: placement's 503
+        if capacity == 0 or (self.in_flight < capacity and not self.waiting):
             self.in_flight += 1
+            return True
+        return False
+
+    async def enter(self) -> None:
+        if self.try_enter():
             return
+        svc = self.svc
         settings = svc.settings
         if len(self.waiting) >= settings.hold_max:
             svc.metrics.rejections.labels("hold_full").inc()

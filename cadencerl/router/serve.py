@@ -33,6 +33,16 @@ def uvicorn_config(app: GeneratingRoutes, settings: RouterSettings) -> uvicorn.C
                           backlog=4096)
 
 
+def listen(settings: RouterSettings) -> list[socket.socket]:
+    """The sockets `settings` serve on (`bind`); `--data-path rust` where it was not built is a
+    ConfigError naming the field."""
+    if settings.data_path == "rust":
+        from cadencerl.router.rust_path import available
+        if not available():
+            raise ConfigError("data_path: the Rust data path is not built here (`make router-native` builds it)")
+    return bind(settings.host, settings.port, reuse_port=settings.processes > 1)
+
+
 def bind(host: str, port: int, reuse_port: bool = False) -> list[socket.socket]:
     """TCP sockets bound to every address `host` resolves to, as uvicorn (asyncio's create_server)
     binds them: SO_REUSEADDR, IPv6 sockets IPv6-only, one port for all (port 0: the first one's);
@@ -66,7 +76,12 @@ def bind(host: str, port: int, reuse_port: bool = False) -> list[socket.socket]:
 
 def serve(settings: RouterSettings, socks: list[socket.socket]) -> None:
     """Serve on `socks` (from `bind`) until interrupted; with `--processes N`, as the decision owner
-    of N - 1 data-path processes on the same port (`processes.py`)."""
+    of N - 1 data-path processes on the same port (`processes.py`); `--data-path rust`: in Rust."""
+    if settings.data_path == "rust":
+        from cadencerl.router.rust_path import serve_rust
+        app = create_app(settings)
+        serve_rust(app, uvicorn_config(app, settings), settings, socks)
+        return
     if settings.processes == 1:
         uvicorn.Server(server_config(settings)).run(sockets=socks)
         return

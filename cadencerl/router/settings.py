@@ -12,6 +12,8 @@ import tomllib
 from pathlib import Path
 
 import yaml
+from typing import Literal
+
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from cadencerl.config import ConfigError, format_validation_error, load_scenario_file
@@ -55,6 +57,7 @@ class RouterSettings(BaseModel):
     eta: int | None = Field(default=None, ge=0, le=1000)  # staleness budget; None: the clients keep their own
     max_response_ids: int = Field(default=65536, gt=0)  # stored responses whose server the router remembers
     processes: int = Field(default=1, ge=1, le=64)       # data-path processes on the port (owner.py, helper.py)
+    data_path: Literal["python", "rust"] = "python"    # who serves the port (datapath.py, rust_path.py)
 
     @field_validator("journal")
     @classmethod
@@ -96,6 +99,12 @@ class RouterSettings(BaseModel):
             router_policy(self)         # built once here so that a bad name fails at start-up, naming it
         except ConfigError as exc:
             raise ValueError(str(exc)) from None
+        return self
+
+    @model_validator(mode="after")
+    def _one_rust_process(self) -> RouterSettings:
+        if self.data_path == "rust" and self.processes > 1:
+            raise ValueError("data_path: the Rust data path serves the port alone (leave --processes at 1)")
         return self
 
     @property

@@ -1,0 +1,263 @@
+"""`cadencerl router --data-path rust`: the port served in Rust (native/datapath, hyper), decided here.
+
+The Rust side reads each `POST /v1/completions` and `/v1/chat/completions` whole and hands it over
+in batches (`_datapath.take`); here the router's own code checks and parses it, enters it for the
+loop turn's one decision pass (`app.enter_at_once`) or takes `app.place`'s whole way (a pause, a
+full in-flight bound), and answers "forward to this server" or the router's refusal. The Rust side
+relays the reply and reports its end: the session is released with the tokens counted from the
+stream's events or the JSON body's usage (before the end goes out), a server that failed before
+any byte is marked down and the request placed once more (`RouterService.reroute`), and a client
+that leaves releases or withdraws its request. Every other route, and a resumable request, is
+served by the router's own app, which the Rust side reaches on a private port.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import socket
+import threading
+import time
+
+import uvicorn
+
+from cadencerl.core.trajectory import State
+from cadencerl.router.app import enter_at_once, place, rejection
+from cadencerl.router.limits import HEAD_TIMEOUT_S, MAX_HEAD_BYTES
+from cadencerl.router.proxy import _completion_tokens
+from cadencerl.router.rejections import Rejected
+from cadencerl.router.requests import ApiError, check_content_type, parse_request, too_large
+from cadencerl.router.settings import RouterSettings
+
+try:
+    from cadencerl.router import _datapath     # built by `make router-native`
+except ImportError:     # not built here: `--data-path rust` is refused with that said
+    _datapath = None
+
+FIELDS = {"/v1/completions": "prompt", "/v1/chat/completions": "messages"}
+DRAIN_S = 30.0          # how long a stop waits for the requests in flight
+THREADS = int(os.environ.get("CADENCERL_DATAPATH_THREADS", "1"))   # the Rust side's (measured: docs/router.md)
+log = logging.getLogger(__name__)
+
+
+def available() -> bool:
+    return _datapath is not None
+
+
+class Headers(dict):
+    """A request's headers (lower-case names, the first of each) as `parse_request` reads them."""
+
+    def get(self, key: str, default=None):
+        return dict.get(self, key.lower(), default)
+
+
+class _Placed:
+    __slots__ = ("session", "routed", "path", "slot", "retried")
+
+    def __init__(self, session, routed, path: str, slot: bool) -> None:
+        self.session, self.routed, self.path, self.slot, self.retried = session, routed, path, slot, False
+
+
+class RustOwner:
+    """Decides for the Rust side: each request's placement, its release, its one retry."""
+
+    def __init__(self, app, rest: str) -> None:
+        self.svc, self.limit, self.rest = app.state.service, app.state.limit, rest
+        self.placed: dict[int, _Placed] = {}
+        self.deciding: dict[int, asyncio.Task] = {}
+        self.entered: dict[int, tuple] = {}     # entered this loop turn, for `after_pass`
+        self.gone: set[int] = set()             # of those, the ones whose client left already
+        self.holding: dict[int, object] = {}    # held after the pass, their waits not begun yet
+        self.after_due = False
+
+    def on_events(self, events: list) -> None:
+        """The Rust side's events in the order they happened: asks, failures and ends."""
+        for op, rid, data in events:
+            if op == "a":
+                self.ask(rid, *data)
+            elif op == "d":
+                self.done(rid, *data)
+            else:
+                self.failed(rid, *data)
+        if self.entered and not self.after_due:     # after every batch of this loop turn
+            self.after_due = True
+            asyncio.get_running_loop().call_soon(self.after_pass)
+
+    def ask(self, rid: int, path: str, headers: list, body: bytes) -> None:
+        svc, field, headers = self.svc, FIELDS[path], Headers(reversed(headers))
+        try:
+            check_content_type(headers)
+            routed = parse_request(body, headers, field, svc.settings.classes, svc.settings.fallback_class)
+            svc.check_fits(routed.prompt_len, field)
+        except ApiError as exc:
+            svc.metrics.errors.labels("bad_request").inc()
+            self.refuse(rid, exc)
+            return
+        if routed.prompt_ids is not None:       # resumable: the router's own app serves it whole
+            _datapath.forward(rid, self.rest + path, "")
+            return
+        if self.limit is not None and not self.limit.try_enter():
+            self.start(rid, self.placing(routed, field), routed, path)
+            return
+        try:
+            session = enter_at_once(svc, routed)
+        except Rejected as exc:
+            self.leave(True)
+            self.refuse(rid, exc)
+            return
+        if session is None:
+            self.start(rid, self.placing(routed, field, slot=self.limit is not None), routed, path)
+        else:
+            self.entered[rid] = (session, routed, field, path)
+
+    def after_pass(self) -> None:
+        """The requests entered this loop turn: forwarded if the pass placed them, else each waits in a task."""
+        self.after_due = False
+        self.svc.decide_now()
+        entered, self.entered, gone, self.gone = self.entered, {}, self.gone, set()
+        slot = self.limit is not None
+        for rid, (session, routed, field, path) in entered.items():
+            if rid in gone:
+                self.svc.abandon(session)        # its client left before the pass
+                self.leave(slot)
+            elif session.traj.state is State.RESIDENT:
+                self.go(rid, _Placed(session, routed, path, slot))
+            else:
+                self.holding[rid] = session
+                self.start(rid, self.held(rid, session, field, slot), routed, path)
+
+    def start(self, rid: int, placing, routed, path: str) -> None:
+        task = self.deciding[rid] = asyncio.ensure_future(self.wait(rid, placing, routed, path))
+        task.add_done_callback(lambda _: self.deciding.pop(rid, None))
+
+    async def wait(self, rid: int, placing, routed, path: str) -> None:
+        try:
+            session, slot = await placing
+        except asyncio.CancelledError:
+            return                      # its client left while it waited (the wait withdrew it)
+        except (Rejected, ApiError) as exc:
+            if isinstance(exc, ApiError):
+                self.svc.metrics.errors.labels("bad_request").inc()
+            self.refuse(rid, exc)
+            return
+        self.go(rid, _Placed(session, routed, path, slot))
+
+    async def placing(self, routed, field: str, slot: bool = False):
+        """`place`'s whole way, first taking an in-flight slot unless it holds one (`slot`)."""
+        if not slot and self.limit is not None:
+            await self.limit.enter()
+            slot = True
+        try:
+            return await place(self.svc, routed, field), slot
+        except BaseException:
+            self.leave(slot)
+            raise
+
+    async def held(self, rid: int, session, field: str, slot: bool):
+        del self.holding[rid]                   # from here, the wait withdraws it if its client leaves
+        if session.traj.state is State.RESIDENT:
+            return session, slot                # a pass placed it before this wait began: none would wake it
+        try:
+            await self.svc.wait_placed(session, field)
+        except BaseException:
+            self.leave(slot)
+            raise
+        return session, slot
+
+    def go(self, rid: int, placed: _Placed) -> None:
+        self.svc.metrics.served_by("0").inc()
+        self.placed[rid] = placed
+        worker = placed.session.traj.worker
+        _datapath.forward(rid, str(self.svc.upstreams[worker].endpoint(placed.path)), str(worker))
+
+    def done(self, rid: int, status: int, tokens: int, body: bytes | None) -> None:
+        """A reply went (or its client left): the session released with what was generated."""
+        placed = self.placed.pop(rid, None)
+        if placed is not None:
+            generated = 0 if status != 200 else tokens if tokens >= 0 else _completion_tokens(body or b"")
+            self.svc.release(placed.session, generated, last=placed.routed.last)
+            self.leave(placed.slot)
+        elif rid in self.deciding:
+            self.deciding[rid].cancel()
+            if (session := self.holding.pop(rid, None)) is not None:
+                self.svc.abandon(session)       # held, its wait not begun: nothing else withdraws it
+        elif rid in self.entered:
+            self.gone.add(rid)
+
+    def failed(self, rid: int, what: str, down: bool) -> None:
+        placed = self.placed.get(rid)
+        if placed is None:      # the router's own app did not answer (a resumable request)
+            self.refuse(rid, ApiError(502, f"the router's app failed ({what})", kind="upstream_error"))
+            return
+        self.svc.metrics.errors.labels(what).inc()
+        up = self.svc.upstreams[placed.session.traj.worker]
+        if down:
+            self.svc.upstream_failed(up)
+        asyncio.ensure_future(self.retry(rid, placed, up.id, what))
+
+    async def retry(self, rid: int, placed: _Placed, failed: int, what: str) -> None:
+        """Once to another server, as the Python data path does; else released and a 502."""
+        if not placed.retried and await self.svc.reroute(placed.session, failed):
+            placed.retried = True
+            self.go(rid, placed)
+            return
+        self.placed.pop(rid, None)
+        self.svc.release(placed.session, 0, last=placed.routed.last)
+        self.leave(placed.slot)
+        self.refuse(rid, ApiError(502, f"upstream server failed ({what})", kind="upstream_error"))
+
+    def leave(self, slot: bool) -> None:
+        if slot:
+            self.limit.leave()
+
+    @staticmethod
+    def refuse(rid: int, exc: Exception) -> None:
+        refusal = rejection(exc) if isinstance(exc, Rejected) else exc.response()
+        _datapath.reply(rid, refusal.status_code, [(k.decode(), v.decode()) for k, v in refusal.raw_headers],
+                        refusal.body)
+
+
+def _take_forever(owner: RustOwner, loop: asyncio.AbstractEventLoop) -> None:
+    """In a thread of its own: each batch the Rust side has (waited for with the GIL released) to the loop."""
+    while True:
+        events = _datapath.take()
+        try:
+            loop.call_soon_threadsafe(owner.on_events, events)
+        except RuntimeError:        # the loop closed: the router is stopping
+            return
+
+
+class _Server(uvicorn.Server):
+    """uvicorn for the router's own app, which first stops the Rust side and lets its requests finish."""
+
+    async def shutdown(self, sockets=None) -> None:
+        _datapath.stop()
+        deadline = time.monotonic() + DRAIN_S
+        while _datapath.in_flight() > 0 and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        await super().shutdown(sockets)
+
+
+def serve_rust(app, config: uvicorn.Config, settings: RouterSettings, socks: list[socket.socket]) -> None:
+    """Serve `app` (`config`: uvicorn's settings for it) on `socks` (from `serve.bind`) in Rust until
+    interrupted; uvicorn serves the app's other routes on a private loopback port."""
+    import uvloop
+
+    private = socket.socket()
+    private.bind(("127.0.0.1", 0))
+    rest = f"http://127.0.0.1:{private.getsockname()[1]}"
+    fds = []
+    for sock in socks:
+        sock.listen(4096)
+        fds.append(os.dup(sock.fileno()))
+    limit = settings.max_body_bytes
+    _datapath.serve(fds, rest, THREADS, limit, too_large(limit).response().body, MAX_HEAD_BYTES, HEAD_TIMEOUT_S)
+
+    async def main() -> None:
+        threading.Thread(target=_take_forever, args=(RustOwner(app, rest), asyncio.get_running_loop()),
+                         daemon=True, name="datapath-take").start()
+        await _Server(config).serve(sockets=[private])
+
+    uvloop.install()
+    asyncio.run(main())

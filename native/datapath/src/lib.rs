@@ -1,0 +1,406 @@
+// The router's data path in Rust (`cadencerl router --data-path rust`; its Python side is
+// cadencerl/router/rust_path.py). hyper serves the port. The two generating routes are read whole
+// and queued for Python, which decides each (forward to a server, or reply); hyper relays the
+// server's reply and queues the request's end: an SSE stream's tokens counted from its events (its
+// end queued before its `[DONE]` goes out, so a client's next turn finds its session parked), a
+// JSON reply's body for Python to read its usage (queued before the reply goes out). A server that
+// fails before its first byte is reported, and Python places the request again or refuses it; a
+// stream that breaks ends with an error event and `[DONE]`. Every other route goes to the router's
+// own Python app on a private port (`rest`).
+use futures_util::Stream;
+use hyper::body::{Bytes, HttpBody};
+use hyper::header::{HeaderName, HeaderValue};
+use hyper::service::{make_service_fn, service_fn};
+use hyper::{Body, Client, Request, Response, Server, Uri};
+use memchr::memmem;
+use pyo3::prelude::*;
+use pyo3::types::PyBytes;
+use std::collections::HashMap;
+use std::convert::Infallible;
+use std::hash::{BuildHasher, Hasher};
+use std::os::fd::FromRawFd;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::task::{Context, Poll};
+use std::time::Duration;
+use tokio::sync::{mpsc, oneshot, watch};
+
+enum Answer { Forward(String, String), Reply(u16, Vec<(String, String)>, Vec<u8>) }
+
+/// What Python is told, in the order it happened.
+enum Ev {
+    Ask(u64, String, Vec<(String, String)>, Bytes),
+    Failed(u64, &'static str, bool),         // no byte came back: what failed, and is the server down
+    Done(u64, u16, i64, Option<Bytes>),      // status, tokens counted (-1: read the body), the body
+}
+
+struct Shared {
+    rx: Mutex<mpsc::UnboundedReceiver<Ev>>,
+    waiting: Mutex<HashMap<u64, oneshot::Sender<Answer>>>,
+    stop: watch::Sender<bool>,
+}
+static SHARED: OnceLock<Shared> = OnceLock::new();
+static NEXT: AtomicU64 = AtomicU64::new(0);
+static IN_FLIGHT: AtomicI64 = AtomicI64::new(0);
+
+struct Ctx {
+    tx: mpsc::UnboundedSender<Ev>,
+    client: Client<hyper::client::HttpConnector>,
+    rest: String,
+    max_body: usize,
+    too_large: Vec<u8>,
+    max_head: usize,
+}
+
+/// Queues `Done` once: when fired, or when dropped (the client left at any point after its ask:
+/// 499 unless a status came back), so that Python releases or withdraws every request it saw.
+struct EndGuard { id: u64, tx: mpsc::UnboundedSender<Ev>, status: u16, armed: bool }
+
+impl EndGuard {
+    fn fire(&mut self, tokens: i64, body: Option<Bytes>) {
+        if self.armed {
+            self.armed = false;
+            let _ = self.tx.send(Ev::Done(self.id, self.status, tokens, body));
+        }
+    }
+}
+
+impl Drop for EndGuard {
+    fn drop(&mut self) { self.fire(0, None); IN_FLIGHT.fetch_sub(1, Ordering::Relaxed); }
+}
+
+const EVENT: &[u8] = b"\ndata: ";
+const END: &[u8] = b"\ndata: [DONE]";
+
+/// Tokens of an SSE stream: its `data:` events less `[DONE]`, each found at a line's start, across
+/// chunk boundaries too (proxy.py's EventCount).
+struct EventCount { events: i64, done: i64, tail: Vec<u8> }
+
+impl EventCount {
+    fn feed(&mut self, chunk: &[u8]) {
+        let head = &chunk[..chunk.len().min(END.len())];   // a match across the boundary starts in the tail
+        let mut seam = self.tail.clone();
+        seam.extend_from_slice(head);
+        for (needle, n) in [(EVENT, &mut self.events), (END, &mut self.done)] {
+            *n += count(chunk, needle) + count(&seam, needle) - count(&self.tail, needle) - count(head, needle);
+        }
+        if chunk.len() >= END.len() {
+            self.tail = chunk[chunk.len() - END.len()..].to_vec();
+        } else {
+            seam.truncate(self.tail.len() + chunk.len());
+            self.tail = seam[seam.len().saturating_sub(END.len())..].to_vec();
+        }
+    }
+}
+
+/// `usage.completion_tokens` (or `output_tokens`) of a JSON reply, found without parsing the rest;
+/// -1 where it is not plainly there (Python then reads the body).
+fn usage_tokens(body: &[u8]) -> i64 {
+    let at = match memmem::rfind(body, b"\"usage\"") { Some(i) => i, None => return -1 };
+    for key in [&b"\"completion_tokens\""[..], &b"\"output_tokens\""[..]] {
+        if let Some(i) = memmem::find(&body[at..], key) {
+            let rest = &body[at + i + key.len()..];
+            let rest = &rest[rest.iter().take_while(|c| c.is_ascii_whitespace() || **c == b':').count()..];
+            let digits = rest.iter().take_while(|c| c.is_ascii_digit()).count();
+            if let Some(n) = std::str::from_utf8(&rest[..digits]).ok().and_then(|d| d.parse().ok()) { return n; }
+        }
+    }
+    -1
+}
+
+fn count(hay: &[u8], needle: &[u8]) -> i64 { memmem::find_iter(hay, needle).count() as i64 }
+
+/// A server's SSE stream as it goes to the client: whole events only (a partial one waits for its
+/// end), counted as they pass; a break after the last whole event ends with an error event.
+struct Relay { body: Body, guard: EndGuard, count: EventCount, partial: Vec<u8>, finished: bool }
+
+impl Relay {
+    fn whole(&mut self, chunk: Bytes) -> Bytes {
+        if self.partial.is_empty() && (chunk.ends_with(b"\n\n") || chunk.ends_with(b"\r\n\r\n")) {
+            return chunk;
+        }
+        self.partial.extend_from_slice(&chunk);
+        let cut = [(memmem::rfind(&self.partial, b"\n\n"), 2), (memmem::rfind(&self.partial, b"\r\n\r\n"), 4)]
+            .iter().filter_map(|(at, n)| at.map(|i| i + n)).max();
+        match cut {
+            Some(i) => {
+                let rest = self.partial.split_off(i);
+                Bytes::from(std::mem::replace(&mut self.partial, rest))
+            }
+            None => Bytes::new(),
+        }
+    }
+
+    fn pass(&mut self, out: Bytes) -> Poll<Option<Result<Bytes, Infallible>>> {
+        self.count.feed(&out);
+        if self.count.done > 0 {       // released before the end goes out
+            self.guard.fire(self.count.events - self.count.done, None);
+        }
+        Poll::Ready(Some(Ok(out)))
+    }
+}
+
+impl Stream for Relay {
+    type Item = Result<Bytes, Infallible>;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        let this = &mut *self;
+        while !this.finished {
+            match Pin::new(&mut this.body).poll_next(cx) {
+                Poll::Pending => return Poll::Pending,
+                Poll::Ready(Some(Ok(chunk))) => {
+                    let out = this.whole(chunk);
+                    if !out.is_empty() { return this.pass(out); }
+                }
+                Poll::Ready(Some(Err(e))) => {
+                    this.finished = true;
+                    let tokens = this.count.events - this.count.done;
+                    this.guard.fire(tokens, None);
+                    if this.count.done == 0 {
+                        let msg = format!("the upstream stream broke: {}", e).replace('"', "'");
+                        return Poll::Ready(Some(Ok(Bytes::from(format!(
+                            "data: {{\"error\": {{\"message\": \"{}\", \"type\": \"upstream_error\", \"param\": null, \
+                             \"code\": 502}}}}\n\ndata: [DONE]\n\n", msg)))));
+                    }
+                }
+                Poll::Ready(None) => {
+                    this.finished = true;
+                    let rest = Bytes::from(std::mem::take(&mut this.partial));
+                    this.count.feed(&rest);
+                    this.guard.fire(this.count.events - this.count.done, None);
+                    if !rest.is_empty() { return Poll::Ready(Some(Ok(rest))); }
+                }
+            }
+        }
+        Poll::Ready(None)
+    }
+}
+
+fn new_request_id() -> String {
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u64(NEXT.load(Ordering::Relaxed));
+    let a = h.finish();
+    h.write_u64(a);
+    format!("{:016x}{:016x}", a, h.finish())
+}
+
+fn plain(status: u16, headers: Vec<(String, String)>, body: Vec<u8>) -> Response<Body> {
+    let mut out = Response::builder().status(status);
+    for (k, v) in headers { out = out.header(k, v); }
+    out.body(Body::from(body)).unwrap_or_else(|_| Response::new(Body::empty()))
+}
+
+fn too_large(ctx: &Ctx) -> Response<Body> {
+    plain(413, vec![("content-type".into(), "application/json".into()), ("connection".into(), "close".into())],
+          ctx.too_large.clone())
+}
+
+const NOT_SENT: [&str; 4] = ["host", "content-length", "content-type", "accept-encoding"];
+const HOP_BY_HOP: [&str; 9] = ["connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te",
+                                "trailer", "transfer-encoding", "upgrade", "proxy-connection"];
+
+async fn handle(req: Request<Body>, ctx: Arc<Ctx>) -> Result<Response<Body>, Infallible> {
+    let (parts, mut body) = req.into_parts();
+    let fast = parts.method == hyper::Method::POST && parts.uri.query().is_none()
+        && (parts.uri.path() == "/v1/completions" || parts.uri.path() == "/v1/chat/completions");
+    if !fast {
+        return Ok(rest(parts, body, &ctx).await);
+    }
+    // hyper refuses a head past its read buffer (about twice `max_head` as it reads); this is the bound
+    let head: usize = parts.headers.iter().map(|(k, v)| k.as_str().len() + v.len() + 4).sum();
+    if head > ctx.max_head {
+        return Ok(plain(431, vec![("content-type".into(), "application/json".into()), ("connection".into(), "close".into())],
+                        format!("{{\"error\":{{\"message\":\"the request head is over {} bytes\",\"type\":\
+                                 \"request_header_fields_too_large\",\"param\":null,\"code\":431}}}}", ctx.max_head).into_bytes()));
+    }
+    if let Some(v) = parts.headers.get("content-length") {
+        if v.to_str().ok().and_then(|s| s.parse::<usize>().ok()).map_or(true, |n| n > ctx.max_body) {
+            return Ok(too_large(&ctx));
+        }
+    }
+    let mut raw = Vec::new();
+    while let Some(chunk) = body.data().await {
+        match chunk {
+            Ok(c) if raw.len() + c.len() <= ctx.max_body => raw.extend_from_slice(&c),
+            Ok(_) => return Ok(too_large(&ctx)),
+            Err(_) => return Ok(plain(400, vec![], vec![])),
+        }
+    }
+    let rid = parts.headers.get("x-request-id").and_then(|v| v.to_str().ok()).map(str::to_owned)
+        .unwrap_or_else(new_request_id);
+    let mut headers: Vec<(String, String)> = parts.headers.iter()
+        .map(|(k, v)| (k.as_str().to_owned(), String::from_utf8_lossy(v.as_bytes()).into_owned())).collect();
+    if !parts.headers.contains_key("x-request-id") { headers.push(("x-request-id".into(), rid.clone())); }
+    let raw = Bytes::from(raw);
+    let id = NEXT.fetch_add(1, Ordering::Relaxed);
+    IN_FLIGHT.fetch_add(1, Ordering::Relaxed);
+    let mut guard = EndGuard { id, tx: ctx.tx.clone(), status: 499, armed: true };
+    let mut answer = ask(&ctx, Ev::Ask(id, parts.uri.path().to_owned(), headers.clone(), raw.clone()), id).await;
+    loop {
+        let (url, worker) = match answer {
+            Some(Answer::Forward(url, worker)) => (url, worker),
+            Some(Answer::Reply(status, headers, body)) => {
+                guard.armed = false;        // refused (or failed): Python holds nothing placed for it
+                return Ok(with_id(plain(status, headers, body), &rid));
+            }
+            None => { guard.armed = false; return Ok(plain(503, vec![], vec![])); }
+        };
+        let mut out = Request::builder().method("POST").uri(url.as_str());
+        for (k, v) in headers.iter() {
+            if !NOT_SENT.contains(&k.as_str()) && !HOP_BY_HOP.contains(&k.as_str()) { out = out.header(k, v); }
+        }
+        let out = out.header("content-type", "application/json").body(Body::from(raw.clone()));
+        let failed = match ctx.client.request(out.unwrap_or_default()).await {
+            Ok(resp) => match answered(resp, guard, &worker, &rid).await {
+                Ok(resp) => return Ok(resp),
+                Err(g) => { guard = g; ("read", false) }
+            },
+            Err(e) => (if e.is_connect() { "connect" } else { "send" }, e.is_connect()),
+        };
+        answer = ask(&ctx, Ev::Failed(id, failed.0, failed.1), id).await;
+    }
+}
+
+/// Tell Python `ev` about request `id` and wait for its answer (None: Python is gone).
+async fn ask(ctx: &Ctx, ev: Ev, id: u64) -> Option<Answer> {
+    let (otx, orx) = oneshot::channel();
+    SHARED.get()?.waiting.lock().ok()?.insert(id, otx);
+    ctx.tx.send(ev).ok()?;
+    orx.await.ok()
+}
+
+/// The server's reply as it goes back; Err (with the guard) when its body failed before any of it went.
+async fn answered(resp: Response<Body>, mut guard: EndGuard, worker: &str, rid: &str) -> Result<Response<Body>, EndGuard> {
+    let (mut head, body) = resp.into_parts();
+    guard.status = head.status.as_u16();
+    for name in HOP_BY_HOP.iter().chain(["content-encoding", "date", "server"].iter()) { head.headers.remove(*name); }
+    if let (false, Ok(v)) = (worker.is_empty(), HeaderValue::from_str(worker)) {
+        head.headers.insert(HeaderName::from_static("x-cadencerl-worker"), v);
+    }
+    let sse = head.status == 200 && head.headers.get("content-type")
+        .map_or(false, |v| v.as_bytes().starts_with(b"text/event-stream"));
+    if sse {
+        let relay = Relay { body, guard, count: EventCount { events: 0, done: 0, tail: b"\n".to_vec() },
+                            partial: Vec::new(), finished: false };
+        return Ok(with_id(Response::from_parts(head, Body::wrap_stream(relay)), rid));
+    }
+    let bytes = match hyper::body::to_bytes(body).await { Ok(b) => b, Err(_) => return Err(guard) };
+    let tokens = if head.status == 200 { usage_tokens(&bytes) } else { 0 };
+    guard.fire(tokens, if tokens < 0 { Some(bytes.clone()) } else { None });
+    head.headers.remove("content-length");
+    Ok(with_id(Response::from_parts(head, Body::from(bytes)), rid))
+}
+
+fn with_id(mut resp: Response<Body>, rid: &str) -> Response<Body> {
+    if !resp.headers().contains_key("x-request-id") {
+        if let Ok(v) = HeaderValue::from_str(rid) { resp.headers_mut().insert("x-request-id", v); }
+    }
+    resp
+}
+
+/// Any other route: the router's own app, as it answers.
+async fn rest(parts: hyper::http::request::Parts, body: Body, ctx: &Ctx) -> Response<Body> {
+    let mut out = Request::builder().method(parts.method.clone());
+    for (k, v) in parts.headers.iter() {
+        if k != "host" { out = out.header(k, v); }
+    }
+    let uri: Result<Uri, _> = format!("{}{}", ctx.rest, parts.uri).parse();
+    match uri.map(|uri| out.uri(uri).body(body)) {
+        Ok(Ok(req)) => ctx.client.request(req).await.unwrap_or_else(|_| plain(502, vec![], vec![])),
+        _ => plain(400, vec![], vec![]),
+    }
+}
+
+/// Serve the listening sockets `fds` (this takes them) on `threads` threads until `stop`.
+#[pyfunction]
+fn serve(fds: Vec<i32>, rest: String, threads: usize, max_body: usize, too_large: Vec<u8>, max_head: usize,
+         head_timeout_s: f64) -> PyResult<()> {
+    let (tx, rx) = mpsc::unbounded_channel::<Ev>();
+    let (stop, stopped) = watch::channel(false);
+    SHARED.set(Shared { rx: Mutex::new(rx), waiting: Mutex::new(HashMap::new()), stop })
+        .map_err(|_| pyo3::exceptions::PyRuntimeError::new_err("the data path serves already"))?;
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(threads.max(1)).enable_all().build()?;
+    let mut listeners = Vec::new();
+    for fd in fds {
+        let l = unsafe { std::net::TcpListener::from_raw_fd(fd) };
+        l.set_nonblocking(true)?;
+        listeners.push(l);
+    }
+    std::thread::spawn(move || {
+        rt.block_on(async move {
+            let mut conn = hyper::client::HttpConnector::new();
+            conn.set_nodelay(true);
+            let client = Client::builder().build::<_, Body>(conn);
+            let ctx = Arc::new(Ctx { tx, client, rest, max_body, too_large, max_head });
+            let mut servers = Vec::new();
+            for l in listeners {
+                let ctx = ctx.clone();
+                let make = make_service_fn(move |_| {
+                    let ctx = ctx.clone();
+                    async move { Ok::<_, Infallible>(service_fn(move |req| handle(req, ctx.clone()))) }
+                });
+                let mut stopped = stopped.clone();
+                let server = match Server::from_tcp(l) { Ok(b) => b, Err(_) => continue };
+                servers.push(tokio::spawn(server.tcp_nodelay(true).http1_max_buf_size(max_head)
+                    .http1_header_read_timeout(Duration::from_secs_f64(head_timeout_s)).serve(make)
+                    .with_graceful_shutdown(async move { let _ = stopped.changed().await; })));
+            }
+            for s in servers { let _ = s.await; }
+        });
+    });
+    Ok(())
+}
+
+/// Stop accepting; connections in flight finish (`in_flight` counts their generating requests).
+#[pyfunction]
+fn stop() {
+    if let Some(s) = SHARED.get() { let _ = s.stop.send(true); }
+}
+
+#[pyfunction]
+fn in_flight() -> i64 { IN_FLIGHT.load(Ordering::Relaxed) }
+
+type PyEvent = (&'static str, u64, PyObject);
+
+/// Every event waiting, in order (at least one; the GIL released while none is): ("a", id, (path,
+/// headers, body)), ("f", id, (what, down)), ("d", id, (status, tokens, body or None)).
+#[pyfunction]
+fn take(py: Python<'_>) -> PyResult<Vec<PyEvent>> {
+    let shared = SHARED.get().ok_or_else(|| pyo3::exceptions::PyRuntimeError::new_err("not serving"))?;
+    let evs: Vec<Ev> = py.allow_threads(|| {
+        let mut rx = shared.rx.lock().unwrap();
+        let mut evs: Vec<Ev> = rx.blocking_recv().into_iter().collect();
+        while let Ok(ev) = rx.try_recv() { evs.push(ev); }
+        evs
+    });
+    Ok(evs.into_iter().map(|ev| match ev {
+        Ev::Ask(id, path, headers, b) => ("a", id, (path, headers, PyBytes::new(py, &b)).into_py(py)),
+        Ev::Failed(id, what, down) => ("f", id, (what, down).into_py(py)),
+        Ev::Done(id, status, tokens, body) =>
+            ("d", id, (status, tokens, body.map(|b| PyBytes::new(py, &b).to_object(py))).into_py(py)),
+    }).collect())
+}
+
+/// Forward request `id` to `url` (the server's endpoint), answered by worker `worker`.
+#[pyfunction]
+fn forward(id: u64, url: String, worker: String) {
+    if let Some(s) = SHARED.get().and_then(|s| s.waiting.lock().ok()?.remove(&id)) { let _ = s.send(Answer::Forward(url, worker)); }
+}
+
+/// Answer request `id` with `status`, `headers` and `body` (the router's own reply: a refusal).
+#[pyfunction]
+fn reply(id: u64, status: u16, headers: Vec<(String, String)>, body: Vec<u8>) {
+    if let Some(s) = SHARED.get().and_then(|s| s.waiting.lock().ok()?.remove(&id)) {
+        let _ = s.send(Answer::Reply(status, headers, body));
+    }
+}
+
+#[pymodule]
+fn _datapath(_py: Python<'_>, m: &PyModule) -> PyResult<()> {
+    for f in [wrap_pyfunction!(serve, m)?, wrap_pyfunction!(stop, m)?, wrap_pyfunction!(in_flight, m)?,
+              wrap_pyfunction!(take, m)?, wrap_pyfunction!(forward, m)?, wrap_pyfunction!(reply, m)?] {
+        m.add_function(f)?;
+    }
+    Ok(())
+}
