@@ -162,3 +162,19 @@ def test_bad_data_path_options_are_one_line_errors():
         out = subprocess.run([sys.executable, "-m", "cadencerl.cli", "router", "--workers", "http://127.0.0.1:9",
                               *extra], capture_output=True, text=True, timeout=60, cwd=ROOT)
         assert out.returncode == 2 and says in out.stderr and "Traceback" not in out.stderr, out.stderr
+
+
+def test_a_server_slower_than_the_request_timeout_gets_a_504_or_an_error_event(stub_states):
+    states, urls = stub_states
+    for s in states:
+        s.token_delay_s = 0.4
+    with serving(urls, "--request-timeout-secs", "0.3") as client:
+        plain = client.post("/v1/completions", json={"model": "m", "prompt": "p", "max_tokens": 5})
+        streamed = client.post("/v1/completions", json={"model": "m", "prompt": "q", "max_tokens": 5, "stream": True})
+        settle(client)
+        found = books(client)
+    assert plain.status_code == 504 and plain.json()["error"]["type"] == "upstream_timeout"
+    events = [e for e in streamed.text.split("\n\n") if e]
+    assert events[-1] == "data: [DONE]" and json.loads(events[-2].removeprefix("data: "))["error"]["code"] == 502
+    assert found['errors_total{kind="timeout"}'] == 1 and found['errors_total{kind="midstream"}'] == 1
+    assert not any(v for k, v in found.items() if k.startswith("worker_load"))

@@ -25,7 +25,7 @@ import uvicorn
 from cadencerl.core.trajectory import State
 from cadencerl.router.app import enter_at_once, place, rejection
 from cadencerl.router.limits import HEAD_TIMEOUT_S, MAX_HEAD_BYTES
-from cadencerl.router.proxy import _completion_tokens
+from cadencerl.router.proxy import _completion_tokens, timed_out
 from cadencerl.router.rejections import Rejected
 from cadencerl.router.requests import ApiError, check_content_type, parse_request, too_large
 from cadencerl.router.settings import RouterSettings
@@ -171,9 +171,12 @@ class RustOwner:
         worker = placed.session.traj.worker
         _datapath.forward(rid, str(self.svc.upstreams[worker].endpoint(placed.path)), str(worker))
 
-    def done(self, rid: int, status: int, tokens: int, body: bytes | None) -> None:
-        """A reply went (or its client left): the session released with what was generated."""
+    def done(self, rid: int, status: int, tokens: int, body: bytes | None, broke: bool) -> None:
+        """A reply went (or its client left, or its stream broke: `broke`): the session released
+        with what was generated."""
         placed = self.placed.pop(rid, None)
+        if broke:
+            self.svc.metrics.errors.labels("midstream").inc()
         if placed is not None:
             generated = 0 if status != 200 else tokens if tokens >= 0 else _completion_tokens(body or b"")
             self.svc.release(placed.session, generated, last=placed.routed.last)
@@ -190,6 +193,9 @@ class RustOwner:
         if placed is None:      # the router's own app did not answer (a resumable request)
             self.refuse(rid, ApiError(502, f"the router's app failed ({what})", kind="upstream_error"))
             return
+        if what == "timeout":           # slow is not failed: not sent again (proxy.timed_out)
+            self.give_up(rid, placed, timed_out(self.svc))
+            return
         self.svc.metrics.errors.labels(what).inc()
         up = self.svc.upstreams[placed.session.traj.worker]
         if down:
@@ -202,10 +208,14 @@ class RustOwner:
             placed.retried = True
             self.go(rid, placed)
             return
+        self.give_up(rid, placed, ApiError(502, f"upstream server failed ({what})", kind="upstream_error"))
+
+    def give_up(self, rid: int, placed: _Placed, error: ApiError) -> None:
+        """Released with nothing generated, and the client told why."""
         self.placed.pop(rid, None)
         self.svc.release(placed.session, 0, last=placed.routed.last)
         self.leave(placed.slot)
-        self.refuse(rid, ApiError(502, f"upstream server failed ({what})", kind="upstream_error"))
+        self.refuse(rid, error)
 
     def leave(self, slot: bool) -> None:
         if slot:
@@ -252,7 +262,8 @@ def serve_rust(app, config: uvicorn.Config, settings: RouterSettings, socks: lis
         sock.listen(4096)
         fds.append(os.dup(sock.fileno()))
     limit = settings.max_body_bytes
-    _datapath.serve(fds, rest, THREADS, limit, too_large(limit).response().body, MAX_HEAD_BYTES, HEAD_TIMEOUT_S)
+    _datapath.serve(fds, rest, THREADS, limit, too_large(limit).response().body, MAX_HEAD_BYTES, HEAD_TIMEOUT_S,
+                    settings.request_timeout_s)
 
     async def main() -> None:
         threading.Thread(target=_take_forever, args=(RustOwner(app, rest), asyncio.get_running_loop()),

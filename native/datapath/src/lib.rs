@@ -7,24 +7,23 @@
 // fails before its first byte is reported, and Python places the request again or refuses it; a
 // stream that breaks ends with an error event and `[DONE]`. Every other route goes to the router's
 // own Python app on a private port (`rest`).
-use futures_util::Stream;
 use hyper::body::{Bytes, HttpBody};
 use hyper::header::{HeaderName, HeaderValue};
 use hyper::service::{make_service_fn, service_fn};
 use hyper::{Body, Client, Request, Response, Server, Uri};
-use memchr::memmem;
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 use std::collections::HashMap;
 use std::convert::Infallible;
 use std::hash::{BuildHasher, Hasher};
 use std::os::fd::FromRawFd;
-use std::pin::Pin;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
-use std::task::{Context, Poll};
 use std::time::Duration;
 use tokio::sync::{mpsc, oneshot, watch};
+
+mod relay;
+use relay::{usage_tokens, Relay};
 
 enum Answer { Forward(String, String), Reply(u16, Vec<(String, String)>, Vec<u8>) }
 
@@ -32,7 +31,7 @@ enum Answer { Forward(String, String), Reply(u16, Vec<(String, String)>, Vec<u8>
 enum Ev {
     Ask(u64, String, Vec<(String, String)>, Bytes),
     Failed(u64, &'static str, bool),         // no byte came back: what failed, and is the server down
-    Done(u64, u16, i64, Option<Bytes>),      // status, tokens counted (-1: read the body), the body
+    Done(u64, u16, i64, Option<Bytes>, bool),  // status, tokens counted (-1: read the body), the body, broke
 }
 
 struct Shared {
@@ -51,130 +50,24 @@ struct Ctx {
     max_body: usize,
     too_large: Vec<u8>,
     max_head: usize,
+    timeout: Duration,       // --request-timeout-secs: for the reply's head, and between its chunks
 }
 
 /// Queues `Done` once: when fired, or when dropped (the client left at any point after its ask:
 /// 499 unless a status came back), so that Python releases or withdraws every request it saw.
-struct EndGuard { id: u64, tx: mpsc::UnboundedSender<Ev>, status: u16, armed: bool }
+struct EndGuard { id: u64, tx: mpsc::UnboundedSender<Ev>, status: u16, armed: bool, broke: bool }
 
 impl EndGuard {
     fn fire(&mut self, tokens: i64, body: Option<Bytes>) {
         if self.armed {
             self.armed = false;
-            let _ = self.tx.send(Ev::Done(self.id, self.status, tokens, body));
+            let _ = self.tx.send(Ev::Done(self.id, self.status, tokens, body, self.broke));
         }
     }
 }
 
 impl Drop for EndGuard {
     fn drop(&mut self) { self.fire(0, None); IN_FLIGHT.fetch_sub(1, Ordering::Relaxed); }
-}
-
-const EVENT: &[u8] = b"\ndata: ";
-const END: &[u8] = b"\ndata: [DONE]";
-
-/// Tokens of an SSE stream: its `data:` events less `[DONE]`, each found at a line's start, across
-/// chunk boundaries too (proxy.py's EventCount).
-struct EventCount { events: i64, done: i64, tail: Vec<u8> }
-
-impl EventCount {
-    fn feed(&mut self, chunk: &[u8]) {
-        let head = &chunk[..chunk.len().min(END.len())];   // a match across the boundary starts in the tail
-        let mut seam = self.tail.clone();
-        seam.extend_from_slice(head);
-        for (needle, n) in [(EVENT, &mut self.events), (END, &mut self.done)] {
-            *n += count(chunk, needle) + count(&seam, needle) - count(&self.tail, needle) - count(head, needle);
-        }
-        if chunk.len() >= END.len() {
-            self.tail = chunk[chunk.len() - END.len()..].to_vec();
-        } else {
-            seam.truncate(self.tail.len() + chunk.len());
-            self.tail = seam[seam.len().saturating_sub(END.len())..].to_vec();
-        }
-    }
-}
-
-/// `usage.completion_tokens` (or `output_tokens`) of a JSON reply, found without parsing the rest;
-/// -1 where it is not plainly there (Python then reads the body).
-fn usage_tokens(body: &[u8]) -> i64 {
-    let at = match memmem::rfind(body, b"\"usage\"") { Some(i) => i, None => return -1 };
-    for key in [&b"\"completion_tokens\""[..], &b"\"output_tokens\""[..]] {
-        if let Some(i) = memmem::find(&body[at..], key) {
-            let rest = &body[at + i + key.len()..];
-            let rest = &rest[rest.iter().take_while(|c| c.is_ascii_whitespace() || **c == b':').count()..];
-            let digits = rest.iter().take_while(|c| c.is_ascii_digit()).count();
-            if let Some(n) = std::str::from_utf8(&rest[..digits]).ok().and_then(|d| d.parse().ok()) { return n; }
-        }
-    }
-    -1
-}
-
-fn count(hay: &[u8], needle: &[u8]) -> i64 { memmem::find_iter(hay, needle).count() as i64 }
-
-/// A server's SSE stream as it goes to the client: whole events only (a partial one waits for its
-/// end), counted as they pass; a break after the last whole event ends with an error event.
-struct Relay { body: Body, guard: EndGuard, count: EventCount, partial: Vec<u8>, finished: bool }
-
-impl Relay {
-    fn whole(&mut self, chunk: Bytes) -> Bytes {
-        if self.partial.is_empty() && (chunk.ends_with(b"\n\n") || chunk.ends_with(b"\r\n\r\n")) {
-            return chunk;
-        }
-        self.partial.extend_from_slice(&chunk);
-        let cut = [(memmem::rfind(&self.partial, b"\n\n"), 2), (memmem::rfind(&self.partial, b"\r\n\r\n"), 4)]
-            .iter().filter_map(|(at, n)| at.map(|i| i + n)).max();
-        match cut {
-            Some(i) => {
-                let rest = self.partial.split_off(i);
-                Bytes::from(std::mem::replace(&mut self.partial, rest))
-            }
-            None => Bytes::new(),
-        }
-    }
-
-    fn pass(&mut self, out: Bytes) -> Poll<Option<Result<Bytes, Infallible>>> {
-        self.count.feed(&out);
-        if self.count.done > 0 {       // released before the end goes out
-            self.guard.fire(self.count.events - self.count.done, None);
-        }
-        Poll::Ready(Some(Ok(out)))
-    }
-}
-
-impl Stream for Relay {
-    type Item = Result<Bytes, Infallible>;
-
-    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
-        let this = &mut *self;
-        while !this.finished {
-            match Pin::new(&mut this.body).poll_next(cx) {
-                Poll::Pending => return Poll::Pending,
-                Poll::Ready(Some(Ok(chunk))) => {
-                    let out = this.whole(chunk);
-                    if !out.is_empty() { return this.pass(out); }
-                }
-                Poll::Ready(Some(Err(e))) => {
-                    this.finished = true;
-                    let tokens = this.count.events - this.count.done;
-                    this.guard.fire(tokens, None);
-                    if this.count.done == 0 {
-                        let msg = format!("the upstream stream broke: {}", e).replace('"', "'");
-                        return Poll::Ready(Some(Ok(Bytes::from(format!(
-                            "data: {{\"error\": {{\"message\": \"{}\", \"type\": \"upstream_error\", \"param\": null, \
-                             \"code\": 502}}}}\n\ndata: [DONE]\n\n", msg)))));
-                    }
-                }
-                Poll::Ready(None) => {
-                    this.finished = true;
-                    let rest = Bytes::from(std::mem::take(&mut this.partial));
-                    this.count.feed(&rest);
-                    this.guard.fire(this.count.events - this.count.done, None);
-                    if !rest.is_empty() { return Poll::Ready(Some(Ok(rest))); }
-                }
-            }
-        }
-        Poll::Ready(None)
-    }
 }
 
 fn new_request_id() -> String {
@@ -235,7 +128,7 @@ async fn handle(req: Request<Body>, ctx: Arc<Ctx>) -> Result<Response<Body>, Inf
     let raw = Bytes::from(raw);
     let id = NEXT.fetch_add(1, Ordering::Relaxed);
     IN_FLIGHT.fetch_add(1, Ordering::Relaxed);
-    let mut guard = EndGuard { id, tx: ctx.tx.clone(), status: 499, armed: true };
+    let mut guard = EndGuard { id, tx: ctx.tx.clone(), status: 499, armed: true, broke: false };
     let mut answer = ask(&ctx, Ev::Ask(id, parts.uri.path().to_owned(), headers.clone(), raw.clone()), id).await;
     loop {
         let (url, worker) = match answer {
@@ -251,12 +144,13 @@ async fn handle(req: Request<Body>, ctx: Arc<Ctx>) -> Result<Response<Body>, Inf
             if !NOT_SENT.contains(&k.as_str()) && !HOP_BY_HOP.contains(&k.as_str()) { out = out.header(k, v); }
         }
         let out = out.header("content-type", "application/json").body(Body::from(raw.clone()));
-        let failed = match ctx.client.request(out.unwrap_or_default()).await {
-            Ok(resp) => match answered(resp, guard, &worker, &rid).await {
+        let failed = match tokio::time::timeout(ctx.timeout, ctx.client.request(out.unwrap_or_default())).await {
+            Ok(Ok(resp)) => match answered(resp, guard, &worker, &rid, ctx.timeout).await {
                 Ok(resp) => return Ok(resp),
-                Err(g) => { guard = g; ("read", false) }
+                Err((g, what)) => { guard = g; (what, false) }
             },
-            Err(e) => (if e.is_connect() { "connect" } else { "send" }, e.is_connect()),
+            Ok(Err(e)) => (if e.is_connect() { "connect" } else { "send" }, e.is_connect()),
+            Err(_) => ("timeout", false),
         };
         answer = ask(&ctx, Ev::Failed(id, failed.0, failed.1), id).await;
     }
@@ -270,8 +164,10 @@ async fn ask(ctx: &Ctx, ev: Ev, id: u64) -> Option<Answer> {
     orx.await.ok()
 }
 
-/// The server's reply as it goes back; Err (with the guard) when its body failed before any of it went.
-async fn answered(resp: Response<Body>, mut guard: EndGuard, worker: &str, rid: &str) -> Result<Response<Body>, EndGuard> {
+/// The server's reply as it goes back; Err (with the guard, and what failed) when its body failed
+/// before any of it went.
+async fn answered(resp: Response<Body>, mut guard: EndGuard, worker: &str, rid: &str, timeout: Duration)
+                  -> Result<Response<Body>, (EndGuard, &'static str)> {
     let (mut head, body) = resp.into_parts();
     guard.status = head.status.as_u16();
     for name in HOP_BY_HOP.iter().chain(["content-encoding", "date", "server"].iter()) { head.headers.remove(*name); }
@@ -281,11 +177,14 @@ async fn answered(resp: Response<Body>, mut guard: EndGuard, worker: &str, rid: 
     let sse = head.status == 200 && head.headers.get("content-type")
         .map_or(false, |v| v.as_bytes().starts_with(b"text/event-stream"));
     if sse {
-        let relay = Relay { body, guard, count: EventCount { events: 0, done: 0, tail: b"\n".to_vec() },
-                            partial: Vec::new(), finished: false };
+        let relay = Relay::new(body, guard, timeout);
         return Ok(with_id(Response::from_parts(head, Body::wrap_stream(relay)), rid));
     }
-    let bytes = match hyper::body::to_bytes(body).await { Ok(b) => b, Err(_) => return Err(guard) };
+    let bytes = match tokio::time::timeout(timeout, hyper::body::to_bytes(body)).await {
+        Ok(Ok(b)) => b,
+        Ok(Err(_)) => return Err((guard, "read")),
+        Err(_) => return Err((guard, "timeout")),
+    };
     let tokens = if head.status == 200 { usage_tokens(&bytes) } else { 0 };
     guard.fire(tokens, if tokens < 0 { Some(bytes.clone()) } else { None });
     head.headers.remove("content-length");
@@ -315,7 +214,7 @@ async fn rest(parts: hyper::http::request::Parts, body: Body, ctx: &Ctx) -> Resp
 /// Serve the listening sockets `fds` (this takes them) on `threads` threads until `stop`.
 #[pyfunction]
 fn serve(fds: Vec<i32>, rest: String, threads: usize, max_body: usize, too_large: Vec<u8>, max_head: usize,
-         head_timeout_s: f64) -> PyResult<()> {
+         head_timeout_s: f64, timeout_s: f64) -> PyResult<()> {
     let (tx, rx) = mpsc::unbounded_channel::<Ev>();
     let (stop, stopped) = watch::channel(false);
     SHARED.set(Shared { rx: Mutex::new(rx), waiting: Mutex::new(HashMap::new()), stop })
@@ -331,8 +230,9 @@ fn serve(fds: Vec<i32>, rest: String, threads: usize, max_body: usize, too_large
         rt.block_on(async move {
             let mut conn = hyper::client::HttpConnector::new();
             conn.set_nodelay(true);
+            conn.set_connect_timeout(Some(Duration::from_secs(10)));     // the Python path's
             let client = Client::builder().build::<_, Body>(conn);
-            let ctx = Arc::new(Ctx { tx, client, rest, max_body, too_large, max_head });
+            let ctx = Arc::new(Ctx { tx, client, rest, max_body, too_large, max_head, timeout: Duration::from_secs_f64(timeout_s) });
             let mut servers = Vec::new();
             for l in listeners {
                 let ctx = ctx.clone();
@@ -364,7 +264,7 @@ fn in_flight() -> i64 { IN_FLIGHT.load(Ordering::Relaxed) }
 type PyEvent = (&'static str, u64, PyObject);
 
 /// Every event waiting, in order (at least one; the GIL released while none is): ("a", id, (path,
-/// headers, body)), ("f", id, (what, down)), ("d", id, (status, tokens, body or None)).
+/// headers, body)), ("f", id, (what, down)), ("d", id, (status, tokens, body or None, broke)).
 #[pyfunction]
 fn take(py: Python<'_>) -> PyResult<Vec<PyEvent>> {
     let shared = SHARED.get().ok_or_else(|| pyo3::exceptions::PyRuntimeError::new_err("not serving"))?;
@@ -377,8 +277,8 @@ fn take(py: Python<'_>) -> PyResult<Vec<PyEvent>> {
     Ok(evs.into_iter().map(|ev| match ev {
         Ev::Ask(id, path, headers, b) => ("a", id, (path, headers, PyBytes::new(py, &b)).into_py(py)),
         Ev::Failed(id, what, down) => ("f", id, (what, down).into_py(py)),
-        Ev::Done(id, status, tokens, body) =>
-            ("d", id, (status, tokens, body.map(|b| PyBytes::new(py, &b).to_object(py))).into_py(py)),
+        Ev::Done(id, status, tokens, body, broke) =>
+            ("d", id, (status, tokens, body.map(|b| PyBytes::new(py, &b).to_object(py)), broke).into_py(py)),
     }).collect())
 }
 
