@@ -10,6 +10,8 @@ breaks, a client that leaves releasing its request, the limits on heads and bodi
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import contextlib
 import json
 import re
@@ -130,6 +132,7 @@ def test_a_broken_stream_ends_with_an_error_event_and_is_released(stub_states):
     assert len(events) == 5 and events[-1] == "data: [DONE]"
     assert json.loads(events[-2].removeprefix("data: "))["error"]["type"] == "upstream_error"
     assert not any(v for k, v in load.items() if k.startswith("worker_load"))
+    assert load['errors_total{kind="midstream"}'] == 1
 
 
 def test_a_client_that_leaves_mid_stream_releases_its_request(stub_states):
@@ -164,7 +167,9 @@ def test_bad_data_path_options_are_one_line_errors():
         assert out.returncode == 2 and says in out.stderr and "Traceback" not in out.stderr, out.stderr
 
 
-def test_a_server_slower_than_the_request_timeout_gets_a_504_or_an_error_event(stub_states):
+def test_a_server_slower_than_the_request_timeout_gets_a_504(stub_states):
+    """No first byte within --request-timeout-secs: a 504, streamed or not (slow is not failed: not
+    sent again), the session released."""
     states, urls = stub_states
     for s in states:
         s.token_delay_s = 0.4
@@ -173,8 +178,57 @@ def test_a_server_slower_than_the_request_timeout_gets_a_504_or_an_error_event(s
         streamed = client.post("/v1/completions", json={"model": "m", "prompt": "q", "max_tokens": 5, "stream": True})
         settle(client)
         found = books(client)
-    assert plain.status_code == 504 and plain.json()["error"]["type"] == "upstream_timeout"
-    events = [e for e in streamed.text.split("\n\n") if e]
-    assert events[-1] == "data: [DONE]" and json.loads(events[-2].removeprefix("data: "))["error"]["code"] == 502
-    assert found['errors_total{kind="timeout"}'] == 1 and found['errors_total{kind="midstream"}'] == 1
+    for r in (plain, streamed):
+        assert r.status_code == 504 and r.json()["error"]["type"] == "upstream_timeout"
+    assert found['errors_total{kind="timeout"}'] == 2 and found["retries_total"] == 0
     assert not any(v for k, v in found.items() if k.startswith("worker_load"))
+
+
+def test_a_refusal_at_entry_is_answered_under_misa(stub_states):
+    """No server up: the default policy's 503 at once, for each of several requests in one batch."""
+    states, urls = stub_states
+    doomed = ServerThread(stub_app(StubState("doomed")), name="doomed", **FAST).start()
+    with serving([doomed.url], "--poll-interval-secs", "0.2") as client:
+        doomed.stop()
+        deadline = time.monotonic() + 10
+        while "worker_up" in books_up(client) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        with httpx.Client(base_url=str(client.base_url), timeout=10) as other:
+            answers = [c.post("/v1/completions", json={"model": "m", "prompt": "p"}) for c in (client, other)]
+    assert [a.status_code for a in answers] == [503, 503]
+    assert all(a.json()["error"]["type"] == "no_worker" for a in answers)
+
+
+def books_up(client: httpx.Client) -> str:
+    """'worker_up' while the router counts a server up."""
+    return "worker_up" if re.search(r"cadencerl_router_worker_up\{[^}]*\} 1\.0", client.get("/metrics").text) else ""
+
+
+def test_clients_leaving_at_every_stage_leave_the_in_flight_bound_whole(stub_states):
+    """A placement-only policy's in-flight bound (4 here): clients that leave while waiting for a
+    slot, while placed, or mid-reply give every slot back; 8 requests then all go through."""
+    states, urls = stub_states
+    for s in states:
+        s.token_delay_s = 0.01
+
+    async def storm(url: str) -> None:
+        async with httpx.AsyncClient(base_url=url, timeout=10) as client:
+            async def one(i: int) -> None:
+                try:
+                    async with asyncio.timeout((0.001, 0.02, 0.1)[i % 3]):
+                        await client.post("/v1/completions", json={"model": "m", "prompt": f"p{i}", "max_tokens": 20,
+                                                                   "stream": i % 2 == 0})
+                except (TimeoutError, httpx.HTTPError):
+                    pass
+            await asyncio.gather(*(one(i) for i in range(120)))
+
+    with serving(urls, "--policy", "cache-aware", "--max-concurrent-requests", "4", "--hold-timeout", "3") as client:
+        asyncio.run(storm(str(client.base_url)))
+        settle(client)
+        for s in states:
+            s.token_delay_s = 0.0
+        with concurrent.futures.ThreadPoolExecutor(8) as pool:
+            statuses = list(pool.map(lambda i: client.post("/v1/completions", json={"model": "m", "prompt": f"q{i}",
+                                                                                     "max_tokens": 2}).status_code,
+                                     range(8)))
+    assert statuses == [200] * 8

@@ -59,6 +59,17 @@ class _Placed:
         self.session, self.routed, self.path, self.slot, self.retried = session, routed, path, slot, False
 
 
+class _Claim:
+    """An in-flight slot a request holds before it is placed: given back when its decision task
+    ends without passing it on (refused, its client gone, cancelled before it began), or passed on
+    to its placement (`_Placed.slot`), which gives it back at the request's end."""
+
+    __slots__ = ("slot",)
+
+    def __init__(self, slot: bool) -> None:
+        self.slot = slot
+
+
 class RustOwner:
     """Decides for the Rust side: each request's placement, its release, its one retry."""
 
@@ -72,14 +83,20 @@ class RustOwner:
         self.after_due = False
 
     def on_events(self, events: list) -> None:
-        """The Rust side's events in the order they happened: asks, failures and ends."""
+        """The Rust side's events in the order they happened: asks, failures and ends. One that
+        fails here is logged (and an ask answered 500), and the rest of the batch goes on."""
         for op, rid, data in events:
-            if op == "a":
-                self.ask(rid, *data)
-            elif op == "d":
-                self.done(rid, *data)
-            else:
-                self.failed(rid, *data)
+            try:
+                if op == "a":
+                    self.ask(rid, *data)
+                elif op == "d":
+                    self.done(rid, *data)
+                else:
+                    self.failed(rid, *data)
+            except Exception as exc:
+                log.exception("the Rust data path's event %r for request %d failed", op, rid)
+                if op == "a":
+                    self.refuse(rid, ApiError(500, f"internal error: {type(exc).__name__}", kind="internal_error"))
         if self.entered and not self.after_due:     # after every batch of this loop turn
             self.after_due = True
             asyncio.get_running_loop().call_soon(self.after_pass)
@@ -98,16 +115,18 @@ class RustOwner:
             _datapath.forward(rid, self.rest + path, "")
             return
         if self.limit is not None and not self.limit.try_enter():
-            self.start(rid, self.placing(routed, field), routed, path)
+            claim = _Claim(False)
+            self.start(rid, lambda: self.placing(routed, field, claim), routed, path, claim)
             return
+        claim = _Claim(self.limit is not None)
         try:
             session = enter_at_once(svc, routed)
         except Rejected as exc:
-            self.leave(True)
+            self.leave(claim.slot)
             self.refuse(rid, exc)
             return
         if session is None:
-            self.start(rid, self.placing(routed, field, slot=self.limit is not None), routed, path)
+            self.start(rid, lambda: self.placing(routed, field, claim), routed, path, claim)
         else:
             self.entered[rid] = (session, routed, field, path)
 
@@ -125,15 +144,21 @@ class RustOwner:
                 self.go(rid, _Placed(session, routed, path, slot))
             else:
                 self.holding[rid] = session
-                self.start(rid, self.held(rid, session, field, slot), routed, path)
+                self.start(rid, lambda s=session, f=field, r=rid: self.held(r, s, f), routed, path, _Claim(slot))
 
-    def start(self, rid: int, placing, routed, path: str) -> None:
-        task = self.deciding[rid] = asyncio.ensure_future(self.wait(rid, placing, routed, path))
-        task.add_done_callback(lambda _: self.deciding.pop(rid, None))
+    def start(self, rid: int, placing, routed, path: str, claim: _Claim) -> None:
+        """Decide `rid` in a task: `placing()` gives its session once placed."""
+        task = self.deciding[rid] = asyncio.ensure_future(self.wait(rid, placing, routed, path, claim))
+        task.add_done_callback(lambda _: self.decided(rid, claim))
 
-    async def wait(self, rid: int, placing, routed, path: str) -> None:
+    def decided(self, rid: int, claim: _Claim) -> None:
+        self.deciding.pop(rid, None)
+        self.leave(claim.slot)          # a slot its placement did not take over
+        claim.slot = False
+
+    async def wait(self, rid: int, placing, routed, path: str, claim: _Claim) -> None:
         try:
-            session, slot = await placing
+            session = await placing()
         except asyncio.CancelledError:
             return                      # its client left while it waited (the wait withdrew it)
         except (Rejected, ApiError) as exc:
@@ -141,32 +166,26 @@ class RustOwner:
                 self.svc.metrics.errors.labels("bad_request").inc()
             self.refuse(rid, exc)
             return
-        self.go(rid, _Placed(session, routed, path, slot))
+        self.go(rid, _Placed(session, routed, path, claim.slot))
+        claim.slot = False
 
-    async def placing(self, routed, field: str, slot: bool = False):
-        """`place`'s whole way, first taking an in-flight slot unless it holds one (`slot`)."""
-        if not slot and self.limit is not None:
+    async def placing(self, routed, field: str, claim: _Claim):
+        """`place`'s whole way, first taking an in-flight slot unless it holds one."""
+        if not claim.slot and self.limit is not None:
             await self.limit.enter()
-            slot = True
-        try:
-            return await place(self.svc, routed, field), slot
-        except BaseException:
-            self.leave(slot)
-            raise
+            claim.slot = True
+        return await place(self.svc, routed, field)
 
-    async def held(self, rid: int, session, field: str, slot: bool):
+    async def held(self, rid: int, session, field: str):
         del self.holding[rid]                   # from here, the wait withdraws it if its client leaves
-        if session.traj.state is State.RESIDENT:
-            return session, slot                # a pass placed it before this wait began: none would wake it
-        try:
+        if session.traj.state is not State.RESIDENT:    # a pass may have placed it before this wait began
             await self.svc.wait_placed(session, field)
-        except BaseException:
-            self.leave(slot)
-            raise
-        return session, slot
+        return session
 
-    def go(self, rid: int, placed: _Placed) -> None:
-        self.svc.metrics.served_by("0").inc()
+    def go(self, rid: int, placed: _Placed, again: bool = False) -> None:
+        """Forward `rid` where it is placed (`again`: a retry, not counted as a new placement)."""
+        if not again:
+            self.svc.metrics.served_by("0").inc()
         self.placed[rid] = placed
         worker = placed.session.traj.worker
         _datapath.forward(rid, str(self.svc.upstreams[worker].endpoint(placed.path)), str(worker))
@@ -204,9 +223,11 @@ class RustOwner:
 
     async def retry(self, rid: int, placed: _Placed, failed: int, what: str) -> None:
         """Once to another server, as the Python data path does; else released and a 502."""
+        if self.placed.get(rid) is not placed:
+            return              # its client left meanwhile: released already
         if not placed.retried and await self.svc.reroute(placed.session, failed):
             placed.retried = True
-            self.go(rid, placed)
+            self.go(rid, placed, again=True)
             return
         self.give_up(rid, placed, ApiError(502, f"upstream server failed ({what})", kind="upstream_error"))
 
@@ -232,6 +253,8 @@ def _take_forever(owner: RustOwner, loop: asyncio.AbstractEventLoop) -> None:
     """In a thread of its own: each batch the Rust side has (waited for with the GIL released) to the loop."""
     while True:
         events = _datapath.take()
+        if not events:              # the Rust side stopped: nothing more will come
+            return
         try:
             loop.call_soon_threadsafe(owner.on_events, events)
         except RuntimeError:        # the loop closed: the router is stopping
@@ -258,12 +281,14 @@ def serve_rust(app, config: uvicorn.Config, settings: RouterSettings, socks: lis
     private.bind(("127.0.0.1", 0))
     rest = f"http://127.0.0.1:{private.getsockname()[1]}"
     fds = []
-    for sock in socks:
+    for sock in socks:          # the Rust side takes a copy of each; the originals close, so a stop refuses
         sock.listen(4096)
         fds.append(os.dup(sock.fileno()))
     limit = settings.max_body_bytes
     _datapath.serve(fds, rest, THREADS, limit, too_large(limit).response().body, MAX_HEAD_BYTES, HEAD_TIMEOUT_S,
                     settings.request_timeout_s)
+    for sock in socks:
+        sock.close()
 
     async def main() -> None:
         threading.Thread(target=_take_forever, args=(RustOwner(app, rest), asyncio.get_running_loop()),

@@ -144,8 +144,10 @@ async fn handle(req: Request<Body>, ctx: Arc<Ctx>) -> Result<Response<Body>, Inf
             if !NOT_SENT.contains(&k.as_str()) && !HOP_BY_HOP.contains(&k.as_str()) { out = out.header(k, v); }
         }
         let out = out.header("content-type", "application/json").body(Body::from(raw.clone()));
-        let failed = match tokio::time::timeout(ctx.timeout, ctx.client.request(out.unwrap_or_default())).await {
-            Ok(Ok(resp)) => match answered(resp, guard, &worker, &rid, ctx.timeout).await {
+        // the router's own app (worker ""), which may hold the request, is not bounded by the servers' timeout
+        let timeout = if worker.is_empty() { Duration::MAX } else { ctx.timeout };
+        let failed = match tokio::time::timeout(timeout, ctx.client.request(out.unwrap_or_default())).await {
+            Ok(Ok(resp)) => match answered(resp, guard, &worker, &rid, timeout).await {
                 Ok(resp) => return Ok(resp),
                 Err((g, what)) => { guard = g; (what, false) }
             },
@@ -160,8 +162,18 @@ async fn handle(req: Request<Body>, ctx: Arc<Ctx>) -> Result<Response<Body>, Inf
 async fn ask(ctx: &Ctx, ev: Ev, id: u64) -> Option<Answer> {
     let (otx, orx) = oneshot::channel();
     SHARED.get()?.waiting.lock().ok()?.insert(id, otx);
+    let _unanswered = Waiting(id);
     ctx.tx.send(ev).ok()?;
     orx.await.ok()
+}
+
+/// Takes a request's answer slot out when its wait ends, answered or not (its client left).
+struct Waiting(u64);
+
+impl Drop for Waiting {
+    fn drop(&mut self) {
+        if let Some(Ok(mut waiting)) = SHARED.get().map(|s| s.waiting.lock()) { waiting.remove(&self.0); }
+    }
 }
 
 /// The server's reply as it goes back; Err (with the guard, and what failed) when its body failed
@@ -176,8 +188,16 @@ async fn answered(resp: Response<Body>, mut guard: EndGuard, worker: &str, rid: 
     }
     let sse = head.status == 200 && head.headers.get("content-type")
         .map_or(false, |v| v.as_bytes().starts_with(b"text/event-stream"));
-    if sse {
-        let relay = Relay::new(body, guard, timeout);
+    if sse {     // its first chunk read first: a server that fails before it is retried, as before the head
+        let mut body = body;
+        let first = match tokio::time::timeout(timeout, body.data()).await {
+            Ok(Some(Ok(chunk))) => Some(chunk),
+            Ok(None) => None,
+            Ok(Some(Err(_))) => return Err((guard, "stream_start")),
+            Err(_) => return Err((guard, "timeout")),
+        };
+        head.headers.remove("content-length");      // whole events only, and an error event may end it
+        let relay = Relay::new(body, guard, timeout, first);
         return Ok(with_id(Response::from_parts(head, Body::wrap_stream(relay)), rid));
     }
     let bytes = match tokio::time::timeout(timeout, hyper::body::to_bytes(body)).await {
@@ -232,7 +252,7 @@ fn serve(fds: Vec<i32>, rest: String, threads: usize, max_body: usize, too_large
             conn.set_nodelay(true);
             conn.set_connect_timeout(Some(Duration::from_secs(10)));     // the Python path's
             let client = Client::builder().build::<_, Body>(conn);
-            let ctx = Arc::new(Ctx { tx, client, rest, max_body, too_large, max_head, timeout: Duration::from_secs_f64(timeout_s) });
+            let ctx = Arc::new(Ctx { tx, client, rest, max_body, too_large, max_head, timeout: seconds(timeout_s) });
             let mut servers = Vec::new();
             for l in listeners {
                 let ctx = ctx.clone();
@@ -243,7 +263,7 @@ fn serve(fds: Vec<i32>, rest: String, threads: usize, max_body: usize, too_large
                 let mut stopped = stopped.clone();
                 let server = match Server::from_tcp(l) { Ok(b) => b, Err(_) => continue };
                 servers.push(tokio::spawn(server.tcp_nodelay(true).http1_max_buf_size(max_head)
-                    .http1_header_read_timeout(Duration::from_secs_f64(head_timeout_s)).serve(make)
+                    .http1_header_read_timeout(seconds(head_timeout_s)).serve(make)
                     .with_graceful_shutdown(async move { let _ = stopped.changed().await; })));
             }
             for s in servers { let _ = s.await; }
@@ -251,6 +271,8 @@ fn serve(fds: Vec<i32>, rest: String, threads: usize, max_body: usize, too_large
     });
     Ok(())
 }
+
+fn seconds(s: f64) -> Duration { Duration::try_from_secs_f64(s).unwrap_or(Duration::MAX) }
 
 /// Stop accepting; connections in flight finish (`in_flight` counts their generating requests).
 #[pyfunction]

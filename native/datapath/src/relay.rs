@@ -55,28 +55,51 @@ fn count(hay: &[u8], needle: &[u8]) -> i64 { memmem::find_iter(hay, needle).coun
 /// A server's SSE stream as it goes to the client: whole events only (a partial one waits for its
 /// end), counted as they pass; a break after the last whole event ends with an error event.
 pub struct Relay { body: Body, guard: EndGuard, count: EventCount, partial: Vec<u8>, finished: bool,
-               idle: Pin<Box<tokio::time::Sleep>>, timeout: Duration }
+               idle: Pin<Box<tokio::time::Sleep>>, timeout: Duration, first: Option<Bytes> }
+
+/// An event longer than this is passed on as it comes (framing.py's bound, stored.MAX_EVENT_BYTES).
+const MAX_EVENT_BYTES: usize = 1 << 20;
+
+/// Where the last whole event of `data` ends (0: none), searching from `start`: an event ends at two
+/// line endings in a row, each CRLF, LF or a CR alone (framing.py's `whole_events_end`).
+fn whole_events_end(data: &[u8], start: usize) -> usize {
+    let (mut end, mut i, mut after_ending) = (0, start, usize::MAX);
+    while i < data.len() {
+        let n = match data[i] {
+            b'\r' if data.get(i + 1) == Some(&b'\n') => 2,
+            b'\r' | b'\n' => 1,
+            _ => { i += 1; continue; }
+        };
+        if after_ending == i {
+            end = i + n;
+            after_ending = usize::MAX;
+        } else {
+            after_ending = i + n;
+        }
+        i += n;
+    }
+    end
+}
 
 impl Relay {
-    pub fn new(body: Body, guard: EndGuard, timeout: Duration) -> Relay {
+    /// `first`: the stream's first chunk, read before the reply was given (a failure there is retried).
+    pub fn new(body: Body, guard: EndGuard, timeout: Duration, first: Option<Bytes>) -> Relay {
         Relay { body, guard, count: EventCount { events: 0, done: 0, tail: b"\n".to_vec() }, partial: Vec::new(),
-                finished: false, idle: Box::pin(tokio::time::sleep(timeout)), timeout }
+                finished: first.is_none(), idle: Box::pin(tokio::time::sleep(timeout)), timeout, first }
     }
 
     fn whole(&mut self, chunk: Bytes) -> Bytes {
-        if self.partial.is_empty() && (chunk.ends_with(b"\n\n") || chunk.ends_with(b"\r\n\r\n")) {
+        if self.partial.is_empty() && chunk.ends_with(b"\n\n") {     // the usual case: whole events
             return chunk;
         }
+        let start = self.partial.len().saturating_sub(3);   // the kept start holds no blank line but at its end
         self.partial.extend_from_slice(&chunk);
-        let cut = [(memmem::rfind(&self.partial, b"\n\n"), 2), (memmem::rfind(&self.partial, b"\r\n\r\n"), 4)]
-            .iter().filter_map(|(at, n)| at.map(|i| i + n)).max();
-        match cut {
-            Some(i) => {
-                let rest = self.partial.split_off(i);
-                Bytes::from(std::mem::replace(&mut self.partial, rest))
-            }
-            None => Bytes::new(),
+        let mut end = whole_events_end(&self.partial, start);
+        if end == 0 && self.partial.len() > MAX_EVENT_BYTES {
+            end = self.partial.len();
         }
+        let rest = self.partial.split_off(end);
+        Bytes::from(std::mem::replace(&mut self.partial, rest))
     }
 
     fn pass(&mut self, out: Bytes) -> Poll<Option<Result<Bytes, Infallible>>> {
@@ -93,6 +116,10 @@ impl Stream for Relay {
 
     fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
         let this = &mut *self;
+        if let Some(first) = this.first.take() {
+            let out = this.whole(first);
+            if !out.is_empty() { return this.pass(out); }
+        }
         while !this.finished {
             let polled = match Pin::new(&mut this.body).poll_next(cx) {
                 Poll::Pending if this.idle.as_mut().poll(cx).is_ready() => {
@@ -104,7 +131,8 @@ impl Stream for Relay {
             match polled {
                 Poll::Pending => return Poll::Pending,
                 Poll::Ready(Some(Ok(chunk))) => {
-                    let deadline = tokio::time::Instant::now() + this.timeout;
+                    let now = tokio::time::Instant::now();     // (a timeout past the clock's range: a year)
+                    let deadline = now.checked_add(this.timeout).unwrap_or(now + Duration::from_secs(31_536_000));
                     this.idle.as_mut().reset(deadline);
                     let out = this.whole(chunk);
                     if !out.is_empty() { return this.pass(out); }
@@ -115,7 +143,8 @@ impl Stream for Relay {
                     this.guard.broke = true;
                     this.guard.fire(tokens, None);
                     if this.count.done == 0 {
-                        let msg = format!("the upstream stream broke: {}", e).replace('"', "'");
+                        let msg: String = format!("the upstream stream broke: {}", e).chars()
+                            .map(|c| if c == '"' || c == '\\' || c.is_control() { '\'' } else { c }).collect();
                         return Poll::Ready(Some(Ok(Bytes::from(format!(
                             "data: {{\"error\": {{\"message\": \"{}\", \"type\": \"upstream_error\", \"param\": null, \
                              \"code\": 502}}}}\n\ndata: [DONE]\n\n", msg)))));
@@ -131,5 +160,12 @@ impl Stream for Relay {
             }
         }
         Poll::Ready(None)
+    }
+}
+
+impl Drop for Relay {
+    /// A client that leaves mid-stream: released with the tokens it was sent (the guard fires once).
+    fn drop(&mut self) {
+        self.guard.fire(self.count.events - self.count.done, None);
     }
 }
