@@ -155,7 +155,9 @@ def test_limits_on_the_head_and_the_body_and_the_other_routes(stub_states):
         big = client.post("/v1/completions", json={"model": "m", "prompt": "x" * 2000})
         head = client.post("/v1/completions", json={"model": "m", "prompt": "p"}, headers={"X-Big": "y" * 70_000})
         models = client.get("/v1/models")
+        found = books(client)
     assert big.status_code == 413 and big.json()["error"]["type"] == "request_too_large"
+    assert found['errors_total{kind="bad_request"}'] == 1
     assert head.status_code == 431
     assert models.status_code == 200 and models.json()["data"]
 

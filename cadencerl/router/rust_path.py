@@ -91,8 +91,10 @@ class RustOwner:
                     self.ask(rid, *data)
                 elif op == "d":
                     self.done(rid, *data)
-                else:
+                elif op == "f":
                     self.failed(rid, *data)
+                else:                   # a body the Rust side refused (413), counted as the Python path does
+                    self.svc.metrics.errors.labels("bad_request").inc()
             except Exception as exc:
                 log.exception("the Rust data path's event %r for request %d failed", op, rid)
                 if op == "a":

@@ -32,6 +32,7 @@ enum Ev {
     Ask(u64, String, Vec<(String, String)>, Bytes),
     Failed(u64, &'static str, bool),         // no byte came back: what failed, and is the server down
     Done(u64, u16, i64, Option<Bytes>, bool),  // status, tokens counted (-1: read the body), the body, broke
+    TooLarge,                                // a body refused here (413), counted as Python's are
 }
 
 struct Shared {
@@ -85,6 +86,7 @@ fn plain(status: u16, headers: Vec<(String, String)>, body: Vec<u8>) -> Response
 }
 
 fn too_large(ctx: &Ctx) -> Response<Body> {
+    let _ = ctx.tx.send(Ev::TooLarge);
     plain(413, vec![("content-type".into(), "application/json".into()), ("connection".into(), "close".into())],
           ctx.too_large.clone())
 }
@@ -286,7 +288,8 @@ fn in_flight() -> i64 { IN_FLIGHT.load(Ordering::Relaxed) }
 type PyEvent = (&'static str, u64, PyObject);
 
 /// Every event waiting, in order (at least one; the GIL released while none is): ("a", id, (path,
-/// headers, body)), ("f", id, (what, down)), ("d", id, (status, tokens, body or None, broke)).
+/// headers, body)), ("f", id, (what, down)), ("d", id, (status, tokens, body or None, broke)),
+/// ("r", 0, ()): a body over the limit, refused here.
 #[pyfunction]
 fn take(py: Python<'_>) -> PyResult<Vec<PyEvent>> {
     let shared = SHARED.get().ok_or_else(|| pyo3::exceptions::PyRuntimeError::new_err("not serving"))?;
@@ -299,6 +302,7 @@ fn take(py: Python<'_>) -> PyResult<Vec<PyEvent>> {
     Ok(evs.into_iter().map(|ev| match ev {
         Ev::Ask(id, path, headers, b) => ("a", id, (path, headers, PyBytes::new(py, &b)).into_py(py)),
         Ev::Failed(id, what, down) => ("f", id, (what, down).into_py(py)),
+        Ev::TooLarge => ("r", 0, ().into_py(py)),
         Ev::Done(id, status, tokens, body, broke) =>
             ("d", id, (status, tokens, body.map(|b| PyBytes::new(py, &b).to_object(py)), broke).into_py(py)),
     }).collect())
