@@ -19,6 +19,7 @@ import os
 import socket
 import threading
 import time
+from functools import partial
 
 import uvicorn
 
@@ -118,7 +119,7 @@ class RustOwner:
             return
         if self.limit is not None and not self.limit.try_enter():
             claim = _Claim(False)
-            self.start(rid, lambda: self.placing(routed, field, claim), routed, path, claim)
+            self.start(rid, partial(self.placing, routed, field, claim), routed, path, claim)
             return
         claim = _Claim(self.limit is not None)
         try:
@@ -128,7 +129,7 @@ class RustOwner:
             self.refuse(rid, exc)
             return
         if session is None:
-            self.start(rid, lambda: self.placing(routed, field, claim), routed, path, claim)
+            self.start(rid, partial(self.placing, routed, field, claim), routed, path, claim)
         else:
             self.entered[rid] = (session, routed, field, path)
 
@@ -146,7 +147,7 @@ class RustOwner:
                 self.go(rid, _Placed(session, routed, path, slot))
             else:
                 self.holding[rid] = session
-                self.start(rid, lambda s=session, f=field, r=rid: self.held(r, s, f), routed, path, _Claim(slot))
+                self.start(rid, partial(self.held, rid, session, field), routed, path, _Claim(slot))
 
     def start(self, rid: int, placing, routed, path: str, claim: _Claim) -> None:
         """Decide `rid` in a task: `placing()` gives its session once placed."""
@@ -180,8 +181,7 @@ class RustOwner:
 
     async def held(self, rid: int, session, field: str):
         del self.holding[rid]                   # from here, the wait withdraws it if its client leaves
-        if session.traj.state is not State.RESIDENT:    # a pass may have placed it before this wait began
-            await self.svc.wait_placed(session, field)
+        await self.svc.wait_placed(session, field)      # (none if a pass placed it meanwhile)
         return session
 
     def go(self, rid: int, placed: _Placed, again: bool = False) -> None:

@@ -188,15 +188,14 @@ class RouterService:
                       route_key: str | None = None, field: str = "prompt", pin: int | None = None,
                       held: int = 0, max_new_tokens: int | None = None, resumable: bool = False) -> Session:
         """Admit (a new session) or place (a continuation) one request; waits in HOLD if it must.
-        `field` names the prompt in the 400 of a request that stops fitting while it waits. `pin`:
-        the server holding the stored response the request continues; it goes there alone, and its
-        prompt is the new part only, added to the context the server holds: a session's
-        continuation's own context (the earlier turns, counted as they went), else `held` (what the
-        server holds for the stored response, `ResponseOwners.context`). `max_new_tokens`: MISA-T's
-        bound on a new session's first reply before it measured any."""
+        `field` names the prompt in the 400 of a request that stops fitting while it waits. `pin`: the
+        server holding the stored response the request continues; it goes there alone, and its prompt
+        is the new part only, added to the context the server holds: a session's continuation's own
+        context (the earlier turns, counted as they went), else `held` (what the server holds for the
+        stored response, `ResponseOwners.context`). `max_new_tokens`: MISA-T's bound on a new
+        session's first reply before it measured any."""
         session = self.enter(key, cls, prompt_len, group, route_key, pin, held, max_new_tokens, resumable)
-        if session.traj.state is not State.RESIDENT:
-            await self.wait_placed(session, field)
+        await self.wait_placed(session, field)
         return session
 
     def enter(self, key: str | None, cls: str, prompt_len: int, group: int, route_key: str | None = None,
@@ -240,16 +239,17 @@ class RouterService:
         already). False when its session ended meanwhile (a new request, then)."""
         if session.traj.state is State.PENDING:
             self.decide()
-            if session.traj.state is not State.RESIDENT:
-                await self.wait_placed(session, field)
+            await self.wait_placed(session, field)
         return session.traj.state is State.RESIDENT
 
     def progress(self, session: Session, tokens: int) -> None:
         session.traj.tokens += tokens      # a resumable request's tokens as they stream: its context
 
     async def wait_placed(self, session: Session, field: str) -> None:
-        """A held request's wait for its placement, bounded by --hold-timeout (then 429 or 503)."""
+        """A held request's wait for its placement (none if placed already), bounded by --hold-timeout."""
         traj, loop = session.traj, asyncio.get_running_loop()
+        if traj.state is State.RESIDENT:
+            return
         fut = self.waiters[traj.id] = loop.create_future()
         timer = loop.call_later(self.settings.hold_timeout_s, expire, fut)   # (not wait_for: a task a wait)
         try:
