@@ -70,9 +70,10 @@ def internal_error(exc: Exception) -> JSONResponse:
     return error_response(500, f"internal router error: {type(exc).__name__}", kind="internal_error")
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class Routed:
-    """One completion request as the router sees it."""
+    """One completion request as the router sees it (read, never changed: not frozen only because a
+    frozen dataclass's construction cost 1.8 us of the Rust data path's 100 a request)."""
 
     raw: bytes
     stream: bool

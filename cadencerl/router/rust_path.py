@@ -17,7 +17,6 @@ import asyncio
 import logging
 import os
 import socket
-import threading
 import time
 from functools import partial
 
@@ -46,13 +45,6 @@ def available() -> bool:
     return _datapath is not None
 
 
-class Headers(dict):
-    """A request's headers (lower-case names, the first of each) as `parse_request` reads them."""
-
-    def get(self, key: str, default=None):
-        return dict.get(self, key.lower(), default)
-
-
 class _Placed:
     __slots__ = ("session", "routed", "path", "slot", "retried")
 
@@ -77,6 +69,7 @@ class RustOwner:
     def __init__(self, app, rest: str) -> None:
         self.svc, self.limit, self.rest = app.state.service, app.state.limit, rest
         self.placed: dict[int, _Placed] = {}
+        self.urls: dict[tuple[int, str], str] = {}      # (worker, route) -> the server's URL for it
         self.deciding: dict[int, asyncio.Task] = {}
         self.entered: dict[int, tuple] = {}     # entered this loop turn, for `after_pass`
         self.gone: set[int] = set()             # of those, the ones whose client left already
@@ -105,7 +98,7 @@ class RustOwner:
             asyncio.get_running_loop().call_soon(self.after_pass)
 
     def ask(self, rid: int, path: str, headers: list, body: bytes) -> None:
-        svc, field, headers = self.svc, FIELDS[path], Headers(reversed(headers))
+        svc, field, headers = self.svc, FIELDS[path], dict(reversed(headers))    # hyper's names are lower-case: the first of each
         try:
             check_content_type(headers)
             routed = parse_request(body, headers, field, svc.settings.classes, svc.settings.fallback_class)
@@ -190,7 +183,10 @@ class RustOwner:
             self.svc.metrics.served_by("0").inc()
         self.placed[rid] = placed
         worker = placed.session.traj.worker
-        _datapath.forward(rid, str(self.svc.upstreams[worker].endpoint(placed.path)), str(worker))
+        url = self.urls.get((worker, placed.path))
+        if url is None:
+            url = self.urls[worker, placed.path] = str(self.svc.upstreams[worker].endpoint(placed.path))
+        _datapath.forward(rid, url, str(worker))
 
     def done(self, rid: int, status: int, tokens: int, body: bytes | None, broke: bool) -> None:
         """A reply went (or its client left, or its stream broke: `broke`): the session released
@@ -251,16 +247,15 @@ class RustOwner:
                         refusal.body)
 
 
-def _take_forever(owner: RustOwner, loop: asyncio.AbstractEventLoop) -> None:
-    """In a thread of its own: each batch the Rust side has (waited for with the GIL released) to the loop."""
-    while True:
-        events = _datapath.take()
-        if not events:              # the Rust side stopped: nothing more will come
-            return
-        try:
-            loop.call_soon_threadsafe(owner.on_events, events)
-        except RuntimeError:        # the loop closed: the router is stopping
-            return
+def _on_bell(owner: RustOwner, bell: int) -> None:
+    """The Rust side rang: the ring read, then every event it queued, on the loop's own thread (a
+    thread waiting for events cost each batch two GIL hand-offs: docs/router.md)."""
+    try:
+        os.read(bell, 4096)
+    except BlockingIOError:         # read by an earlier ring's turn: its events may be taken already
+        pass
+    if events := _datapath.take():
+        owner.on_events(events)
 
 
 class _Server(uvicorn.Server):
@@ -287,14 +282,13 @@ def serve_rust(app, config: uvicorn.Config, settings: RouterSettings, socks: lis
         sock.listen(4096)
         fds.append(os.dup(sock.fileno()))
     limit = settings.max_body_bytes
-    _datapath.serve(fds, rest, THREADS, limit, too_large(limit).response().body, MAX_HEAD_BYTES, HEAD_TIMEOUT_S,
+    bell = _datapath.serve(fds, rest, THREADS, limit, too_large(limit).response().body, MAX_HEAD_BYTES, HEAD_TIMEOUT_S,
                     settings.request_timeout_s)
     for sock in socks:
         sock.close()
 
     async def main() -> None:
-        threading.Thread(target=_take_forever, args=(RustOwner(app, rest), asyncio.get_running_loop()),
-                         daemon=True, name="datapath-take").start()
+        asyncio.get_running_loop().add_reader(bell, _on_bell, RustOwner(app, rest), bell)
         await _Server(config).serve(sockets=[private])
 
     uvloop.install()

@@ -16,11 +16,13 @@ use pyo3::types::PyBytes;
 use std::collections::HashMap;
 use std::convert::Infallible;
 use std::hash::{BuildHasher, Hasher};
-use std::os::fd::FromRawFd;
+use std::io::Write;
+use std::os::fd::{FromRawFd, IntoRawFd};
+use std::os::unix::net::UnixStream;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
-use tokio::sync::{mpsc, oneshot, watch};
+use tokio::sync::{oneshot, watch};
 
 mod relay;
 use relay::{usage_tokens, Relay};
@@ -36,7 +38,8 @@ enum Ev {
 }
 
 struct Shared {
-    rx: Mutex<mpsc::UnboundedReceiver<Ev>>,
+    queue: Mutex<Vec<Ev>>,          // Python takes it whole when the bell rings (`take`)
+    bell: UnixStream,               // one byte when the queue becomes non-empty; Python's end is on its loop
     waiting: Mutex<HashMap<u64, oneshot::Sender<Answer>>>,
     stop: watch::Sender<bool>,
 }
@@ -45,7 +48,6 @@ static NEXT: AtomicU64 = AtomicU64::new(0);
 static IN_FLIGHT: AtomicI64 = AtomicI64::new(0);
 
 struct Ctx {
-    tx: mpsc::UnboundedSender<Ev>,
     client: Client<hyper::client::HttpConnector>,
     rest: String,
     max_body: usize,
@@ -56,19 +58,30 @@ struct Ctx {
 
 /// Queues `Done` once: when fired, or when dropped (the client left at any point after its ask:
 /// 499 unless a status came back), so that Python releases or withdraws every request it saw.
-struct EndGuard { id: u64, tx: mpsc::UnboundedSender<Ev>, status: u16, armed: bool, broke: bool }
+struct EndGuard { id: u64, status: u16, armed: bool, broke: bool }
 
 impl EndGuard {
     fn fire(&mut self, tokens: i64, body: Option<Bytes>) {
         if self.armed {
             self.armed = false;
-            let _ = self.tx.send(Ev::Done(self.id, self.status, tokens, body, self.broke));
+            tell(Ev::Done(self.id, self.status, tokens, body, self.broke));
         }
     }
 }
 
 impl Drop for EndGuard {
     fn drop(&mut self) { self.fire(0, None); IN_FLIGHT.fetch_sub(1, Ordering::Relaxed); }
+}
+
+/// Queue `ev` for Python, ringing its bell when the queue was empty: Python reads the bell, then
+/// takes the queue whole, so an event queued after its take rings again.
+fn tell(ev: Ev) {
+    let Some(s) = SHARED.get() else { return };
+    let first = match s.queue.lock() {
+        Ok(mut queue) => { queue.push(ev); queue.len() == 1 }
+        Err(_) => return,
+    };
+    if first { let _ = (&s.bell).write(&[1]); }     // full (WouldBlock): a ring is pending already
 }
 
 fn new_request_id() -> String {
@@ -86,7 +99,7 @@ fn plain(status: u16, headers: Vec<(String, String)>, body: Vec<u8>) -> Response
 }
 
 fn too_large(ctx: &Ctx) -> Response<Body> {
-    let _ = ctx.tx.send(Ev::TooLarge);
+    tell(Ev::TooLarge);
     plain(413, vec![("content-type".into(), "application/json".into()), ("connection".into(), "close".into())],
           ctx.too_large.clone())
 }
@@ -130,8 +143,8 @@ async fn handle(req: Request<Body>, ctx: Arc<Ctx>) -> Result<Response<Body>, Inf
     let raw = Bytes::from(raw);
     let id = NEXT.fetch_add(1, Ordering::Relaxed);
     IN_FLIGHT.fetch_add(1, Ordering::Relaxed);
-    let mut guard = EndGuard { id, tx: ctx.tx.clone(), status: 499, armed: true, broke: false };
-    let mut answer = ask(&ctx, Ev::Ask(id, parts.uri.path().to_owned(), headers.clone(), raw.clone()), id).await;
+    let mut guard = EndGuard { id, status: 499, armed: true, broke: false };
+    let mut answer = ask(Ev::Ask(id, parts.uri.path().to_owned(), headers.clone(), raw.clone()), id).await;
     loop {
         let (url, worker) = match answer {
             Some(Answer::Forward(url, worker)) => (url, worker),
@@ -156,16 +169,16 @@ async fn handle(req: Request<Body>, ctx: Arc<Ctx>) -> Result<Response<Body>, Inf
             Ok(Err(e)) => (if e.is_connect() { "connect" } else { "send" }, e.is_connect()),
             Err(_) => ("timeout", false),
         };
-        answer = ask(&ctx, Ev::Failed(id, failed.0, failed.1), id).await;
+        answer = ask(Ev::Failed(id, failed.0, failed.1), id).await;
     }
 }
 
 /// Tell Python `ev` about request `id` and wait for its answer (None: Python is gone).
-async fn ask(ctx: &Ctx, ev: Ev, id: u64) -> Option<Answer> {
+async fn ask(ev: Ev, id: u64) -> Option<Answer> {
     let (otx, orx) = oneshot::channel();
     SHARED.get()?.waiting.lock().ok()?.insert(id, otx);
     let _unanswered = Waiting(id);
-    ctx.tx.send(ev).ok()?;
+    tell(ev);
     orx.await.ok()
 }
 
@@ -233,13 +246,16 @@ async fn rest(parts: hyper::http::request::Parts, body: Body, ctx: &Ctx) -> Resp
     }
 }
 
-/// Serve the listening sockets `fds` (this takes them) on `threads` threads until `stop`.
+/// Serve the listening sockets `fds` (this takes them) on `threads` threads until `stop`. Returns the
+/// bell's Python end, a non-blocking socket's fd: readable when events wait (`take`).
 #[pyfunction]
 fn serve(fds: Vec<i32>, rest: String, threads: usize, max_body: usize, too_large: Vec<u8>, max_head: usize,
-         head_timeout_s: f64, timeout_s: f64) -> PyResult<()> {
-    let (tx, rx) = mpsc::unbounded_channel::<Ev>();
+         head_timeout_s: f64, timeout_s: f64) -> PyResult<i32> {
+    let (bell, theirs) = UnixStream::pair()?;
+    bell.set_nonblocking(true)?;
+    theirs.set_nonblocking(true)?;
     let (stop, stopped) = watch::channel(false);
-    SHARED.set(Shared { rx: Mutex::new(rx), waiting: Mutex::new(HashMap::new()), stop })
+    SHARED.set(Shared { queue: Mutex::new(Vec::new()), bell, waiting: Mutex::new(HashMap::new()), stop })
         .map_err(|_| pyo3::exceptions::PyRuntimeError::new_err("the data path serves already"))?;
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(threads.max(1)).enable_all().build()?;
     let mut listeners = Vec::new();
@@ -254,7 +270,7 @@ fn serve(fds: Vec<i32>, rest: String, threads: usize, max_body: usize, too_large
             conn.set_nodelay(true);
             conn.set_connect_timeout(Some(Duration::from_secs(10)));     // the Python path's
             let client = Client::builder().build::<_, Body>(conn);
-            let ctx = Arc::new(Ctx { tx, client, rest, max_body, too_large, max_head, timeout: seconds(timeout_s) });
+            let ctx = Arc::new(Ctx { client, rest, max_body, too_large, max_head, timeout: seconds(timeout_s) });
             let mut servers = Vec::new();
             for l in listeners {
                 let ctx = ctx.clone();
@@ -271,7 +287,7 @@ fn serve(fds: Vec<i32>, rest: String, threads: usize, max_body: usize, too_large
             for s in servers { let _ = s.await; }
         });
     });
-    Ok(())
+    Ok(theirs.into_raw_fd())
 }
 
 fn seconds(s: f64) -> Duration { Duration::try_from_secs_f64(s).unwrap_or(Duration::MAX) }
@@ -287,18 +303,13 @@ fn in_flight() -> i64 { IN_FLIGHT.load(Ordering::Relaxed) }
 
 type PyEvent = (&'static str, u64, PyObject);
 
-/// Every event waiting, in order (at least one; the GIL released while none is): ("a", id, (path,
-/// headers, body)), ("f", id, (what, down)), ("d", id, (status, tokens, body or None, broke)),
-/// ("r", 0, ()): a body over the limit, refused here.
+/// Every event waiting, in order (none, after a ring whose events an earlier take had): ("a", id,
+/// (path, headers, body)), ("f", id, (what, down)), ("d", id, (status, tokens, body or None,
+/// broke)), ("r", 0, ()): a body over the limit, refused here. Read the bell first.
 #[pyfunction]
 fn take(py: Python<'_>) -> PyResult<Vec<PyEvent>> {
     let shared = SHARED.get().ok_or_else(|| pyo3::exceptions::PyRuntimeError::new_err("not serving"))?;
-    let evs: Vec<Ev> = py.allow_threads(|| {
-        let mut rx = shared.rx.lock().unwrap();
-        let mut evs: Vec<Ev> = rx.blocking_recv().into_iter().collect();
-        while let Ok(ev) = rx.try_recv() { evs.push(ev); }
-        evs
-    });
+    let evs = std::mem::take(&mut *shared.queue.lock().unwrap());
     Ok(evs.into_iter().map(|ev| match ev {
         Ev::Ask(id, path, headers, b) => ("a", id, (path, headers, PyBytes::new(py, &b)).into_py(py)),
         Ev::Failed(id, what, down) => ("f", id, (what, down).into_py(py)),
