@@ -98,7 +98,7 @@ class RustOwner:
             asyncio.get_running_loop().call_soon(self.after_pass)
 
     def ask(self, rid: int, path: str, headers: list, body: bytes) -> None:
-        svc, field, headers = self.svc, FIELDS[path], dict(reversed(headers))    # hyper's names are lower-case: the first of each
+        svc, field = self.svc, FIELDS[path]     # headers: the first of each name, lower-case (hyper's)
         try:
             check_content_type(headers)
             routed = parse_request(body, headers, field, svc.settings.classes, svc.settings.fallback_class)

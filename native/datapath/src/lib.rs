@@ -12,7 +12,8 @@ use hyper::header::{HeaderName, HeaderValue};
 use hyper::service::{make_service_fn, service_fn};
 use hyper::{Body, Client, Request, Response, Server, Uri};
 use pyo3::prelude::*;
-use pyo3::types::PyBytes;
+use pyo3::intern;
+use pyo3::types::{PyBytes, PyDict, PyString};
 use std::collections::HashMap;
 use std::convert::Infallible;
 use std::hash::{BuildHasher, Hasher};
@@ -301,22 +302,42 @@ fn stop() {
 #[pyfunction]
 fn in_flight() -> i64 { IN_FLIGHT.load(Ordering::Relaxed) }
 
-type PyEvent = (&'static str, u64, PyObject);
+type PyEvent<'py> = (&'py PyString, u64, PyObject);
 
 /// Every event waiting, in order (none, after a ring whose events an earlier take had): ("a", id,
-/// (path, headers, body)), ("f", id, (what, down)), ("d", id, (status, tokens, body or None,
-/// broke)), ("r", 0, ()): a body over the limit, refused here. Read the bell first.
+/// (path, headers, body)), headers a dict of the first of each name; ("f", id, (what, down)), ("d",
+/// id, (status, tokens, body or None, broke)), ("r", 0, ()): a body over the limit, refused here.
+/// Read the bell first.
 #[pyfunction]
-fn take(py: Python<'_>) -> PyResult<Vec<PyEvent>> {
+fn take(py: Python<'_>) -> PyResult<Vec<PyEvent<'_>>> {
     let shared = SHARED.get().ok_or_else(|| pyo3::exceptions::PyRuntimeError::new_err("not serving"))?;
     let evs = std::mem::take(&mut *shared.queue.lock().unwrap());
-    Ok(evs.into_iter().map(|ev| match ev {
-        Ev::Ask(id, path, headers, b) => ("a", id, (path, headers, PyBytes::new(py, &b)).into_py(py)),
-        Ev::Failed(id, what, down) => ("f", id, (what, down).into_py(py)),
-        Ev::TooLarge => ("r", 0, ().into_py(py)),
-        Ev::Done(id, status, tokens, body, broke) =>
-            ("d", id, (status, tokens, body.map(|b| PyBytes::new(py, &b).to_object(py)), broke).into_py(py)),
-    }).collect())
+    let mut out = Vec::with_capacity(evs.len());
+    for ev in evs {
+        out.push(match ev {
+            Ev::Ask(id, path, headers, b) => {
+                let names = PyDict::new(py);
+                for (k, v) in headers.iter() {
+                    if !names.contains(k)? { names.set_item(k, v)?; }
+                }
+                (intern!(py, "a"), id, (route(py, &path), names, PyBytes::new(py, &b)).into_py(py))
+            }
+            Ev::Failed(id, what, down) => (intern!(py, "f"), id, (what, down).into_py(py)),
+            Ev::TooLarge => (intern!(py, "r"), 0, ().into_py(py)),
+            Ev::Done(id, status, tokens, body, broke) => (intern!(py, "d"), id,
+                (status, tokens, body.map(|b| PyBytes::new(py, &b).to_object(py)), broke).into_py(py)),
+        });
+    }
+    Ok(out)
+}
+
+/// A generating route's path, the same string object each time.
+fn route<'py>(py: Python<'py>, path: &str) -> &'py PyString {
+    match path {
+        "/v1/completions" => intern!(py, "/v1/completions"),
+        "/v1/chat/completions" => intern!(py, "/v1/chat/completions"),
+        other => PyString::new(py, other),
+    }
 }
 
 /// Forward request `id` to `url` (the server's endpoint), answered by worker `worker`.
