@@ -6,6 +6,7 @@ is a ConfigError naming `host` or `port`, not uvicorn's own log line and exit co
 from __future__ import annotations
 
 import errno
+import gc
 import importlib.util
 import socket
 
@@ -17,10 +18,6 @@ from cadencerl.router.datapath import protocol_for
 from cadencerl.router.settings import RouterSettings
 
 _PORT_ERRORS = {errno.EADDRINUSE: "already in use", errno.EACCES: "not permitted (ports below 1024 need root)"}
-
-
-def server_config(settings: RouterSettings, admin_token: str | None = None) -> uvicorn.Config:
-    return uvicorn_config(create_app(settings, admin_token), settings)
 
 
 def uvicorn_config(app: GeneratingRoutes, settings: RouterSettings) -> uvicorn.Config:
@@ -77,16 +74,23 @@ def bind(host: str, port: int, reuse_port: bool = False) -> list[socket.socket]:
 def serve(settings: RouterSettings, socks: list[socket.socket]) -> None:
     """Serve on `socks` (from `bind`) until interrupted; with `--processes N`, as the decision owner
     of N - 1 data-path processes on the same port (`processes.py`); `--data-path rust`: in Rust."""
+    app = create_app(settings)
+    _settle()
     if settings.data_path == "rust":
         from cadencerl.router.rust_path import serve_rust
-        app = create_app(settings)
         serve_rust(app, uvicorn_config(app, settings), settings, socks)
         return
     if settings.processes == 1:
-        uvicorn.Server(server_config(settings)).run(sockets=socks)
+        uvicorn.Server(uvicorn_config(app, settings)).run(sockets=socks)
         return
     from cadencerl.router.processes import OwnerServer
-    app = create_app(settings)
     private = socket.socket()
     private.bind(("127.0.0.1", 0))      # where the data-path processes relay what they do not serve
     OwnerServer(uvicorn_config(app, settings), app, socks[0].getsockname()[1], private).run(sockets=[*socks, private])
+
+
+def _settle() -> None:
+    """What start-up made (modules, the app, its policy) put out of the cyclic collector's reach:
+    each full collection walked it all, a pause of every request in flight (docs/router.md)."""
+    gc.collect()
+    gc.freeze()
