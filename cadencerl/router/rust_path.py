@@ -2,7 +2,7 @@
 
 The Rust side reads each `POST /v1/completions` and `/v1/chat/completions` whole and hands it over
 in batches (`_datapath.take`); here the router's own code checks and parses it, enters it for the
-loop turn's one decision pass (`app.enter_at_once`) or takes `app.place`'s whole way (a pause, a
+batch's one decision pass (`app.enter_at_once`) or takes `app.place`'s whole way (a pause, a
 full in-flight bound), and answers "forward to this server" or the router's refusal. The Rust side
 relays the reply and reports its end: the session is released with the tokens counted from the
 stream's events or the JSON body's usage (before the end goes out), a server that failed before
@@ -71,10 +71,9 @@ class RustOwner:
         self.placed: dict[int, _Placed] = {}
         self.urls: dict[tuple[int, str], str] = {}      # (worker, route) -> the server's URL for it
         self.deciding: dict[int, asyncio.Task] = {}
-        self.entered: dict[int, tuple] = {}     # entered this loop turn, for `after_pass`
+        self.entered: dict[int, tuple] = {}     # entered this batch, for `after_pass`
         self.gone: set[int] = set()             # of those, the ones whose client left already
         self.holding: dict[int, object] = {}    # held after the pass, their waits not begun yet
-        self.after_due = False
 
     def on_events(self, events: list) -> None:
         """The Rust side's events in the order they happened: asks, failures and ends. One that
@@ -93,11 +92,10 @@ class RustOwner:
                 log.exception("the Rust data path's event %r for request %d failed", op, rid)
                 if op == "a":
                     self.refuse(rid, ApiError(500, f"internal error: {type(exc).__name__}", kind="internal_error"))
-        if self.entered and not self.after_due:     # after every batch of this loop turn
-            self.after_due = True
-            asyncio.get_running_loop().call_soon(self.after_pass)
+        if self.entered:        # the batch's one decision pass (a bell's ring takes every event queued)
+            self.after_pass()
 
-    def ask(self, rid: int, path: str, headers: list, body: bytes) -> None:
+    def ask(self, rid: int, path: str, headers: dict, body: bytes) -> None:
         svc, field = self.svc, FIELDS[path]     # headers: the first of each name, lower-case (hyper's)
         try:
             check_content_type(headers)
@@ -127,8 +125,7 @@ class RustOwner:
             self.entered[rid] = (session, routed, field, path)
 
     def after_pass(self) -> None:
-        """The requests entered this loop turn: forwarded if the pass placed them, else each waits in a task."""
-        self.after_due = False
+        """The requests entered this batch: forwarded if the pass placed them, else each waits in a task."""
         self.svc.decide_now()
         entered, self.entered, gone, self.gone = self.entered, {}, self.gone, set()
         slot = self.limit is not None
