@@ -4,16 +4,23 @@ uvicorn's httptools protocol reads a request head of any size (one of 256 MB was
 the memory stayed taken) and waits on a head sent a byte at a time for as long as the client likes.
 This subclass counts the head's bytes as they arrive and refuses it with a 431 past `MAX_HEAD_BYTES`
 or `MAX_HEADERS` headers, and closes a connection whose head is not complete `HEAD_TIMEOUT_S` after
-its first byte (408). Bodies keep their own bound (`max_body_bytes`, 413 in `requests.py`).
+its first byte (408), or that sent nothing for `KEEP_ALIVE_S` with no request open (uvicorn's
+keep-alive timeout, here from the connection's start too). Bodies keep their own bound
+(`max_body_bytes`, 413 in `requests.py`).
 """
 
 from __future__ import annotations
+
+import os
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 MAX_HEAD_BYTES = 64 * 1024      # nginx's default allows 4 x 8 KiB header lines; this is twice that
 MAX_HEADERS = 100
 HEAD_TIMEOUT_S = 30.0
+# A connection with no request open is closed after this long with nothing read (uvicorn's
+# `timeout_keep_alive` on the Python data path; native/datapath/src/idle.rs on the Rust one)
+KEEP_ALIVE_S = float(os.environ.get("CADENCERL_KEEP_ALIVE_S", "30"))
 
 
 def _refusal(status: bytes, message: bytes) -> bytes:
@@ -39,6 +46,12 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
     _head_bytes = 0
     _in_head = False
     _head_timer = None
+
+    def connection_made(self, transport) -> None:
+        super().connection_made(transport)
+        # uvicorn arms its keep-alive timeout after a reply only: a connection that never sent a
+        # request was held for good. Armed from the start, cancelled by the first byte as after a reply.
+        self.timeout_keep_alive_task = self.loop.call_later(self.timeout_keep_alive, self.timeout_keep_alive_handler)
 
     def data_received(self, data: bytes) -> None:
         if self._in_head:           # counted from the chunk after the one that began the head

@@ -15,6 +15,7 @@ import uvicorn
 from cadencerl.config import ConfigError
 from cadencerl.router.app import GeneratingRoutes, create_app
 from cadencerl.router.datapath import protocol_for
+from cadencerl.router.limits import KEEP_ALIVE_S
 from cadencerl.router.settings import RouterSettings
 
 _PORT_ERRORS = {errno.EADDRINUSE: "already in use", errno.EACCES: "not permitted (ports below 1024 need root)"}
@@ -26,7 +27,7 @@ def uvicorn_config(app: GeneratingRoutes, settings: RouterSettings) -> uvicorn.C
     fast_http = importlib.util.find_spec("httptools") is not None
     return uvicorn.Config(app, host=settings.host, port=settings.port,
                           loop="uvloop" if fast_loop else "asyncio", http=protocol_for(app) if fast_http else "h11",
-                          log_level="warning", access_log=False, lifespan="on", timeout_keep_alive=30,
+                          log_level="warning", access_log=False, lifespan="on", timeout_keep_alive=KEEP_ALIVE_S,
                           backlog=4096)
 
 

@@ -9,6 +9,7 @@
 // own Python app on a private port (`rest`).
 use hyper::body::{Bytes, HttpBody};
 use hyper::header::{HeaderName, HeaderValue};
+use hyper::server::accept;
 use hyper::service::{make_service_fn, service_fn};
 use hyper::{Body, Client, Request, Response, Server, Uri};
 use pyo3::prelude::*;
@@ -25,7 +26,9 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 use tokio::sync::{oneshot, watch};
 
+mod idle;
 mod relay;
+use idle::{Clock, Idle, Open};
 use relay::{usage_tokens, Relay};
 
 enum Answer { Forward(String, String), Reply(u16, Vec<(String, String)>, Vec<u8>) }
@@ -58,8 +61,9 @@ struct Ctx {
 }
 
 /// Queues `Done` once: when fired, or when dropped (the client left at any point after its ask:
-/// 499 unless a status came back), so that Python releases or withdraws every request it saw.
-struct EndGuard { id: u64, status: u16, armed: bool, broke: bool }
+/// 499 unless a status came back), so that Python releases or withdraws every request it saw. It
+/// holds the request open on its connection (`idle.rs`) until the reply's body is dropped.
+struct EndGuard { id: u64, status: u16, armed: bool, broke: bool, _open: Open }
 
 impl EndGuard {
     fn fire(&mut self, tokens: i64, body: Option<Bytes>) {
@@ -109,12 +113,13 @@ const NOT_SENT: [&str; 4] = ["host", "content-length", "content-type", "accept-e
 const HOP_BY_HOP: [&str; 9] = ["connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te",
                                 "trailer", "transfer-encoding", "upgrade", "proxy-connection"];
 
-async fn handle(req: Request<Body>, ctx: Arc<Ctx>) -> Result<Response<Body>, Infallible> {
+async fn handle(req: Request<Body>, ctx: Arc<Ctx>, clock: Arc<Clock>) -> Result<Response<Body>, Infallible> {
+    let open = Open::new(&clock);
     let (parts, mut body) = req.into_parts();
     let fast = parts.method == hyper::Method::POST && parts.uri.query().is_none()
         && (parts.uri.path() == "/v1/completions" || parts.uri.path() == "/v1/chat/completions");
     if !fast {
-        return Ok(rest(parts, body, &ctx).await);
+        return Ok(rest(parts, body, &ctx, open).await);
     }
     // hyper refuses a head past its read buffer (about twice `max_head` as it reads); this is the bound
     let head: usize = parts.headers.iter().map(|(k, v)| k.as_str().len() + v.len() + 4).sum();
@@ -144,7 +149,7 @@ async fn handle(req: Request<Body>, ctx: Arc<Ctx>) -> Result<Response<Body>, Inf
     let raw = Bytes::from(raw);
     let id = NEXT.fetch_add(1, Ordering::Relaxed);
     IN_FLIGHT.fetch_add(1, Ordering::Relaxed);
-    let mut guard = EndGuard { id, status: 499, armed: true, broke: false };
+    let mut guard = EndGuard { id, status: 499, armed: true, broke: false, _open: open };
     let mut answer = ask(Ev::Ask(id, parts.uri.path().to_owned(), headers.clone(), raw.clone()), id).await;
     loop {
         let (url, worker) = match answer {
@@ -234,16 +239,31 @@ fn with_id(mut resp: Response<Body>, rid: &str) -> Response<Body> {
     resp
 }
 
-/// Any other route: the router's own app, as it answers.
-async fn rest(parts: hyper::http::request::Parts, body: Body, ctx: &Ctx) -> Response<Body> {
+/// Any other route: the router's own app, as it answers (the request open until its reply's body ends).
+async fn rest(parts: hyper::http::request::Parts, body: Body, ctx: &Ctx, open: Open) -> Response<Body> {
     let mut out = Request::builder().method(parts.method.clone());
     for (k, v) in parts.headers.iter() {
         if k != "host" { out = out.header(k, v); }
     }
     let uri: Result<Uri, _> = format!("{}{}", ctx.rest, parts.uri).parse();
     match uri.map(|uri| out.uri(uri).body(body)) {
-        Ok(Ok(req)) => ctx.client.request(req).await.unwrap_or_else(|_| plain(502, vec![], vec![])),
+        Ok(Ok(req)) => match ctx.client.request(req).await {
+            Ok(resp) => resp.map(|body| Body::wrap_stream(Held { body, _open: open })),
+            Err(_) => plain(502, vec![], vec![]),
+        },
         _ => plain(400, vec![], vec![]),
+    }
+}
+
+/// A reply of the router's own app as it goes back, holding its request open.
+struct Held { body: Body, _open: Open }
+
+impl futures_util::Stream for Held {
+    type Item = Result<Bytes, hyper::Error>;
+
+    fn poll_next(mut self: std::pin::Pin<&mut Self>, cx: &mut std::task::Context<'_>)
+                 -> std::task::Poll<Option<Self::Item>> {
+        std::pin::Pin::new(&mut self.body).poll_data(cx)
     }
 }
 
@@ -251,7 +271,7 @@ async fn rest(parts: hyper::http::request::Parts, body: Body, ctx: &Ctx) -> Resp
 /// bell's Python end, a non-blocking socket's fd: readable when events wait (`take`).
 #[pyfunction]
 fn serve(fds: Vec<i32>, rest: String, threads: usize, max_body: usize, too_large: Vec<u8>, max_head: usize,
-         head_timeout_s: f64, timeout_s: f64) -> PyResult<i32> {
+         head_timeout_s: f64, timeout_s: f64, keep_alive_s: f64) -> PyResult<i32> {
     let (bell, theirs) = UnixStream::pair()?;
     bell.set_nonblocking(true)?;
     theirs.set_nonblocking(true)?;
@@ -275,13 +295,14 @@ fn serve(fds: Vec<i32>, rest: String, threads: usize, max_body: usize, too_large
             let mut servers = Vec::new();
             for l in listeners {
                 let ctx = ctx.clone();
-                let make = make_service_fn(move |_| {
-                    let ctx = ctx.clone();
-                    async move { Ok::<_, Infallible>(service_fn(move |req| handle(req, ctx.clone()))) }
+                let make = make_service_fn(move |conn: &Idle| {
+                    let (ctx, clock) = (ctx.clone(), conn.clock.clone());
+                    async move { Ok::<_, Infallible>(service_fn(move |req| handle(req, ctx.clone(), clock.clone()))) }
                 });
                 let mut stopped = stopped.clone();
-                let server = match Server::from_tcp(l) { Ok(b) => b, Err(_) => continue };
-                servers.push(tokio::spawn(server.tcp_nodelay(true).http1_max_buf_size(max_head)
+                let Ok(listener) = tokio::net::TcpListener::from_std(l) else { continue };
+                let server = Server::builder(accept::from_stream(connections(listener, seconds(keep_alive_s))));
+                servers.push(tokio::spawn(server.http1_max_buf_size(max_head)
                     .http1_header_read_timeout(seconds(head_timeout_s)).serve(make)
                     .with_graceful_shutdown(async move { let _ = stopped.changed().await; })));
             }
@@ -292,6 +313,23 @@ fn serve(fds: Vec<i32>, rest: String, threads: usize, max_body: usize, too_large
 }
 
 fn seconds(s: f64) -> Duration { Duration::try_from_secs_f64(s).unwrap_or(Duration::MAX) }
+
+/// The connections `listener` accepts, each with its keep-alive bound. A failed accept (out of file
+/// descriptors) is tried again shortly, as hyper's own accept loop does, not the server's end.
+fn connections(listener: tokio::net::TcpListener, idle: Duration)
+               -> impl futures_util::Stream<Item = Result<Idle, std::io::Error>> {
+    futures_util::stream::unfold(listener, move |listener| async move {
+        loop {
+            match listener.accept().await {
+                Ok((stream, _)) => {
+                    let _ = stream.set_nodelay(true);
+                    return Some((Ok(Idle::new(stream, idle)), listener));
+                }
+                Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
+            }
+        }
+    })
+}
 
 /// Stop accepting; connections in flight finish (`in_flight` counts their generating requests).
 #[pyfunction]
