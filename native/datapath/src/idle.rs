@@ -11,6 +11,8 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
+use hyper::body::{Bytes, HttpBody};
+use hyper::Body;
 use tokio::time::{Instant, Sleep};
 
 /// The requests open on a connection, and when it last read or ended one.
@@ -92,5 +94,33 @@ impl AsyncWrite for Idle {
 
     fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         Pin::new(&mut self.io).poll_shutdown(cx)
+    }
+}
+
+/// The connections `listener` accepts, each with its keep-alive bound. A failed accept (out of file
+/// descriptors) is tried again shortly, as hyper's own accept loop does, not the server's end.
+pub fn connections(listener: tokio::net::TcpListener, idle: Duration)
+                   -> impl futures_util::Stream<Item = Result<Idle, io::Error>> {
+    futures_util::stream::unfold(listener, move |listener| async move {
+        loop {
+            match listener.accept().await {
+                Ok((stream, _)) => {
+                    let _ = stream.set_nodelay(true);
+                    return Some((Ok(Idle::new(stream, idle)), listener));
+                }
+                Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
+            }
+        }
+    })
+}
+
+/// A reply of the router's own app as it goes back, holding its request open.
+pub struct Held { pub body: Body, pub open: Open }
+
+impl futures_util::Stream for Held {
+    type Item = Result<Bytes, hyper::Error>;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        Pin::new(&mut self.body).poll_data(cx)
     }
 }

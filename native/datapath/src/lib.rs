@@ -28,7 +28,7 @@ use tokio::sync::{oneshot, watch};
 
 mod idle;
 mod relay;
-use idle::{Clock, Idle, Open};
+use idle::{connections, Clock, Held, Idle, Open};
 use relay::{usage_tokens, Relay};
 
 enum Answer { Forward(String, String), Reply(u16, Vec<(String, String)>, Vec<u8>) }
@@ -248,24 +248,13 @@ async fn rest(parts: hyper::http::request::Parts, body: Body, ctx: &Ctx, open: O
     let uri: Result<Uri, _> = format!("{}{}", ctx.rest, parts.uri).parse();
     match uri.map(|uri| out.uri(uri).body(body)) {
         Ok(Ok(req)) => match ctx.client.request(req).await {
-            Ok(resp) => resp.map(|body| Body::wrap_stream(Held { body, _open: open })),
+            Ok(resp) => resp.map(|body| Body::wrap_stream(Held { body, open })),
             Err(_) => plain(502, vec![], vec![]),
         },
         _ => plain(400, vec![], vec![]),
     }
 }
 
-/// A reply of the router's own app as it goes back, holding its request open.
-struct Held { body: Body, _open: Open }
-
-impl futures_util::Stream for Held {
-    type Item = Result<Bytes, hyper::Error>;
-
-    fn poll_next(mut self: std::pin::Pin<&mut Self>, cx: &mut std::task::Context<'_>)
-                 -> std::task::Poll<Option<Self::Item>> {
-        std::pin::Pin::new(&mut self.body).poll_data(cx)
-    }
-}
 
 /// Serve the listening sockets `fds` (this takes them) on `threads` threads until `stop`. Returns the
 /// bell's Python end, a non-blocking socket's fd: readable when events wait (`take`).
@@ -313,23 +302,6 @@ fn serve(fds: Vec<i32>, rest: String, threads: usize, max_body: usize, too_large
 }
 
 fn seconds(s: f64) -> Duration { Duration::try_from_secs_f64(s).unwrap_or(Duration::MAX) }
-
-/// The connections `listener` accepts, each with its keep-alive bound. A failed accept (out of file
-/// descriptors) is tried again shortly, as hyper's own accept loop does, not the server's end.
-fn connections(listener: tokio::net::TcpListener, idle: Duration)
-               -> impl futures_util::Stream<Item = Result<Idle, std::io::Error>> {
-    futures_util::stream::unfold(listener, move |listener| async move {
-        loop {
-            match listener.accept().await {
-                Ok((stream, _)) => {
-                    let _ = stream.set_nodelay(true);
-                    return Some((Ok(Idle::new(stream, idle)), listener));
-                }
-                Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
-            }
-        }
-    })
-}
 
 /// Stop accepting; connections in flight finish (`in_flight` counts their generating requests).
 #[pyfunction]
