@@ -33,8 +33,8 @@ native: $(BIN)/python
 # Debian's packaged crates, offline but for apt-get. Without them, or without cargo, the router
 # serves with its Python data path only, its Rust tests skip, and this says so.
 router-native: $(BIN)/python
-	@{ test cadencerl/router/_datapath.so -nt native/datapath/src/lib.rs \
-	    && test cadencerl/router/_datapath.so -nt native/datapath/Cargo.toml; } || { mkdir -p build \
+	@{ test -f cadencerl/router/_datapath.so && test -z "$$(find native/datapath/src native/datapath/Cargo.toml \
+	    -newer cadencerl/router/_datapath.so)"; } || { mkdir -p build \
 	  && native/datapath/build.sh > build/router-native.log 2>&1 && tail -1 build/router-native.log; } \
 	  || { tail -20 build/router-native.log; echo "WARNING: the Rust data path could not be built (see above): its tests will SKIP"; }
 

@@ -1,16 +1,22 @@
 """A connection with no request open is closed after `CADENCERL_KEEP_ALIVE_S` with nothing sent
 (30 s unless set; here 1 s), on either data path: one never used, and one after its reply. A
-request open longer than that (a reply slower than the bound) is not cut."""
+request open longer than that (a reply slower than the bound), or a reply its client reads only
+later than that, is not cut. A bad value is a one-line error naming it."""
 
 from __future__ import annotations
 
+import http.client
+import json
+import os
 import socket
+import subprocess
+import sys
 import time
 from urllib.parse import urlsplit
 
 import httpx
 import pytest
-from router_process import start_router, stop
+from router_process import ROOT, start_router, stop
 from router_stub import FAST, StubState, stub_app
 from server_thread import ServerThread
 
@@ -58,3 +64,34 @@ def test_an_idle_connection_is_closed_and_an_open_request_is_not(data_path, monk
     finally:
         stop(proc)
         server.stop()
+
+
+@pytest.mark.parametrize("data_path", PATHS)
+def test_a_reply_read_late_is_whole(data_path, monkeypatch) -> None:
+    """20 MB of reply, more than the sockets buffer, read 2.5 s after the request: the reply's
+    request has ended on the router, but its bytes wait on the client, so the connection stays."""
+    server = ServerThread(stub_app(StubState("big")), name="big", **FAST).start()
+    monkeypatch.setenv("CADENCERL_KEEP_ALIVE_S", "1")
+    proc, url = start_router([server.url], "--data-path", data_path, "--policy", "cache-aware")
+    conn = http.client.HTTPConnection(urlsplit(url).hostname, urlsplit(url).port, timeout=20)
+    try:
+        tokens = 10_000_000                 # the stub's text is " t" a token
+        conn.request("POST", "/v1/completions", json.dumps({"model": "m", "prompt": "hi", "max_tokens": tokens}),
+                     {"content-type": "application/json"})
+        time.sleep(2.5)
+        reply = conn.getresponse()
+        assert reply.status == 200
+        assert len(json.loads(reply.read())["choices"][0]["text"]) == 2 * tokens
+    finally:
+        conn.close()
+        stop(proc)
+        server.stop()
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "inf", "nan", "soon"])
+def test_a_bad_keep_alive_is_a_one_line_error_naming_it(value) -> None:
+    done = subprocess.run([sys.executable, "-m", "cadencerl.cli", "router", "--workers", "http://127.0.0.1:9",
+                           "--port", "0"], env={**os.environ, "CADENCERL_KEEP_ALIVE_S": value,
+                                                "PYTHONPATH": str(ROOT)}, capture_output=True, text=True, timeout=60)
+    assert done.returncode != 0
+    assert "CADENCERL_KEEP_ALIVE_S" in done.stderr and "Traceback" not in done.stderr, done.stderr

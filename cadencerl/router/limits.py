@@ -4,23 +4,38 @@ uvicorn's httptools protocol reads a request head of any size (one of 256 MB was
 the memory stayed taken) and waits on a head sent a byte at a time for as long as the client likes.
 This subclass counts the head's bytes as they arrive and refuses it with a 431 past `MAX_HEAD_BYTES`
 or `MAX_HEADERS` headers, and closes a connection whose head is not complete `HEAD_TIMEOUT_S` after
-its first byte (408), or that sent nothing for `KEEP_ALIVE_S` with no request open (uvicorn's
+its first byte (408), or that sent nothing for `keep_alive_s()` with no request open (uvicorn's
 keep-alive timeout, here from the connection's start too). Bodies keep their own bound
 (`max_body_bytes`, 413 in `requests.py`).
 """
 
 from __future__ import annotations
 
+import math
 import os
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
+from cadencerl.config import ConfigError
+
 MAX_HEAD_BYTES = 64 * 1024      # nginx's default allows 4 x 8 KiB header lines; this is twice that
 MAX_HEADERS = 100
 HEAD_TIMEOUT_S = 30.0
-# A connection with no request open is closed after this long with nothing read (uvicorn's
-# `timeout_keep_alive` on the Python data path; native/datapath/src/idle.rs on the Rust one)
-KEEP_ALIVE_S = float(os.environ.get("CADENCERL_KEEP_ALIVE_S", "30"))
+KEEP_ALIVE_ENV = "CADENCERL_KEEP_ALIVE_S"
+
+
+def keep_alive_s() -> float:
+    """How long a connection with no request open may send nothing before it is closed (uvicorn's
+    `timeout_keep_alive` on the Python data path, native/datapath/src/idle.rs on the Rust one):
+    `CADENCERL_KEEP_ALIVE_S`, 30 unless set; else a ConfigError naming it."""
+    text = os.environ.get(KEEP_ALIVE_ENV, "30")
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not 0 < value < math.inf:
+        raise ConfigError(f"{KEEP_ALIVE_ENV}: expected a positive, finite number of seconds, got {text!r}")
+    return value
 
 
 def _refusal(status: bytes, message: bytes) -> bytes:

@@ -24,7 +24,7 @@ import uvicorn
 
 from cadencerl.core.trajectory import State
 from cadencerl.router.app import enter_at_once, place, rejection
-from cadencerl.router.limits import HEAD_TIMEOUT_S, KEEP_ALIVE_S, MAX_HEAD_BYTES
+from cadencerl.router.limits import HEAD_TIMEOUT_S, MAX_HEAD_BYTES, keep_alive_s
 from cadencerl.router.proxy import _completion_tokens, timed_out
 from cadencerl.router.rejections import Rejected
 from cadencerl.router.requests import ApiError, check_content_type, parse_request, too_large
@@ -280,7 +280,7 @@ def serve_rust(app, config: uvicorn.Config, settings: RouterSettings, socks: lis
         fds.append(os.dup(sock.fileno()))
     limit = settings.max_body_bytes
     bell = _datapath.serve(fds, rest, THREADS, limit, too_large(limit).response().body, MAX_HEAD_BYTES, HEAD_TIMEOUT_S,
-                    settings.request_timeout_s, KEEP_ALIVE_S)
+                    settings.request_timeout_s, keep_alive_s())
     for sock in socks:
         sock.close()
 

@@ -1,6 +1,6 @@
 // A connection's keep-alive bound (uvicorn's `timeout_keep_alive` on the Python data path): once no
-// request is open on it and nothing was read for `idle`, its reads end as if the client had closed,
-// and hyper closes it. hyper 0.14 times a request head only from its first byte, so a client that
+// request is open on it, no write of a reply waits on the client, and nothing was read or written
+// for `idle`, its reads end as if the client had closed, and hyper closes it. hyper 0.14 times a request head only from its first byte, so a client that
 // opened connections and sent nothing held each one for good.
 use std::future::Future;
 use std::io;
@@ -15,7 +15,7 @@ use hyper::body::{Bytes, HttpBody};
 use hyper::Body;
 use tokio::time::{Instant, Sleep};
 
-/// The requests open on a connection, and when it last read or ended one.
+/// The requests open on a connection, and when it last read, wrote or ended one.
 pub struct Clock { open: AtomicUsize, last_ms: AtomicU64, start: Instant }
 
 impl Clock {
@@ -23,7 +23,7 @@ impl Clock {
 
     fn idle_until(&self, idle: Duration) -> Option<Instant> {
         if self.open.load(Relaxed) > 0 { return None; }
-        Some(self.start + Duration::from_millis(self.last_ms.load(Relaxed)) + idle)
+        Some(later(self.start + Duration::from_millis(self.last_ms.load(Relaxed)), idle))
     }
 }
 
@@ -45,16 +45,30 @@ impl Drop for Open {
     }
 }
 
-/// An accepted connection with its clock. The timer is re-armed only when it fires early (a request
-/// came meanwhile), not on every read.
-pub struct Idle { io: TcpStream, pub clock: Arc<Clock>, idle: Duration, timer: Pin<Box<Sleep>> }
+/// An accepted connection with its clock. `blocked`: its last write waits on the client (a reply,
+/// its request ended, still in hyper's buffer for a client that does not read). The timer is
+/// re-armed only when it fires early (a request came meanwhile), not on every read.
+pub struct Idle { io: TcpStream, pub clock: Arc<Clock>, idle: Duration, timer: Pin<Box<Sleep>>, blocked: bool }
 
 impl Idle {
     pub fn new(io: TcpStream, idle: Duration) -> Idle {
         let start = Instant::now();
         let clock = Arc::new(Clock { open: AtomicUsize::new(0), last_ms: AtomicU64::new(0), start });
-        Idle { io, clock, idle, timer: Box::pin(tokio::time::sleep_until(start + idle)) }
+        Idle { io, clock, idle, timer: Box::pin(tokio::time::sleep_until(later(start, idle))), blocked: false }
     }
+
+    fn wrote(&mut self, result: Poll<io::Result<usize>>) -> Poll<io::Result<usize>> {
+        self.blocked = result.is_pending();
+        if let Poll::Ready(Ok(n)) = result {
+            if n > 0 { self.clock.stamp(); }
+        }
+        result
+    }
+}
+
+/// `at + by`, or far ahead where that is past what an Instant holds (an unbounded keep-alive).
+fn later(at: Instant, by: Duration) -> Instant {
+    at.checked_add(by).unwrap_or_else(|| at + Duration::from_secs(86_400 * 365 * 30))
 }
 
 impl AsyncRead for Idle {
@@ -67,9 +81,9 @@ impl AsyncRead for Idle {
         }
         while this.timer.as_mut().poll(cx).is_ready() {
             match this.clock.idle_until(this.idle) {
-                Some(deadline) if Instant::now() >= deadline => return Poll::Ready(Ok(())),   // read as EOF
-                Some(deadline) => this.timer.as_mut().reset(deadline),
-                None => this.timer.as_mut().reset(Instant::now() + this.idle),    // open: looked at again then
+                Some(deadline) if Instant::now() >= deadline && !this.blocked => return Poll::Ready(Ok(())),  // EOF
+                Some(deadline) if Instant::now() < deadline => this.timer.as_mut().reset(deadline),
+                _ => this.timer.as_mut().reset(later(Instant::now(), this.idle)),   // open or blocked: looked at again then
             }
         }
         Poll::Pending
@@ -78,12 +92,14 @@ impl AsyncRead for Idle {
 
 impl AsyncWrite for Idle {
     fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.io).poll_write(cx, buf)
+        let result = Pin::new(&mut self.io).poll_write(cx, buf);
+        self.wrote(result)
     }
 
     fn poll_write_vectored(mut self: Pin<&mut Self>, cx: &mut Context<'_>, bufs: &[io::IoSlice<'_>])
                            -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.io).poll_write_vectored(cx, bufs)
+        let result = Pin::new(&mut self.io).poll_write_vectored(cx, bufs);
+        self.wrote(result)
     }
 
     fn is_write_vectored(&self) -> bool { self.io.is_write_vectored() }
@@ -97,10 +113,12 @@ impl AsyncWrite for Idle {
     }
 }
 
-/// The connections `listener` accepts, each with its keep-alive bound. A failed accept (out of file
-/// descriptors) is tried again shortly, as hyper's own accept loop does, not the server's end.
+/// The connections `listener` accepts, each with its keep-alive bound. A failed accept is tried
+/// again, not the server's end: at once for a connection that went before it was taken, else (out
+/// of file descriptors) after 50 ms, said on stderr at most once a second while they keep failing.
 pub fn connections(listener: tokio::net::TcpListener, idle: Duration)
                    -> impl futures_util::Stream<Item = Result<Idle, io::Error>> {
+    let mut said: Option<Instant> = None;
     futures_util::stream::unfold(listener, move |listener| async move {
         loop {
             match listener.accept().await {
@@ -108,14 +126,21 @@ pub fn connections(listener: tokio::net::TcpListener, idle: Duration)
                     let _ = stream.set_nodelay(true);
                     return Some((Ok(Idle::new(stream, idle)), listener));
                 }
-                Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
+                Err(e) if matches!(e.kind(), io::ErrorKind::ConnectionAborted | io::ErrorKind::ConnectionReset) => {}
+                Err(e) => {
+                    if said.map_or(true, |t| t.elapsed() >= Duration::from_secs(1)) {
+                        eprintln!("router data path: accepting a connection failed ({e}); trying again");
+                        said = Some(Instant::now());
+                    }
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
             }
         }
     })
 }
 
 /// A reply of the router's own app as it goes back, holding its request open.
-pub struct Held { pub body: Body, pub open: Open }
+pub struct Held { pub body: Body, pub _open: Open }
 
 impl futures_util::Stream for Held {
     type Item = Result<Bytes, hyper::Error>;

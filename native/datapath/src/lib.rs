@@ -248,7 +248,7 @@ async fn rest(parts: hyper::http::request::Parts, body: Body, ctx: &Ctx, open: O
     let uri: Result<Uri, _> = format!("{}{}", ctx.rest, parts.uri).parse();
     match uri.map(|uri| out.uri(uri).body(body)) {
         Ok(Ok(req)) => match ctx.client.request(req).await {
-            Ok(resp) => resp.map(|body| Body::wrap_stream(Held { body, open })),
+            Ok(resp) => resp.map(|body| Body::wrap_stream(Held { body, _open: open })),
             Err(_) => plain(502, vec![], vec![]),
         },
         _ => plain(400, vec![], vec![]),
