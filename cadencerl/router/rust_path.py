@@ -24,7 +24,7 @@ import uvicorn
 
 from cadencerl.core.trajectory import State
 from cadencerl.router.app import enter_at_once, place, rejection
-from cadencerl.router.limits import HEAD_TIMEOUT_S, MAX_HEAD_BYTES, keep_alive_s
+from cadencerl.router.limits import HEAD_TIMEOUT_S, MAX_HEAD_BYTES
 from cadencerl.router.proxy import _completion_tokens, timed_out
 from cadencerl.router.rejections import Rejected
 from cadencerl.router.requests import ApiError, check_content_type, parse_request, too_large
@@ -69,7 +69,6 @@ class RustOwner:
     def __init__(self, app, rest: str) -> None:
         self.svc, self.limit, self.rest = app.state.service, app.state.limit, rest
         self.placed: dict[int, _Placed] = {}
-        self.urls: dict[tuple[int, str], str] = {}      # (worker, route) -> the server's URL for it
         self.deciding: dict[int, asyncio.Task] = {}
         self.entered: dict[int, tuple] = {}     # entered this batch, for `after_pass`
         self.gone: set[int] = set()             # of those, the ones whose client left already
@@ -180,10 +179,7 @@ class RustOwner:
             self.svc.metrics.served_by("0").inc()
         self.placed[rid] = placed
         worker = placed.session.traj.worker
-        url = self.urls.get((worker, placed.path))
-        if url is None:
-            url = self.urls[worker, placed.path] = str(self.svc.upstreams[worker].endpoint(placed.path))
-        _datapath.forward(rid, url, str(worker))
+        _datapath.forward(rid, self.svc.upstreams[worker].url + placed.path, str(worker))
 
     def done(self, rid: int, status: int, tokens: int, body: bytes | None, broke: bool) -> None:
         """A reply went (or its client left, or its stream broke: `broke`): the session released
@@ -280,7 +276,7 @@ def serve_rust(app, config: uvicorn.Config, settings: RouterSettings, socks: lis
         fds.append(os.dup(sock.fileno()))
     limit = settings.max_body_bytes
     bell = _datapath.serve(fds, rest, THREADS, limit, too_large(limit).response().body, MAX_HEAD_BYTES, HEAD_TIMEOUT_S,
-                    settings.request_timeout_s, keep_alive_s())
+                    settings.request_timeout_s, config.timeout_keep_alive)
     for sock in socks:
         sock.close()
 

@@ -62,7 +62,8 @@ struct Ctx {
 
 /// Queues `Done` once: when fired, or when dropped (the client left at any point after its ask:
 /// 499 unless a status came back), so that Python releases or withdraws every request it saw. It
-/// holds the request open on its connection (`idle.rs`) until the reply's body is dropped.
+/// holds the request open on its connection (`idle.rs`) until it is dropped: with a relayed
+/// stream's body, else as the reply goes to hyper (whose unsent bytes keep the connection then).
 struct EndGuard { id: u64, status: u16, armed: bool, broke: bool, _open: Open }
 
 impl EndGuard {
