@@ -11,7 +11,7 @@ stub on N ports), as a fleet would: what a decision costs with the fleet's size.
 `vllm-router==0.1.17` on PATH (the `bench` extra).
 
     .venv/bin/python benchmarks/router_overhead.py [--connections 1,64,256] [--rounds 3] [--processes 1,2]
-        [--data-paths python,rust] [--servers N] [--extra 'NAME=COMMAND with {python} {port} {workers}']
+        [--data-paths rust,python] [--servers N] [--extra 'NAME=COMMAND with {python} {port} {workers}']
 """
 
 from __future__ import annotations
@@ -266,8 +266,9 @@ def main() -> None:
                     help="at this many connections and more, also time requests on new connections")
     ap.add_argument("--processes", default="1",
                     help="the cadencerl router's --processes, comma-separated: each policy measured at each")
-    ap.add_argument("--data-paths", default="python",
-                    help="the cadencerl router's --data-path, comma-separated (python, rust): each policy on each")
+    ap.add_argument("--data-paths", default="rust",
+                    help="the cadencerl router's --data-path, comma-separated (rust, its default where built; "
+                         "python): each policy on each")
     ap.add_argument("--compare-tree", type=Path, action="append", default=[],
                     help="also the router of this source tree (e.g. an earlier commit's `git archive`), same policies")
     ap.add_argument("--servers", type=int, default=1,
@@ -302,13 +303,13 @@ def main() -> None:
                 if n > 1 and path != "python":
                     continue        # the Rust data path serves the port alone
                 port = free_port()
-                extra = (("--processes", str(n)) if n > 1 else ()) + (("--data-path", path) if path != "python" else ())
+                extra = (("--processes", str(n)) if n > 1 else ()) + ("--data-path", path)
                 log = args.logs / f"cadencerl-{policy}{n}{path}{len(at)}.log"
                 r = stack.enter_context(cadencerl_router(servers, port, policy, log,
                                                          *extra, tree=tree.resolve()))
                 r.wait_http(f"http://127.0.0.1:{port}/health", processes=n)
                 name = (f"cadencerl router ({policy}{f', {n} processes' if n > 1 else ''}"
-                        f"{', data path in Rust' if path == 'rust' else ''}){at}")
+                        f", data path in {path.capitalize()}){at}")
                 targets[name] = (f"http://127.0.0.1:{port}", r.p.pid)
         for extra in args.extra:
             name, _, template = extra.partition("=")

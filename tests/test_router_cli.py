@@ -84,7 +84,7 @@ def test_a_port_in_use_names_the_port() -> None:
 
 
 def test_the_router_says_where_it_listens() -> None:
-    """One line on stderr when it starts: address (the real port for --port 0), workers, policy."""
+    """One line on stderr when it starts: address (the real port for --port 0), workers, policy, data path."""
     proc = subprocess.Popen([sys.executable, "-m", "cadencerl.cli", "router", "--workers", "http://127.0.0.1:9",
                              "--port", "0", "--policy", "round-robin"], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
@@ -94,7 +94,7 @@ def test_the_router_says_where_it_listens() -> None:
         proc.terminate()
         proc.wait(timeout=20)
     match = re.fullmatch(r"router: listening on http://127\.0\.0\.1:(\d+), 1 workers \(http://127\.0\.0\.1:9\), "
-                         r"policy round-robin\n", line)
+                         r"policy round-robin, data path in (Rust|Python)\n", line)
     assert match and int(match.group(1)) > 0, line
 
 

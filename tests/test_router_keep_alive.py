@@ -1,7 +1,9 @@
-"""A connection with no request open is closed after `CADENCERL_KEEP_ALIVE_S` with nothing sent
-(30 s unless set; here 1 s), on either data path: one never used, and one after its reply. A
-request open longer than that (a reply slower than the bound), or a reply its client reads only
-later than that, is not cut. A bad value is a one-line error naming it."""
+"""A connection's time bounds, on either data path. One with no request open is closed after
+`CADENCERL_KEEP_ALIVE_S` with nothing sent (30 s unless set; here 1 s): one never used, and one
+after its reply. A request open longer than that (a reply slower than the bound), or a reply its
+client reads only later than that, is not cut. A body that sends nothing for
+`CADENCERL_READ_TIMEOUT_S` gets a 408, and nothing of it is admitted; one that keeps sending passes.
+A bad value is a one-line error naming it."""
 
 from __future__ import annotations
 
@@ -88,10 +90,54 @@ def test_a_reply_read_late_is_whole(data_path, monkeypatch) -> None:
         server.stop()
 
 
+@pytest.mark.parametrize("data_path", PATHS)
+def test_a_body_that_stalls_gets_408_and_one_that_keeps_sending_passes(data_path, monkeypatch) -> None:
+    server = ServerThread(stub_app(StubState("paced")), name="paced", **FAST).start()
+    monkeypatch.setenv("CADENCERL_READ_TIMEOUT_S", "1")
+    proc, url = start_router([server.url], "--data-path", data_path, "--policy", "misa+cache-aware")
+    address = (urlsplit(url).hostname, urlsplit(url).port)
+    body = b'{"model": "m", "prompt": "hi", "max_tokens": 2}'
+    try:
+        for path in (b"/v1/completions", b"/v1/responses"):    # a generating route, and the router's own app's
+            with socket.create_connection(address) as stalled:
+                stalled.sendall(REQUEST.replace(b"/v1/completions", path) % (len(body), body[:10]))
+                start = time.monotonic()
+                reply = read_to_close(stalled)
+                assert reply.startswith(b"HTTP/1.1 408") and b"request_timeout" in reply, reply
+                assert 0.8 < time.monotonic() - start < 5
+        with socket.create_connection(address) as paced:        # 1.8 s in all, never 1 s without a byte
+            paced.sendall(REQUEST % (len(body), b""))
+            for i in range(0, len(body), 8):
+                time.sleep(0.3)
+                paced.sendall(body[i:i + 8])
+            paced.settimeout(10)
+            reply = paced.recv(65536)
+            assert reply.startswith(b"HTTP/1.1 200"), reply
+        metrics = httpx.get(f"{url}/metrics").text
+        assert admitted(metrics) == 1 and "cadencerl_router_hold_depth 0.0" in metrics
+    finally:
+        stop(proc)
+        server.stop()
+
+
+def read_to_close(sock: socket.socket) -> bytes:
+    sock.settimeout(10)
+    out = b""
+    while chunk := sock.recv(65536):
+        out += chunk
+    return out
+
+
+def admitted(metrics: str) -> float:
+    return sum(float(line.rsplit(" ", 1)[1]) for line in metrics.splitlines()
+               if line.startswith("cadencerl_router_admissions_total"))
+
+
+@pytest.mark.parametrize("name", ["CADENCERL_KEEP_ALIVE_S", "CADENCERL_READ_TIMEOUT_S"])
 @pytest.mark.parametrize("value", ["0", "-1", "inf", "nan", "soon"])
-def test_a_bad_keep_alive_is_a_one_line_error_naming_it(value) -> None:
+def test_a_bad_time_bound_is_a_one_line_error_naming_it(name, value) -> None:
     done = subprocess.run([sys.executable, "-m", "cadencerl.cli", "router", "--workers", "http://127.0.0.1:9",
-                           "--port", "0"], env={**os.environ, "CADENCERL_KEEP_ALIVE_S": value,
-                                                "PYTHONPATH": str(ROOT)}, capture_output=True, text=True, timeout=60)
+                           "--port", "0"], env={**os.environ, name: value, "PYTHONPATH": str(ROOT)},
+                          capture_output=True, text=True, timeout=60)
     assert done.returncode != 0
-    assert "CADENCERL_KEEP_ALIVE_S" in done.stderr and "Traceback" not in done.stderr, done.stderr
+    assert name in done.stderr and "Traceback" not in done.stderr, done.stderr

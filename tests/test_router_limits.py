@@ -1,5 +1,6 @@
-"""`router/limits.py`: a request head too large, with too many headers, or too slow is refused (431,
-408) and its connection closed; ordinary requests on a kept-alive connection are not touched."""
+"""`router/limits.py`: a request head too large, with too many headers, or too slow, or a body that
+stalls, is refused (431, 408) and its connection closed; ordinary requests on a kept-alive
+connection, and a slow body that keeps sending, are not touched."""
 
 from __future__ import annotations
 
@@ -69,6 +70,16 @@ def test_too_many_headers_are_refused_with_431(server) -> None:
 
 
 def test_a_head_sent_too_slowly_is_closed_with_408(server, monkeypatch) -> None:
-    monkeypatch.setattr(limits, "HEAD_TIMEOUT_S", 0.5)
+    monkeypatch.setattr(limits, "READ_TIMEOUT_S", 0.5)
     out = _exchange(server, b"GET / HTTP/1.1\r\n", b"host: x\r\n", b"x-a: 1\r\n", b"x-b: 1\r\n", pause_s=0.3)
     assert out.startswith(b"HTTP/1.1 408")
+
+
+def test_a_body_that_stalls_is_closed_with_408_and_one_that_keeps_sending_is_not(server, monkeypatch) -> None:
+    monkeypatch.setattr(limits, "READ_TIMEOUT_S", 0.5)
+    head = b"POST / HTTP/1.1\r\nhost: x\r\ncontent-length: 8\r\n\r\n"
+    out = _exchange(server, head + b"ab", b"", pause_s=1.0)
+    assert out.startswith(b"HTTP/1.1 408") and b"body" in out
+    out = _exchange(server, head, *[b"ab"] * 3, b"ab" + head.replace(b"\r\n\r\n", b"\r\nconnection: close\r\n\r\n"),
+                    *[b"ab"] * 4, pause_s=0.3)      # 2.7 s in all, 0.3 s between reads
+    assert out.count(b"HTTP/1.1 200") == 2

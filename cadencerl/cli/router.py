@@ -17,8 +17,9 @@ JournalOpt = typer.Option(None, "--journal", help="keep the parked sessions and 
 MaxConcurrentOpt = typer.Option(None, "--max-concurrent-requests", help="vllm-router's name: completions in flight "
                                 "at once under a policy with no admission (misa+ admits itself); more wait as "
                                 "--hold-max and --hold-timeout say (default 0: twice the servers' max_num_seqs)")
-DataPathOpt = typer.Option(None, "--data-path", help="who serves the port: python (default) or rust (built "
-                           "by `make router-native`: HTTP in Rust, the same decisions; docs/router.md)")
+DataPathOpt = typer.Option(None, "--data-path", help="who serves the port: rust (HTTP in Rust, the same "
+                           "decisions; built by `make router-native`), python, or auto (default: rust where it is "
+                           "built and --processes is 1, else python; docs/router.md)")
 ProcessesOpt = typer.Option(None, "--processes", help="processes serving the port (SO_REUSEPORT), one of them "
                             "owning every decision; more use more cores (default 1)")
 
@@ -131,4 +132,4 @@ def started_line(settings, port: int) -> str:
     return (f"router: listening on http://{host}:{port}, {len(settings.workers)} workers "
             f"({', '.join(settings.workers)}), policy {settings.policy}"
             + (f", {settings.processes} processes" if settings.processes > 1 else "")
-            + (", data path in Rust" if settings.data_path == "rust" else ""))
+            + f", data path in {settings.data_path.capitalize()}")

@@ -96,6 +96,10 @@ class DataPathProtocol(LimitedHttpToolsProtocol):
         if exch.size > limit:
             self._refuse_body(exch, limit)
 
+    def _reading_body(self) -> bool:
+        cycle = self.cycle
+        return self._reading is not None if isinstance(cycle, _Exchange) else super()._reading_body()
+
     def on_message_complete(self) -> None:
         exch = self._reading
         if exch is None:

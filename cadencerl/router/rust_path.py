@@ -24,7 +24,7 @@ import uvicorn
 
 from cadencerl.core.trajectory import State
 from cadencerl.router.app import enter_at_once, place, rejection
-from cadencerl.router.limits import HEAD_TIMEOUT_S, MAX_HEAD_BYTES
+from cadencerl.router.limits import MAX_HEAD_BYTES, RouterConfig
 from cadencerl.router.proxy import _completion_tokens, timed_out
 from cadencerl.router.rejections import Rejected
 from cadencerl.router.requests import ApiError, check_content_type, parse_request, too_large
@@ -262,7 +262,7 @@ class _Server(uvicorn.Server):
         await super().shutdown(sockets)
 
 
-def serve_rust(app, config: uvicorn.Config, settings: RouterSettings, socks: list[socket.socket]) -> None:
+def serve_rust(app, config: RouterConfig, settings: RouterSettings, socks: list[socket.socket]) -> None:
     """Serve `app` (`config`: uvicorn's settings for it) on `socks` (from `serve.bind`) in Rust until
     interrupted; uvicorn serves the app's other routes on a private loopback port."""
     import uvloop
@@ -275,8 +275,8 @@ def serve_rust(app, config: uvicorn.Config, settings: RouterSettings, socks: lis
         sock.listen(4096)
         fds.append(os.dup(sock.fileno()))
     limit = settings.max_body_bytes
-    bell = _datapath.serve(fds, rest, THREADS, limit, too_large(limit).response().body, MAX_HEAD_BYTES, HEAD_TIMEOUT_S,
-                    settings.request_timeout_s, config.timeout_keep_alive)
+    bell = _datapath.serve(fds, rest, THREADS, limit, too_large(limit).response().body, MAX_HEAD_BYTES,
+                           config.read_timeout_s, settings.request_timeout_s, config.timeout_keep_alive)
     for sock in socks:
         sock.close()
 

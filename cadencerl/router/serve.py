@@ -15,26 +15,27 @@ import uvicorn
 from cadencerl.config import ConfigError
 from cadencerl.router.app import GeneratingRoutes, create_app
 from cadencerl.router.datapath import protocol_for
-from cadencerl.router.limits import keep_alive_s
+from cadencerl.router.limits import RouterConfig, keep_alive_s, read_timeout_s
 from cadencerl.router.settings import RouterSettings
 
 _PORT_ERRORS = {errno.EADDRINUSE: "already in use", errno.EACCES: "not permitted (ports below 1024 need root)"}
 
 
-def uvicorn_config(app: GeneratingRoutes, settings: RouterSettings) -> uvicorn.Config:
+def uvicorn_config(app: GeneratingRoutes, settings: RouterSettings) -> RouterConfig:
     """uvicorn's settings for `app`: its generating routes on the data path (`datapath.py`)."""
     fast_loop = importlib.util.find_spec("uvloop") is not None
     fast_http = importlib.util.find_spec("httptools") is not None
-    return uvicorn.Config(app, host=settings.host, port=settings.port,
-                          loop="uvloop" if fast_loop else "asyncio", http=protocol_for(app) if fast_http else "h11",
-                          log_level="warning", access_log=False, lifespan="on", timeout_keep_alive=keep_alive_s(),
-                          backlog=4096)
+    return RouterConfig(app, read_timeout_s(), host=settings.host, port=settings.port,
+                        loop="uvloop" if fast_loop else "asyncio", http=protocol_for(app) if fast_http else "h11",
+                        log_level="warning", access_log=False, lifespan="on", timeout_keep_alive=keep_alive_s(),
+                        backlog=4096)
 
 
 def listen(settings: RouterSettings) -> list[socket.socket]:
     """The sockets `settings` serve on (`bind`); `--data-path rust` where it was not built is a
-    ConfigError naming the field (and a bad `CADENCERL_KEEP_ALIVE_S`, naming it)."""
+    ConfigError naming the field (and a bad `CADENCERL_KEEP_ALIVE_S` or `CADENCERL_READ_TIMEOUT_S`, naming it)."""
     keep_alive_s()
+    read_timeout_s()
     if settings.data_path == "rust":
         from cadencerl.router.rust_path import available
         if not available():

@@ -7,6 +7,7 @@ RLVR and RLHF work (48.6 : 33.1 : 18.2, MISA-T's evaluation mix as issue 14 stat
 
 from __future__ import annotations
 
+import importlib
 import json
 import tomllib
 from pathlib import Path
@@ -23,6 +24,15 @@ from cadencerl.router.policy import router_policy
 
 DEFAULT_MIX = {"agent": 48.6, "rlvr": 33.1, "rlhf": 18.2}
 ADMIN_TOKEN_ENV = "CADENCERL_ROUTER_ADMIN_TOKEN"
+
+
+def rust_data_path_built() -> bool:
+    """Can the Rust data path (`make router-native`) be loaded here?"""
+    try:
+        importlib.import_module("cadencerl.router._datapath")
+    except ImportError:
+        return False
+    return True
 
 
 class RouterSettings(BaseModel):
@@ -57,7 +67,8 @@ class RouterSettings(BaseModel):
     eta: int | None = Field(default=None, ge=0, le=1000)  # staleness budget; None: the clients keep their own
     max_response_ids: int = Field(default=65536, gt=0)  # stored responses whose server the router remembers
     processes: int = Field(default=1, ge=1, le=64)       # data-path processes on the port (owner.py, helper.py)
-    data_path: Literal["python", "rust"] = "python"    # who serves the port (datapath.py, rust_path.py)
+    # who serves the port (datapath.py, rust_path.py); auto: rust where it is built and serves alone
+    data_path: Literal["auto", "python", "rust"] = Field(default="auto", validate_default=True)
 
     @field_validator("journal")
     @classmethod
@@ -100,6 +111,14 @@ class RouterSettings(BaseModel):
         except ConfigError as exc:
             raise ValueError(str(exc)) from None
         return self
+
+    @field_validator("data_path")
+    @classmethod
+    def _data_path(cls, v: str, info) -> str:
+        """auto: Rust where it is built and serves the port alone (one process), else Python."""
+        if v != "auto":
+            return v
+        return "rust" if info.data.get("processes") == 1 and rust_data_path_built() else "python"
 
     @model_validator(mode="after")
     def _one_rust_process(self) -> RouterSettings:

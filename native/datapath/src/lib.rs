@@ -58,6 +58,7 @@ struct Ctx {
     too_large: Vec<u8>,
     max_head: usize,
     timeout: Duration,       // --request-timeout-secs: for the reply's head, and between its chunks
+    read_timeout: Duration,  // CADENCERL_READ_TIMEOUT_S: for the request's head, and between its body's reads
 }
 
 /// Queues `Done` once: when fired, or when dropped (the client left at any point after its ask:
@@ -104,6 +105,13 @@ fn plain(status: u16, headers: Vec<(String, String)>, body: Vec<u8>) -> Response
     out.body(Body::from(body)).unwrap_or_else(|_| Response::new(Body::empty()))
 }
 
+/// The router's refusal of a request it did not read whole: a JSON error, and the connection closed.
+fn refused(status: u16, kind: &str, message: String) -> Response<Body> {
+    plain(status, vec![("content-type".into(), "application/json".into()), ("connection".into(), "close".into())],
+          format!("{{\"error\":{{\"message\":\"{message}\",\"type\":\"{kind}\",\"param\":null,\"code\":{status}}}}}")
+              .into_bytes())
+}
+
 fn too_large(ctx: &Ctx) -> Response<Body> {
     tell(Ev::TooLarge);
     plain(413, vec![("content-type".into(), "application/json".into()), ("connection".into(), "close".into())],
@@ -125,9 +133,8 @@ async fn handle(req: Request<Body>, ctx: Arc<Ctx>, clock: Arc<Clock>) -> Result<
     // hyper refuses a head past its read buffer (about twice `max_head` as it reads); this is the bound
     let head: usize = parts.headers.iter().map(|(k, v)| k.as_str().len() + v.len() + 4).sum();
     if head > ctx.max_head {
-        return Ok(plain(431, vec![("content-type".into(), "application/json".into()), ("connection".into(), "close".into())],
-                        format!("{{\"error\":{{\"message\":\"the request head is over {} bytes\",\"type\":\
-                                 \"request_header_fields_too_large\",\"param\":null,\"code\":431}}}}", ctx.max_head).into_bytes()));
+        let why = format!("the request head is over {} bytes", ctx.max_head);
+        return Ok(refused(431, "request_header_fields_too_large", why));
     }
     if let Some(v) = parts.headers.get("content-length") {
         if v.to_str().ok().and_then(|s| s.parse::<usize>().ok()).map_or(true, |n| n > ctx.max_body) {
@@ -135,11 +142,16 @@ async fn handle(req: Request<Body>, ctx: Arc<Ctx>, clock: Arc<Clock>) -> Result<
         }
     }
     let mut raw = Vec::new();
-    while let Some(chunk) = body.data().await {
-        match chunk {
-            Ok(c) if raw.len() + c.len() <= ctx.max_body => raw.extend_from_slice(&c),
-            Ok(_) => return Ok(too_large(&ctx)),
-            Err(_) => return Ok(plain(400, vec![], vec![])),
+    loop {
+        match tokio::time::timeout(ctx.read_timeout, body.data()).await {
+            Ok(None) => break,
+            Ok(Some(Ok(c))) if raw.len() + c.len() <= ctx.max_body => raw.extend_from_slice(&c),
+            Ok(Some(Ok(_))) => return Ok(too_large(&ctx)),
+            Ok(Some(Err(_))) => return Ok(plain(400, vec![], vec![])),
+            Err(_) => {
+                let why = format!("the request body sent nothing within {} s", ctx.read_timeout.as_secs_f64());
+                return Ok(refused(408, "request_timeout", why));
+            }
         }
     }
     let rid = parts.headers.get("x-request-id").and_then(|v| v.to_str().ok()).map(str::to_owned)
@@ -261,7 +273,7 @@ async fn rest(parts: hyper::http::request::Parts, body: Body, ctx: &Ctx, open: O
 /// bell's Python end, a non-blocking socket's fd: readable when events wait (`take`).
 #[pyfunction]
 fn serve(fds: Vec<i32>, rest: String, threads: usize, max_body: usize, too_large: Vec<u8>, max_head: usize,
-         head_timeout_s: f64, timeout_s: f64, keep_alive_s: f64) -> PyResult<i32> {
+         read_timeout_s: f64, timeout_s: f64, keep_alive_s: f64) -> PyResult<i32> {
     let (bell, theirs) = UnixStream::pair()?;
     bell.set_nonblocking(true)?;
     theirs.set_nonblocking(true)?;
@@ -281,7 +293,8 @@ fn serve(fds: Vec<i32>, rest: String, threads: usize, max_body: usize, too_large
             conn.set_nodelay(true);
             conn.set_connect_timeout(Some(Duration::from_secs(10)));     // the Python path's
             let client = Client::builder().build::<_, Body>(conn);
-            let ctx = Arc::new(Ctx { client, rest, max_body, too_large, max_head, timeout: seconds(timeout_s) });
+            let ctx = Arc::new(Ctx { client, rest, max_body, too_large, max_head, timeout: seconds(timeout_s),
+                                     read_timeout: seconds(read_timeout_s) });
             let mut servers = Vec::new();
             for l in listeners {
                 let ctx = ctx.clone();
@@ -293,7 +306,7 @@ fn serve(fds: Vec<i32>, rest: String, threads: usize, max_body: usize, too_large
                 let Ok(listener) = tokio::net::TcpListener::from_std(l) else { continue };
                 let server = Server::builder(accept::from_stream(connections(listener, seconds(keep_alive_s))));
                 servers.push(tokio::spawn(server.http1_max_buf_size(max_head)
-                    .http1_header_read_timeout(seconds(head_timeout_s)).serve(make)
+                    .http1_header_read_timeout(seconds(read_timeout_s)).serve(make)
                     .with_graceful_shutdown(async move { let _ = stopped.changed().await; })));
             }
             for s in servers { let _ = s.await; }
