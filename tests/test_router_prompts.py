@@ -8,7 +8,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from cadencerl.router.requests import ApiError, _group, _route, is_token_ids, prompt_group, resume_group
+from cadencerl.router.requests import (ApiError, _group, _route, is_token_ids, prefix_chain, prompt_group,
+                                       resume_group)
 
 JSON_SCALARS = st.one_of(st.integers(min_value=-5, max_value=2**70), st.booleans(), st.none(),
                          st.floats(allow_nan=False, allow_infinity=False), st.text(max_size=3))
@@ -44,3 +45,19 @@ def test_what_is_not_token_ids_is_a_400_naming_the_prompt(prompt) -> None:
     with pytest.raises(ApiError) as err:
         _route(json.dumps({"prompt": prompt}).encode(), {}, "prompt", {"rlvr": 1.0}, "rlvr")
     assert err.value.status == 400 and err.value.param == "prompt"
+
+
+def test_prompts_sharing_a_head_share_its_prefix_chain_and_nothing_after() -> None:
+    """A link is 64 tokens: 64 ids, or 256 characters of text or of a chat's role and text."""
+    system = "You are a careful assistant. " * 20          # 580 characters: two whole links
+    a, b = prefix_chain(system + "What is 2 + 2?" * 40), prefix_chain(system + "Name a prime." * 40)
+    assert len(a) == len(b) == 4 and a[:2] == b[:2] and a[2] != b[2]
+    chat = [{"role": "system", "content": system}, {"role": "user", "content": "hi " * 200}]
+    other = [{"role": "system", "content": system}, {"role": "user", "content": "yo " * 200}]
+    assert prefix_chain(chat)[:2] == prefix_chain(other)[:2] and prefix_chain(chat)[2] != prefix_chain(other)[2]
+    assert prefix_chain([{"role": "user", "content": system}])[0] != prefix_chain(chat)[0]    # the role counts
+    ids = list(range(200))
+    assert prefix_chain(ids)[:3] == prefix_chain(ids[:192] + [7] * 8)[:3] and len(prefix_chain(ids)) == 3
+    assert prefix_chain("short") == prefix_chain([1, 2, 3]) == prefix_chain(["a", "b"]) == ()
+    assert prefix_chain([2**70] * 100) == ()                   # past 8 bytes an id: no chain, as its group
+    assert len(prefix_chain("x" * 10**6)) == 64               # the first 4,096 tokens only

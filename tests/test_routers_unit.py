@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from cadencerl.admission.gated import Gated
@@ -9,6 +11,7 @@ from cadencerl.admission.misa import Admitted, MisaT
 from cadencerl.config import ConfigError
 from cadencerl.core.actions import Admit, Advance, Interrupt, Place, UpdateInPlace
 from cadencerl.policies.least_loaded import LeastLoaded
+from cadencerl.policies.prefix_tree import LINK_TOKENS, PrefixTree
 from cadencerl.policies.routers import CacheAware, ConsistentHash, LeastLoadedRouter, RoundRobin, StickyLeastLoaded
 from tests.pools import pool, traj, worker
 
@@ -190,6 +193,28 @@ def test_cache_aware_follows_the_cached_prompt_when_the_match_clears_the_thresho
             traj(102, 100, group=9, prompt=80), traj(103, 100, group=7, prompt=80)]
     acts = pool(CacheAware(), [worker(0), worker(1)], fresh=reqs).decide()
     assert admits(acts) == [0, 1, 0, 0]           # the last sibling follows its group, not the idler worker
+
+
+def test_cache_aware_follows_a_shared_head_across_groups_by_its_prefix_chain():
+    """Prompts of different groups whose first 64 of 80 tokens (one link) are the same head: each
+    follows the head where it went, as vllm-router's radix tree does; without a chain they spread."""
+    def headed(tid: int, head: int, prefix: bool = True):
+        t = traj(tid, 80, prompt=80)
+        t.spec = replace(t.spec, prefix=(head, tid) if prefix else ())
+        return t
+
+    heads = (1, 2, 2, 1, 2)
+    reqs = [headed(100 + i, h) for i, h in enumerate(heads)]
+    assert admits(pool(CacheAware(), [worker(0), worker(1)], fresh=reqs).decide()) == [0, 1, 1, 0, 1]
+    reqs = [headed(100 + i, h, prefix=False) for i, h in enumerate(heads)]
+    assert admits(pool(CacheAware(), [worker(0), worker(1)], fresh=reqs).decide()) == [0, 1, 0, 1, 0]
+    tree = PrefixTree(1)
+    tree.insert(0, group=5, traj=1, prompt_len=200, context=200, prefix=(11, 12, 13))
+    assert tree.matched(0, group=6, traj=2, prompt_len=200, context=200, prefix=(11, 12, 99)) == 2 * LINK_TOKENS
+    assert tree.matched(0, group=6, traj=2, prompt_len=200, context=200, prefix=(99, 12, 13)) == 0
+    assert tree.matched(0, group=6, traj=2, prompt_len=100, context=100, prefix=(11, 12, 13)) == 100
+    tree.evict(0)
+    assert tree.matched(0, group=6, traj=2, prompt_len=200, context=200, prefix=(11,)) == 0
 
 
 def test_cache_aware_goes_least_loaded_below_the_match_threshold():

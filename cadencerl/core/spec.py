@@ -93,6 +93,8 @@ class TrajectorySpec:
     max_new_tokens: int | None = None   # the router's requests: the first one's bound on its reply (vLLM may
                                         # stop earlier at EOS). None elsewhere: the simulator draws lengths, and
                                         # the trainer API's runs decode exactly max_tokens (it is the length)
+    prefix: tuple[int, ...] = ()        # the router's requests: the prompt's prefix chain (policies/prefix_tree.py),
+                                        # what it shares with other groups' prompts; none in the simulator
 
 
 def total_tokens(spec: TrajectorySpec, key: object) -> int:

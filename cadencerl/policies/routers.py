@@ -158,17 +158,15 @@ class CacheAware(Router):
         yield from super().decide(view)
 
     def route(self, view, traj, workers):
-        tree = self._tree
+        tree, spec, ctx = self._tree, traj.spec, traj.context
         loads = [w.load for w in workers]
         hi, lo = max(loads), min(loads)
         if hi - lo > self.balance_abs_threshold and hi > lo * self.balance_rel_threshold:
             w = _least_loaded(workers)
         else:
-            spec = traj.spec
-            ctx = traj.context
-            best = max(workers, key=lambda w: (tree.matched(w.id, spec.group, spec.id, spec.prompt_len, ctx),
-                                               -w.load, -w.id))
-            rate = tree.matched(best.id, spec.group, spec.id, spec.prompt_len, ctx) / ctx
+            best = max(workers, key=lambda w: (tree.matched(w.id, spec.group, spec.id, spec.prompt_len, ctx,
+                                                            spec.prefix), -w.load, -w.id))
+            rate = tree.matched(best.id, spec.group, spec.id, spec.prompt_len, ctx, spec.prefix) / ctx
             w = best if rate > self.cache_threshold else _least_loaded(workers)
-        tree.insert(w.id, traj.spec.group, traj.spec.id, traj.spec.prompt_len, traj.context)
+        tree.insert(w.id, spec.group, spec.id, spec.prompt_len, ctx, spec.prefix)
         return w

@@ -202,7 +202,8 @@ def _session_of(routed: Routed, pin: int | None, held: int) -> dict:
     """What `RouterService.acquire` and `enter` take of a request."""
     return {"key": routed.session_key, "cls": routed.workload_class, "prompt_len": routed.prompt_len,
             "group": routed.group, "route_key": routed.route_key, "pin": pin, "held": held,
-            "max_new_tokens": routed.max_new_tokens, "resumable": routed.prompt_ids is not None}
+            "max_new_tokens": routed.max_new_tokens, "resumable": routed.prompt_ids is not None,
+            "prefix": routed.prefix}
 
 
 ANY_SERVER = ("/v1/models", "/version", "/ping", "/load")     # the same on every server: asked of one up

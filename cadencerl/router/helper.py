@@ -150,7 +150,7 @@ class HelperService:
         rid = next(self._ids)
         worker = await self._ask(rid, ["a", rid, field, routed.session_key, routed.workload_class,
                                        routed.prompt_len, routed.group, routed.route_key,
-                                       routed.max_new_tokens, routed.last])
+                                       routed.max_new_tokens, routed.last, routed.prefix])
         return RemoteSession(rid, Placement(worker))
 
     async def reroute(self, session: RemoteSession, failed: int) -> bool:

@@ -99,13 +99,14 @@ class LiveState:
 
     def new_session(self, key: str | None, cls: str, prompt_len: int, group: int, now: float = 0.0,
                     route_key: str | None = None, pin: int | None = None,
-                    max_new_tokens: int | None = None, resumable: bool = False) -> Session:
+                    max_new_tokens: int | None = None, resumable: bool = False,
+                    prefix: tuple[int, ...] = ()) -> Session:
         """A session's first request: FRESH, held until an Admit names its worker (`pin`, if given:
         the worker that holds what the request continues, e.g. a stored response). `resumable`: its
         client resumes an evicted request (`resumable.py`); no other request is ever evicted."""
         spec = TrajectorySpec(id=next(self._ids), group=group, prompt_len=max(1, prompt_len),
                               response=HiddenLength(0, _SEALED), workload_class=cls, route_key=route_key,
-                              max_new_tokens=max_new_tokens)
+                              max_new_tokens=max_new_tokens, prefix=prefix)
         session = Session(key, Trajectory(spec, pin=pin, resumable=resumable), arrived_at=now)
         self.controller.submit(session.traj)
         self.live[spec.id] = session

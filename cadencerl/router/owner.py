@@ -60,9 +60,10 @@ class _Helper:
             self.svc.processes_up += 1
 
     async def _acquire(self, rid: int, field: str, key: str | None, cls: str, prompt_len: int, group: int,
-                       route_key: str, max_new_tokens: int | None, last: bool) -> None:
+                       route_key: str, max_new_tokens: int | None, last: bool, prefix: list[int]) -> None:
         svc, limit, slot = self.svc, self.owner.limit, False
-        routed = Routed(b"", False, key, route_key, cls, last, prompt_len, group, max_new_tokens=max_new_tokens)
+        routed = Routed(b"", False, key, route_key, cls, last, prompt_len, group, max_new_tokens=max_new_tokens,
+                        prefix=tuple(prefix))
         try:
             svc.check_fits(prompt_len, field)
             if limit is not None:

@@ -13,12 +13,15 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import zlib
 from array import array
 from dataclasses import dataclass
 
 from starlette.datastructures import Headers
 from starlette.requests import Request
 from starlette.responses import JSONResponse
+
+from cadencerl.policies.prefix_tree import LINK_TOKENS
 
 SESSION_HEADER = "x-session-id"
 CLASS_HEADER = "x-workload-class"
@@ -27,6 +30,7 @@ RESUMABLE_HEADER = "x-cadencerl-resumable"   # `0`: never evict this request, th
 AFFINITY_HEADERS = ("x-user-id", "x-tenant-id", "x-correlation-id")     # vllm-router's order
 BODY_AFFINITY_FIELDS = ("user", "session_id", "user_id")                 # after session_params.session_id
 CHARS_PER_TOKEN = 4          # a text prompt's length in tokens, without a tokenizer (an estimate)
+MAX_LINKS = 64               # a prompt's prefix chain covers its first 4,096 tokens (LINK_TOKENS a link)
 
 
 class RawHeaders(Headers):
@@ -90,6 +94,7 @@ class Routed:
     max_new_tokens: int | None = None         # max_tokens (max_completion_tokens, max_output_tokens), if given
     prompt_ids: tuple[int, ...] | None = None  # a resumable request's prompt: its client re-sends it with the
                                                # tokens it was handed when evicted (`resumable.py`)
+    prefix: tuple[int, ...] = ()              # the prompt's prefix chain (`prefix_chain`)
 
 
 @dataclass(frozen=True)
@@ -151,7 +156,33 @@ def _route(raw: bytes, headers, field: str, classes: dict[str, float], default_c
     return Routed(raw, bool(body.get("stream", False)), key, route_key, cls, last, _length(prompt), group,
                   previous, field == "input" and body.get("store", True) is True, field == "input",
                   field == "input" and body.get("background") is True, _max_new_tokens(body, field, prompt),
-                  tuple(prompt) if _resumes(body, field, prompt, headers) else None)
+                  tuple(prompt) if _resumes(body, field, prompt, headers) else None, prefix_chain(prompt))
+
+
+def prefix_chain(prompt: object) -> tuple[int, ...]:
+    """The keys of a prompt's whole links of `LINK_TOKENS` (64 token ids, or 64 tokens' estimated
+    characters of a text or of a chat's messages, role and text each), the first `MAX_LINKS`: each the
+    CRC-32 of the prompt up to the link's end, and its position. Two prompts share the keys of the
+    head they share (a system prompt), which the prefix tree matches across their groups."""
+    if isinstance(prompt, str):
+        data, step = prompt.encode(), CHARS_PER_TOKEN * LINK_TOKENS
+    elif isinstance(prompt, list) and prompt and type(prompt[0]) is int:
+        if len(prompt) < LINK_TOKENS:
+            return ()
+        try:
+            data, step = array("q", prompt[:MAX_LINKS * LINK_TOKENS]).tobytes(), 8 * LINK_TOKENS
+        except OverflowError:       # an id past 2**63: no chain (its group is by repr)
+            return ()
+    elif isinstance(prompt, list) and prompt and isinstance(prompt[0], dict):
+        data = "".join(f"{m.get('role')}:{_text(m.get('content'))}\n" for m in prompt).encode()
+        step = CHARS_PER_TOKEN * LINK_TOKENS
+    else:
+        return ()
+    crc, keys, view = 0, [], memoryview(data)
+    for i, end in enumerate(range(step, min(len(data), MAX_LINKS * step) + 1, step)):
+        crc = zlib.crc32(view[end - step:end], crc)
+        keys.append(crc | i << 32)
+    return tuple(keys)
 
 
 def _resumes(body: dict, field: str, prompt: object, headers) -> bool:

@@ -184,9 +184,9 @@ class RouterService:
         if largest and max(1, prompt_len) >= largest:
             raise too_long(prompt_len, field, largest)
 
-    async def acquire(self, key: str | None, cls: str, prompt_len: int, group: int,
-                      route_key: str | None = None, field: str = "prompt", pin: int | None = None,
-                      held: int = 0, max_new_tokens: int | None = None, resumable: bool = False) -> Session:
+    async def acquire(self, key: str | None, cls: str, prompt_len: int, group: int, route_key: str | None = None,
+                      field: str = "prompt", pin: int | None = None, held: int = 0, max_new_tokens: int | None = None,
+                      resumable: bool = False, prefix: tuple[int, ...] = ()) -> Session:
         """Admit (a new session) or place (a continuation) one request; waits in HOLD if it must.
         `field` names the prompt in the 400 of a request that stops fitting while it waits. `pin`: the
         server holding the stored response the request continues; it goes there alone, and its prompt
@@ -194,13 +194,13 @@ class RouterService:
         context (the earlier turns, counted as they went), else `held` (what the server holds for the
         stored response, `ResponseOwners.context`). `max_new_tokens`: MISA-T's bound on a new
         session's first reply before it measured any."""
-        session = self.enter(key, cls, prompt_len, group, route_key, pin, held, max_new_tokens, resumable)
+        session = self.enter(key, cls, prompt_len, group, route_key, pin, held, max_new_tokens, resumable, prefix)
         await self.wait_placed(session, field)
         return session
 
     def enter(self, key: str | None, cls: str, prompt_len: int, group: int, route_key: str | None = None,
               pin: int | None = None, held: int = 0, max_new_tokens: int | None = None,
-              resumable: bool = False) -> Session:
+              resumable: bool = False, prefix: tuple[int, ...] = ()) -> Session:
         """`acquire` up to its wait: the session, placed already or held (a pass due: `decide_now`)."""
         now = self.now()
         if not any(w.alive for w in self.state.workers):
@@ -214,7 +214,7 @@ class RouterService:
             if session is not None:   # its last request is still in flight: this one is a reply of its own
                 key = None
             session = self.state.new_session(key, cls, prompt_len + held, group, now, route_key, pin, max_new_tokens,
-                                             resumable)
+                                             resumable, prefix)
             kind = "new"
         session.traj.resumable = resumable
         self.metrics.requests_of(session.traj.workload_class, kind).inc()
