@@ -266,9 +266,9 @@ def main() -> None:
                     help="at this many connections and more, also time requests on new connections")
     ap.add_argument("--processes", default="1",
                     help="the cadencerl router's --processes, comma-separated: each policy measured at each")
-    ap.add_argument("--data-paths", default="rust",
-                    help="the cadencerl router's --data-path, comma-separated (rust, its default where built; "
-                         "python): each policy on each")
+    ap.add_argument("--data-paths", default=None,
+                    help="the cadencerl router's --data-path, comma-separated (rust, python): each policy on each "
+                         "(default: the one `cadencerl router` takes here, rust where it is built)")
     ap.add_argument("--compare-tree", type=Path, action="append", default=[],
                     help="also the router of this source tree (e.g. an earlier commit's `git archive`), same policies")
     ap.add_argument("--servers", type=int, default=1,
@@ -277,6 +277,9 @@ def main() -> None:
                     help="also this router, started by COMMAND with {python}, {port} and {workers} filled in "
                          "(another router, or another build of this one)")
     args = ap.parse_args()
+    if args.data_paths is None:
+        from cadencerl.router.settings import rust_data_path_built
+        args.data_paths = "rust" if rust_data_path_built() else "python"
     if args.servers < 1:
         ap.error("--servers: at least 1")
     args.logs.mkdir(parents=True, exist_ok=True)

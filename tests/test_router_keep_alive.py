@@ -2,11 +2,13 @@
 `CADENCERL_KEEP_ALIVE_S` with nothing sent (30 s unless set; here 1 s): one never used, and one
 after its reply. A request open longer than that (a reply slower than the bound), or a reply its
 client reads only later than that, is not cut. A body that sends nothing for
-`CADENCERL_READ_TIMEOUT_S` gets a 408, and nothing of it is admitted; one that keeps sending passes.
+`CADENCERL_READ_TIMEOUT_S` gets a 408, and nothing of it is admitted; one that keeps sending passes; a
+head not whole that long after its first byte gets a 408 too.
 A bad value is a one-line error naming it."""
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
 import os
@@ -104,6 +106,17 @@ def test_a_body_that_stalls_gets_408_and_one_that_keeps_sending_passes(data_path
                 start = time.monotonic()
                 reply = read_to_close(stalled)
                 assert reply.startswith(b"HTTP/1.1 408") and b"request_timeout" in reply, reply
+                assert 0.8 < time.monotonic() - start < 5
+        lines = [b"POST /v1/completions HTTP/1.1\r\n", b"host: x\r\n"] + [b"x-%d: 1\r\n" % i for i in range(6)]
+        for sent, pause in ((lines, 0.3), (lines[:2], 0.0)):    # a line at a time (2.4 s); one that stops halfway
+            with socket.create_connection(address) as slow:
+                start = time.monotonic()
+                with contextlib.suppress(OSError):     # refused and closed while we were still sending
+                    for line in sent:
+                        slow.sendall(line)
+                        time.sleep(pause)
+                reply = read_to_close(slow)
+                assert reply.startswith(b"HTTP/1.1 408"), reply
                 assert 0.8 < time.monotonic() - start < 5
         with socket.create_connection(address) as paced:        # 1.8 s in all, never 1 s without a byte
             paced.sendall(REQUEST % (len(body), b""))

@@ -83,3 +83,23 @@ def test_a_body_that_stalls_is_closed_with_408_and_one_that_keeps_sending_is_not
     out = _exchange(server, head, *[b"ab"] * 3, b"ab" + head.replace(b"\r\n\r\n", b"\r\nconnection: close\r\n\r\n"),
                     *[b"ab"] * 4, pause_s=0.3)      # 2.7 s in all, 0.3 s between reads
     assert out.count(b"HTTP/1.1 200") == 2
+
+
+async def early_app(scope, receive, send) -> None:
+    """Answers before reading the request's body (a 404, a refusal)."""
+    if scope["type"] == "http":
+        await send({"type": "http.response.start", "status": 404, "headers": [(b"content-length", b"0")]})
+        await send({"type": "http.response.body", "body": b""})
+
+
+def test_a_body_left_unread_after_the_reply_cannot_hold_the_connection(monkeypatch) -> None:
+    """uvicorn arms no keep-alive timer while the rest of such a body arrives: the body's bound closes it."""
+    monkeypatch.setattr(limits, "READ_TIMEOUT_S", 0.5)
+    s = ServerThread(early_app, name="early", loop="uvloop", http=LimitedHttpToolsProtocol, lifespan="off").start()
+    try:
+        start = time.monotonic()
+        out = _exchange(s, b"POST / HTTP/1.1\r\nhost: x\r\ncontent-length: 100\r\n\r\nab", b"c", pause_s=0.2)
+        assert out.startswith(b"HTTP/1.1 404") and b"408" not in out
+        assert time.monotonic() - start < 2.5        # closed, not held until the read gives up at 3 s
+    finally:
+        s.stop()

@@ -61,3 +61,4 @@ def test_prompts_sharing_a_head_share_its_prefix_chain_and_nothing_after() -> No
     assert prefix_chain("short") == prefix_chain([1, 2, 3]) == prefix_chain(["a", "b"]) == ()
     assert prefix_chain([2**70] * 100) == ()                   # past 8 bytes an id: no chain, as its group
     assert len(prefix_chain("x" * 10**6)) == 64               # the first 4,096 tokens only
+    assert len(prefix_chain("é" * 600)) == len(prefix_chain("e" * 600)) == 2     # characters, not bytes

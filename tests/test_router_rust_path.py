@@ -25,7 +25,9 @@ from router_process import ROOT, start_router, stop
 from router_stub import FAST, StubState, stub_app
 from server_thread import ServerThread
 
+from cadencerl.router import settings as settings_module
 from cadencerl.router.rust_path import available
+from cadencerl.router.settings import RouterSettings
 
 pytestmark = [pytest.mark.timeout(120),
               pytest.mark.skipif(not available(), reason="the Rust data path is not built (make router-native)")]
@@ -168,6 +170,13 @@ def test_bad_data_path_options_are_one_line_errors():
         out = subprocess.run([sys.executable, "-m", "cadencerl.cli", "router", "--workers", "http://127.0.0.1:9",
                               *extra], capture_output=True, text=True, timeout=60, cwd=ROOT)
         assert out.returncode == 2 and says in out.stderr and "Traceback" not in out.stderr, out.stderr
+
+
+@pytest.mark.parametrize("built, processes, chosen", [(True, 1, "rust"), (True, 2, "python"), (False, 1, "python")])
+def test_auto_takes_the_rust_path_where_it_is_built_and_serves_alone(monkeypatch, built, processes, chosen):
+    monkeypatch.setattr(settings_module, "rust_data_path_built", lambda: built)
+    assert RouterSettings(workers=["http://127.0.0.1:9"], processes=processes).data_path == chosen
+    assert RouterSettings(workers=["http://127.0.0.1:9"], data_path="python").data_path == "python"
 
 
 def test_a_server_slower_than_the_request_timeout_gets_a_504(stub_states):

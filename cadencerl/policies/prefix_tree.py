@@ -7,7 +7,9 @@ A live router's prompts also share leading parts across groups (a system prompt,
 such a request carries its prompt's prefix chain (`TrajectorySpec.prefix`, `LINK_TOKENS` a link,
 each link's key naming the whole prompt up to its end), and a prompt whose group a worker has not
 seen matches the leading links it holds, as vllm-router's radix tree matches a shared head.
-Sizes are counted in tokens; a tenant over `max_tree_size` loses its least recently used leaves.
+Sizes are counted in tokens; a tenant over `max_tree_size` loses its least recently used leaves:
+histories first, then prompts, then links (the heads prompts share, as a radix tree's inner nodes go
+after the leaves below them).
 """
 
 from __future__ import annotations
@@ -52,9 +54,9 @@ class PrefixTree:
         t = self._tenant(worker)
         if group in t.prompts:
             t.prompts.move_to_end(group)
-        else:
-            t.prompts[group] = prompt_len
-            t.size += prompt_len
+        else:                       # its tokens past its links' (which count their own)
+            tail = t.prompts[group] = max(0, prompt_len - LINK_TOKENS * len(prefix))
+            t.size += tail
         hist = context - prompt_len
         old = t.histories.pop(traj, 0)
         t.size += hist - old

@@ -113,9 +113,10 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
             self._body_timer = self.loop.call_later(self.read_timeout, self._body_gap)
 
     def _reading_body(self) -> bool:
-        """Is a request's body still arriving? (uvicorn's cycle, for the app's routes)"""
+        """Is a request's body still arriving? (uvicorn's cycle, for the app's routes; after a reply
+        that did not read it too: uvicorn then arms no keep-alive timer while the rest arrives)"""
         cycle = self.cycle
-        return cycle is not None and cycle.more_body and not cycle.response_complete
+        return cycle is not None and cycle.more_body
 
     def _body_gap(self) -> None:
         """The body's timer: 408 if the client sent nothing for the bound (not while reading is
@@ -129,8 +130,8 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         if now - self._last_read < self.read_timeout:
             self._body_timer = self.loop.call_later(self._last_read + self.read_timeout - now, self._body_gap)
             return
-        started = self.cycle is not None and getattr(self.cycle, "response_started", False)
-        if not started:
+        cycle = self.cycle      # a 408 only where no reply has begun (nor waits behind this one)
+        if not (getattr(cycle, "response_started", False) or cycle.response_complete or self.pipeline):
             self.transport.write(too_slow("body sent nothing", self.read_timeout))
         self.transport.close()
 

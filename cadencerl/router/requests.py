@@ -164,23 +164,25 @@ def prefix_chain(prompt: object) -> tuple[int, ...]:
     characters of a text or of a chat's messages, role and text each), the first `MAX_LINKS`: each the
     CRC-32 of the prompt up to the link's end, and its position. Two prompts share the keys of the
     head they share (a system prompt), which the prefix tree matches across their groups."""
-    if isinstance(prompt, str):
-        data, step = prompt.encode(), CHARS_PER_TOKEN * LINK_TOKENS
-    elif isinstance(prompt, list) and prompt and type(prompt[0]) is int:
+    if isinstance(prompt, list) and prompt and type(prompt[0]) is int:
         if len(prompt) < LINK_TOKENS:
             return ()
         try:
-            data, step = array("q", prompt[:MAX_LINKS * LINK_TOKENS]).tobytes(), 8 * LINK_TOKENS
+            data = array("q", prompt[:MAX_LINKS * LINK_TOKENS]).tobytes()
         except OverflowError:       # an id past 2**63: no chain (its group is by repr)
             return ()
-    elif isinstance(prompt, list) and prompt and isinstance(prompt[0], dict):
-        data = "".join(f"{m.get('role')}:{_text(m.get('content'))}\n" for m in prompt).encode()
-        step = CHARS_PER_TOKEN * LINK_TOKENS
+        step = 8 * LINK_TOKENS
+        links = [data[end - step:end] for end in range(step, len(data) + 1, step)]
     else:
-        return ()
-    crc, keys, view = 0, [], memoryview(data)
-    for i, end in enumerate(range(step, min(len(data), MAX_LINKS * step) + 1, step)):
-        crc = zlib.crc32(view[end - step:end], crc)
+        if isinstance(prompt, list) and prompt and isinstance(prompt[0], dict):
+            prompt = "".join(f"{m.get('role')}:{_text(m.get('content'))}\n" for m in prompt)
+        if not isinstance(prompt, str):
+            return ()
+        step = CHARS_PER_TOKEN * LINK_TOKENS       # in characters, as `_length` counts them
+        links = [prompt[end - step:end].encode() for end in range(step, min(len(prompt), MAX_LINKS * step) + 1, step)]
+    crc, keys = 0, []
+    for i, link in enumerate(links):
+        crc = zlib.crc32(link, crc)
         keys.append(crc | i << 32)
     return tuple(keys)
 

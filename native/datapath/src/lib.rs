@@ -304,7 +304,7 @@ fn serve(fds: Vec<i32>, rest: String, threads: usize, max_body: usize, too_large
                 });
                 let mut stopped = stopped.clone();
                 let Ok(listener) = tokio::net::TcpListener::from_std(l) else { continue };
-                let server = Server::builder(accept::from_stream(connections(listener, seconds(keep_alive_s))));
+                let server = Server::builder(accept::from_stream(connections(listener, seconds(keep_alive_s), seconds(read_timeout_s))));
                 servers.push(tokio::spawn(server.http1_max_buf_size(max_head)
                     .http1_header_read_timeout(seconds(read_timeout_s)).serve(make)
                     .with_graceful_shutdown(async move { let _ = stopped.changed().await; })));
