@@ -24,10 +24,10 @@ from router_process import ROOT, start_router, stop
 from router_stub import FAST, StubState, stub_app
 from server_thread import ServerThread
 
-from cadencerl.router.rust_path import available
+from cadencerl.router.settings import rust_data_path_built
 
 pytestmark = pytest.mark.timeout(90)
-PATHS = ["python", pytest.param("rust", marks=pytest.mark.skipif(not available(), reason="not built (make router-native)"))]
+PATHS = ["python", pytest.param("rust", marks=pytest.mark.skipif(not rust_data_path_built(), reason="not built (make router-native)"))]
 REQUEST = (b"POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n%s")
 
 

@@ -26,11 +26,10 @@ from router_stub import FAST, StubState, stub_app
 from server_thread import ServerThread
 
 from cadencerl.router import settings as settings_module
-from cadencerl.router.rust_path import available
-from cadencerl.router.settings import RouterSettings
+from cadencerl.router.settings import RouterSettings, rust_data_path_built
 
 pytestmark = [pytest.mark.timeout(120),
-              pytest.mark.skipif(not available(), reason="the Rust data path is not built (make router-native)")]
+              pytest.mark.skipif(not rust_data_path_built(), reason="the Rust data path is not built (make router-native)")]
 BOOKS = ("requests_total", "admissions_total", "completed_sessions", "parked_sessions", "worker_held_kv_usage",
          "worker_load", "worker_sessions", "errors_total", "rejections_total", "retries_total")
 

@@ -41,10 +41,6 @@ THREADS = int(os.environ.get("CADENCERL_DATAPATH_THREADS", "1"))   # the Rust si
 log = logging.getLogger(__name__)
 
 
-def available() -> bool:
-    return _datapath is not None
-
-
 class _Placed:
     __slots__ = ("session", "routed", "path", "slot", "retried")
 

@@ -16,7 +16,7 @@ from cadencerl.config import ConfigError
 from cadencerl.router.app import GeneratingRoutes, create_app
 from cadencerl.router.datapath import protocol_for
 from cadencerl.router.limits import RouterConfig, keep_alive_s, read_timeout_s
-from cadencerl.router.settings import RouterSettings
+from cadencerl.router.settings import RouterSettings, rust_data_path_built
 
 _PORT_ERRORS = {errno.EADDRINUSE: "already in use", errno.EACCES: "not permitted (ports below 1024 need root)"}
 
@@ -37,8 +37,7 @@ def listen(settings: RouterSettings) -> list[socket.socket]:
     keep_alive_s()
     read_timeout_s()
     if settings.data_path == "rust":
-        from cadencerl.router.rust_path import available
-        if not available():
+        if not rust_data_path_built():
             raise ConfigError("data_path: the Rust data path is not built here (`make router-native` builds it)")
     return bind(settings.host, settings.port, reuse_port=settings.processes > 1)
 

@@ -107,15 +107,17 @@ fn plain(status: u16, headers: Vec<(String, String)>, body: Vec<u8>) -> Response
 
 /// The router's refusal of a request it did not read whole: a JSON error, and the connection closed.
 fn refused(status: u16, kind: &str, message: String) -> Response<Body> {
-    plain(status, vec![("content-type".into(), "application/json".into()), ("connection".into(), "close".into())],
-          format!("{{\"error\":{{\"message\":\"{message}\",\"type\":\"{kind}\",\"param\":null,\"code\":{status}}}}}")
-              .into_bytes())
+    closing(status, format!("{{\"error\":{{\"message\":\"{message}\",\"type\":\"{kind}\",\"param\":null,\
+                             \"code\":{status}}}}}").into_bytes())
+}
+
+fn closing(status: u16, json: Vec<u8>) -> Response<Body> {
+    plain(status, vec![("content-type".into(), "application/json".into()), ("connection".into(), "close".into())], json)
 }
 
 fn too_large(ctx: &Ctx) -> Response<Body> {
     tell(Ev::TooLarge);
-    plain(413, vec![("content-type".into(), "application/json".into()), ("connection".into(), "close".into())],
-          ctx.too_large.clone())
+    closing(413, ctx.too_large.clone())
 }
 
 const NOT_SENT: [&str; 4] = ["host", "content-length", "content-type", "accept-encoding"];
@@ -304,9 +306,10 @@ fn serve(fds: Vec<i32>, rest: String, threads: usize, max_body: usize, too_large
                 });
                 let mut stopped = stopped.clone();
                 let Ok(listener) = tokio::net::TcpListener::from_std(l) else { continue };
-                let server = Server::builder(accept::from_stream(connections(listener, seconds(keep_alive_s), seconds(read_timeout_s))));
-                servers.push(tokio::spawn(server.http1_max_buf_size(max_head)
-                    .http1_header_read_timeout(seconds(read_timeout_s)).serve(make)
+                // idle.rs times heads: Debian's hyper 0.14.19 arms its header timeout but never polls it
+                let accepted = connections(listener, seconds(keep_alive_s), seconds(read_timeout_s));
+                servers.push(tokio::spawn(Server::builder(accept::from_stream(accepted)).http1_max_buf_size(max_head)
+                    .serve(make)
                     .with_graceful_shutdown(async move { let _ = stopped.changed().await; })));
             }
             for s in servers { let _ = s.await; }
