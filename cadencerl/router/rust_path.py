@@ -81,8 +81,8 @@ class RustOwner:
                     self.done(rid, *data)
                 elif op == "f":
                     self.failed(rid, *data)
-                else:                   # a body the Rust side refused (413), counted as the Python path does
-                    self.svc.metrics.errors.labels("bad_request").inc()
+                else:                   # a body the Rust side refused (413, 408), counted as the Python path does
+                    self.svc.metrics.errors.labels(*data).inc()
             except Exception as exc:
                 log.exception("the Rust data path's event %r for request %d failed", op, rid)
                 if op == "a":

@@ -5,15 +5,25 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
+from typing import Any
 
 from cadencerl.engine.client import VLLMClient
 from cadencerl.engine.server_metrics import EngineMetrics
 
 
-async def wait_for_tokens(received: list[int], count: int, timeout_s: float = 30.0) -> None:
+async def wait_for_tokens(received: list[int], count: int, task: asyncio.Task[Any],
+                          timeout_s: float = 90.0) -> None:
+    """Until `count` tokens arrived or `task` (the request) ended, whichever first: a starved
+    machine can hold a stream's chunks back until its request ends (seen in CI: none of 6,000 tokens
+    in 30 s while the server was generating), and the caller then retries. The bound fails only when
+    it has passed on two wake-ups in a row, so a stall of this loop itself (the reader not yet run)
+    is not mistaken for a silent stream."""
     deadline = time.monotonic() + timeout_s
-    while len(received) < count:
-        assert time.monotonic() < deadline, f"only {len(received)} tokens after {timeout_s} s"
+    overdue = False
+    while len(received) < count and not task.done():
+        if time.monotonic() >= deadline:
+            assert not overdue, f"only {len(received)} tokens after {timeout_s} s, the request still open"
+            overdue = True
         await asyncio.sleep(0.005)
 
 

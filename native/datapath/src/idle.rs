@@ -17,8 +17,6 @@ use hyper::body::{Bytes, HttpBody};
 use hyper::Body;
 use tokio::time::{Instant, Sleep};
 
-const TOO_SLOW: &str = "{\"error\":{\"message\":\"the request head did not arrive in time\",\"type\":\
-                        \"request_timeout\",\"param\":null,\"code\":408}}";
 
 /// The requests open on a connection, how many began, and when it last read, wrote or ended one.
 pub struct Clock { open: AtomicUsize, begun: AtomicU64, last_ms: AtomicU64, start: Instant }
@@ -90,8 +88,10 @@ impl Idle {
         let Some((since, _)) = self.head_since else { return false };
         if Instant::now() < later(since, self.head) { return false; }
         if !self.blocked {
+            let json = format!("{{\"error\":{{\"message\":\"the request head did not arrive within {} s\",\"type\":\
+                                \"request_timeout\",\"param\":null,\"code\":408}}}}", self.head.as_secs_f64());
             let _ = self.io.try_write(format!("HTTP/1.1 408 Request Timeout\r\ncontent-type: application/json\r\n\
-                connection: close\r\ncontent-length: {}\r\n\r\n{}", TOO_SLOW.len(), TOO_SLOW).as_bytes());
+                connection: close\r\ncontent-length: {}\r\n\r\n{}", json.len(), json).as_bytes());
         }
         true
     }

@@ -38,7 +38,7 @@ enum Ev {
     Ask(u64, String, Vec<(String, String)>, Bytes),
     Failed(u64, &'static str, bool),         // no byte came back: what failed, and is the server down
     Done(u64, u16, i64, Option<Bytes>, bool),  // status, tokens counted (-1: read the body), the body, broke
-    TooLarge,                                // a body refused here (413), counted as Python's are
+    Refused(&'static str),                   // a body refused here (413, 408): the error kind Python's path counts
 }
 
 struct Shared {
@@ -116,7 +116,7 @@ fn closing(status: u16, json: Vec<u8>) -> Response<Body> {
 }
 
 fn too_large(ctx: &Ctx) -> Response<Body> {
-    tell(Ev::TooLarge);
+    tell(Ev::Refused("bad_request"));
     closing(413, ctx.too_large.clone())
 }
 
@@ -152,6 +152,7 @@ async fn handle(req: Request<Body>, ctx: Arc<Ctx>, clock: Arc<Clock>) -> Result<
             Ok(Some(Err(_))) => return Ok(plain(400, vec![], vec![])),
             Err(_) => {
                 let why = format!("the request body sent nothing within {} s", ctx.read_timeout.as_secs_f64());
+                tell(Ev::Refused("client_disconnect"));     // as the Python path counts a body that stalls
                 return Ok(refused(408, "request_timeout", why));
             }
         }
@@ -333,7 +334,8 @@ type PyEvent<'py> = (&'py PyString, u64, PyObject);
 
 /// Every event waiting, in order (none, after a ring whose events an earlier take had): ("a", id,
 /// (path, headers, body)), headers a dict of the first of each name; ("f", id, (what, down)), ("d",
-/// id, (status, tokens, body or None, broke)), ("r", 0, ()): a body over the limit, refused here.
+/// id, (status, tokens, body or None, broke)), ("r", 0, (kind,)): a body refused here, and the error
+/// kind it counts as.
 /// Read the bell first.
 #[pyfunction]
 fn take(py: Python<'_>) -> PyResult<Vec<PyEvent<'_>>> {
@@ -350,7 +352,7 @@ fn take(py: Python<'_>) -> PyResult<Vec<PyEvent<'_>>> {
                 (intern!(py, "a"), id, (route(py, &path), names, PyBytes::new(py, &b)).into_py(py))
             }
             Ev::Failed(id, what, down) => (intern!(py, "f"), id, (what, down).into_py(py)),
-            Ev::TooLarge => (intern!(py, "r"), 0, ().into_py(py)),
+            Ev::Refused(kind) => (intern!(py, "r"), 0, (kind,).into_py(py)),
             Ev::Done(id, status, tokens, body, broke) => (intern!(py, "d"), id,
                 (status, tokens, body.map(|b| PyBytes::new(py, &b).to_object(py)), broke).into_py(py)),
         });
