@@ -13,7 +13,7 @@ from cadencerl.core.worker import Worker
 from cadencerl.engine.server_metrics import parse_metrics, series_total
 from cadencerl.router.live import LiveState
 from cadencerl.router.policy import router_policy
-from cadencerl.router.requests import resume_group
+from cadencerl.router.prompt_keys import resume_group
 from cadencerl.router.resumes import Resumes
 from cadencerl.router.settings import make_settings, read_classes
 

@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from cadencerl.router.requests import (ApiError, _group, _route, is_token_ids, prefix_chain, prompt_group,
-                                       resume_group)
+from cadencerl.router.prompt_keys import group_of, prefix_chain, prompt_group, resume_group
+from cadencerl.router.requests import ApiError, _route, is_token_ids
 
 JSON_SCALARS = st.one_of(st.integers(min_value=-5, max_value=2**70), st.booleans(), st.none(),
                          st.floats(allow_nan=False, allow_infinity=False), st.text(max_size=3))
@@ -36,7 +36,7 @@ def test_a_resumed_prompt_is_in_the_group_of_the_prompt_it_continues(ids: list[i
 
 def test_groups_tell_prompts_apart_whatever_their_ids() -> None:
     assert prompt_group([1, 2]) != prompt_group([2, 1]) != prompt_group([1, 2, 0])
-    assert prompt_group([2**70, 1]) == _group(b"[%d, 1]" % 2**70) != prompt_group([1])     # past 8 bytes: by repr
+    assert prompt_group([2**70, 1]) == group_of(b"[%d, 1]" % 2**70) != prompt_group([1])     # past 8 bytes: by repr
     assert prompt_group(["a b"]) != prompt_group(["a", "b"])
 
 

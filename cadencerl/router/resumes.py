@@ -1,6 +1,6 @@
 """The books of resumable requests: each one's eviction signal while it runs, and each evicted one
 until its client re-sends it (matched by the prompt it will send: the old one and the tokens it was
-handed, `requests.resume_group`; samples of one prompt handed back alike are interchangeable, so
+handed, `prompt_keys.resume_group`; samples of one prompt handed back alike are interchangeable, so
 each re-send takes the oldest of them). A re-send that never comes ends, without a sample, at the
 session TTL."""
 
@@ -11,7 +11,7 @@ from collections import deque
 
 from cadencerl.core.trajectory import State, Trajectory
 from cadencerl.router.live import LiveState, Session
-from cadencerl.router.requests import resume_group
+from cadencerl.router.prompt_keys import resume_group
 
 
 class Resumes:
