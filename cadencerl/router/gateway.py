@@ -22,7 +22,7 @@ from cadencerl.engine.urls import check_server_url
 from cadencerl.router import sglang
 from cadencerl.router.disconnect import CLIENT_CLOSED, while_connected
 from cadencerl.router.proxy import WORKER_HEADER, RelayResponse
-from cadencerl.router.requests import SESSION_HEADER, ApiError, RawHeaders, _read_body, _route
+from cadencerl.router.requests import SESSION_HEADER, ApiError, RawHeaders, _read_body, _route, read_json
 from cadencerl.router.service import RouterService
 
 MAX_RIDS = 65536        # rid -> prompt group, remembered for `/abort_request {"rid"}`
@@ -102,7 +102,7 @@ def _generate(serve, rids: Rids):
         try:
             raw = await _read_body(request, s.max_body_bytes)
             try:
-                body = json.loads(raw)
+                body = read_json(raw)
             except (ValueError, UnicodeDecodeError):
                 raise ApiError(400, "the body is not valid JSON") from None
             completion = sglang.completion_body(body)

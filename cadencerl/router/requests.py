@@ -169,7 +169,7 @@ def _resumes(body: dict, field: str, prompt: object, headers) -> bool:
 def _json_object(raw: bytes) -> dict:
     """The body as a JSON object whose common fields are well typed, else a 400 saying what is wrong."""
     try:
-        body = _loads(raw)
+        body = read_json(raw)
     except (ValueError, UnicodeDecodeError):
         raise ApiError(400, "the body is not valid JSON") from None
     except RecursionError:
@@ -180,7 +180,7 @@ def _json_object(raw: bytes) -> dict:
     return body
 
 
-def _loads(raw: bytes) -> object:
+def read_json(raw: bytes) -> object:
     """msgspec (a 4,096-id body in 120 us, against the standard library's 280; orjson, as fast, reads
     an integer past 64 bits as a float), and the standard library's reading of what msgspec refuses
     (NaN, 1e400, a lone surrogate, a body in UTF-16): every body reads as before, only faster."""

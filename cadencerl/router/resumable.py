@@ -19,7 +19,7 @@ from starlette.responses import Response
 
 from cadencerl.core.trajectory import State
 from cadencerl.router.live import Session
-from cadencerl.router.requests import ApiError, Routed
+from cadencerl.router.requests import ApiError, Routed, read_json
 from cadencerl.router.service import RouterService
 
 _TOKEN_ID = "token_id:"
@@ -27,7 +27,7 @@ _TOKEN_ID = "token_id:"
 
 def upstream_body(raw: bytes) -> bytes:
     """The request as the router sends it: streamed, with the usage in its last event."""
-    body = json.loads(raw)
+    body = read_json(raw)
     body["stream"] = True
     body["stream_options"] = {"include_usage": True}
     return json.dumps(body).encode()
