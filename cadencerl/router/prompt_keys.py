@@ -17,8 +17,8 @@ MAX_LINKS = 64               # a prompt's prefix chain covers its first 4,096 to
 
 
 def prompt_group(prompt: object) -> int:
-    """A prompt's prefix-tree group: token ids (checked by `is_token_ids`) hashed as 8-byte integers,
-    anything else (an id past 2**63 too) by its repr (the repr of 4,096 ids alone was 300 us of a
+    """A prompt's prefix-tree group: token ids (a list of ints) hashed as 8-byte integers, anything
+    else (an id past 2**63 too) by its repr (the repr of 4,096 ids alone was 300 us of a
     request's parse)."""
     ids = id_bytes(prompt)
     return group_of(ids if ids is not None else repr(prompt).encode())
@@ -45,6 +45,8 @@ def prefix_chain(prompt: object, ids: bytes | None = None) -> tuple[int, ...]:
     head they share (a system prompt), which the prefix tree matches across their groups. `ids`:
     the prompt's `id_bytes`, when the caller has them."""
     if isinstance(prompt, list) and prompt and type(prompt[0]) is int:
+        if len(prompt) < LINK_TOKENS:
+            return ()
         data = id_bytes(prompt[:MAX_LINKS * LINK_TOKENS]) if ids is None else ids
         if data is None:            # an id past 2**63: no chain (its group is by repr)
             return ()
@@ -82,6 +84,7 @@ def prompt_len(prompt: object) -> int:
 
 
 def text_of(content: object) -> str:
+    """A message's content as text: its text parts joined; one space for none (it still counts a token)."""
     if isinstance(content, str):
         return content or " "
     if isinstance(content, list):

@@ -17,7 +17,6 @@ use hyper::body::{Bytes, HttpBody};
 use hyper::Body;
 use tokio::time::{Instant, Sleep};
 
-
 /// The requests open on a connection, how many began, and when it last read, wrote or ended one.
 pub struct Clock { open: AtomicUsize, begun: AtomicU64, last_ms: AtomicU64, start: Instant }
 
