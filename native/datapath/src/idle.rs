@@ -87,8 +87,8 @@ impl Idle {
         let Some((since, _)) = self.head_since else { return false };
         if Instant::now() < later(since, self.head) { return false; }
         if !self.blocked {
-            let json = format!("{{\"error\":{{\"message\":\"the request head did not arrive within {} s\",\"type\":\
-                                \"request_timeout\",\"param\":null,\"code\":408}}}}", self.head.as_secs_f64());
+            let why = format!("the request head did not arrive within {} s", self.head.as_secs_f64());
+            let json = crate::error_json(408, "request_timeout", &why);
             let _ = self.io.try_write(format!("HTTP/1.1 408 Request Timeout\r\ncontent-type: application/json\r\n\
                 connection: close\r\ncontent-length: {}\r\n\r\n{}", json.len(), json).as_bytes());
         }

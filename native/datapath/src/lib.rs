@@ -106,9 +106,13 @@ fn plain(status: u16, headers: Vec<(String, String)>, body: Vec<u8>) -> Response
 }
 
 /// The router's refusal of a request it did not read whole: a JSON error, and the connection closed.
-fn refused(status: u16, kind: &str, message: String) -> Response<Body> {
-    closing(status, format!("{{\"error\":{{\"message\":\"{message}\",\"type\":\"{kind}\",\"param\":null,\
-                             \"code\":{status}}}}}").into_bytes())
+fn refused(status: u16, kind: &str, message: &str) -> Response<Body> {
+    closing(status, error_json(status, kind, message).into_bytes())
+}
+
+/// An OpenAI-style error body, as the router's Python side writes them.
+pub(crate) fn error_json(status: u16, kind: &str, message: &str) -> String {
+    format!("{{\"error\":{{\"message\":\"{message}\",\"type\":\"{kind}\",\"param\":null,\"code\":{status}}}}}")
 }
 
 fn closing(status: u16, json: Vec<u8>) -> Response<Body> {
@@ -136,7 +140,7 @@ async fn handle(req: Request<Body>, ctx: Arc<Ctx>, clock: Arc<Clock>) -> Result<
     let head: usize = parts.headers.iter().map(|(k, v)| k.as_str().len() + v.len() + 4).sum();
     if head > ctx.max_head {
         let why = format!("the request head is over {} bytes", ctx.max_head);
-        return Ok(refused(431, "request_header_fields_too_large", why));
+        return Ok(refused(431, "request_header_fields_too_large", &why));
     }
     if let Some(v) = parts.headers.get("content-length") {
         if v.to_str().ok().and_then(|s| s.parse::<usize>().ok()).map_or(true, |n| n > ctx.max_body) {
@@ -153,7 +157,7 @@ async fn handle(req: Request<Body>, ctx: Arc<Ctx>, clock: Arc<Clock>) -> Result<
             Err(_) => {
                 let why = format!("the request body sent nothing within {} s", ctx.read_timeout.as_secs_f64());
                 tell(Ev::Refused("client_disconnect"));     // as the Python path counts a body that stalls
-                return Ok(refused(408, "request_timeout", why));
+                return Ok(refused(408, "request_timeout", &why));
             }
         }
     }
