@@ -1,5 +1,7 @@
-"""The simulator's hot modules (and CadenceRL's room and growth arithmetic) compiled to C by mypyc
-(`make native`), or run as plain Python.
+"""The simulator's hot modules, the controller, the state it reads and the policies it runs most
+(CadenceRL, the request routers, MISA-T) compiled to C by mypyc (`make native`), or run as plain Python.
+Compiled, a policy's traits and the controller are still subclassed and overridden in plain Python
+(core/policy.py says how); a compiled class takes no patched method (tests/conftest.py).
 
 A compiled module sits beside its source and Python prefers it, so one built before an edit would
 run old code without a word. The build therefore records the hash of every source the compiled
@@ -26,7 +28,14 @@ MANIFEST = PACKAGE / "_native.json"
 GROUP = "cadencerl._native"     # the compiled modules' shared library, inside the package
 MODULES = ("cadencerl.sim.engine", "cadencerl.sim.backend", "cadencerl.sim.prefix_cache", "cadencerl.sim.context_order",
            "cadencerl.sim.kv_moves", "cadencerl.sim.links", "cadencerl.sim.weights", "cadencerl.hardware.perf",
-           "cadencerl.policies.growth", "cadencerl.policies.cadence_rooms")
+           "cadencerl.policies.growth", "cadencerl.policies.cadence_rooms",
+           # the controller, its state and the policies a run or a router decides with most: compiled
+           # with the classes they read, since plain Python reads a compiled class's fields slowly
+           "cadencerl.core.trajectory", "cadencerl.core.worker", "cadencerl.core.actions", "cadencerl.core.pending",
+           "cadencerl.core.fresh", "cadencerl.core.credits", "cadencerl.core.view", "cadencerl.core.residency",
+           "cadencerl.core.policy", "cadencerl.core.controller", "cadencerl.core.live", "cadencerl.policies.base",
+           "cadencerl.policies.cadence", "cadencerl.policies.routers", "cadencerl.policies.prefix_tree",
+           "cadencerl.admission.gated", "cadencerl.admission.misa", "cadencerl.admission.misa_learn")
 PURE_ENV = "CADENCERL_PURE_PYTHON"
 
 

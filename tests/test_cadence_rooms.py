@@ -98,7 +98,9 @@ def test_an_index_without_a_load_order_refuses_a_least_loaded_pick():
         RoomIndex(policy._terms(ws), by_load=False).least_loaded(0)
 
 
-class _Meter:
+class _Request:
+    """An engine request as a meter reads it (its token count)."""
+
     def __init__(self, n: int) -> None:
         self.n = n
 
@@ -110,7 +112,7 @@ class _Meter:
 @given(lengths=st.lists(st.tuples(st.integers(1, 50), st.integers(0, 9), st.integers(0, 60), st.booleans()),
                         min_size=1, max_size=40))
 def test_residents_are_shed_longest_first_equal_ones_in_residence_order(lengths):
-    from cadencerl.core.trajectory import contexts
+    from cadencerl.core.trajectory import Meter, contexts
     from cadencerl.policies.cadence import _longest_first
 
     w = worker(0, cap=10**6)
@@ -118,7 +120,7 @@ def test_residents_are_shed_longest_first_equal_ones_in_residence_order(lengths)
         t = traj(i, prompt + generated, prompt=prompt)
         t.observation_tokens = observed
         if metered:
-            t.tokens, t.meter = -1, _Meter(generated)   # the meter, not the field, counts
+            t.tokens, t.meter = -1, Meter(_Request(generated))   # the meter, not the field, counts
         w.residents[t.id] = t
     residents = list(w.residents.values())
     assert contexts(residents) == [t.context for t in residents]

@@ -5,7 +5,7 @@ import pytest
 
 from cadencerl.runs.registry import make_policy
 from cadencerl.runs.simulate import simulate
-from tests.conftest import small
+from tests.conftest import Watching, small
 
 
 def _scan(w):
@@ -16,16 +16,13 @@ def _scan(w):
                                                   ("mixed-16a8h", "misa+cadence", False)])
 def test_each_workers_walk_is_its_residents_longest_first(name, policy, exact):
     scenario = small(name, trajectories=256, batch=64, cap=8192)
-    inner = make_policy(policy, scenario)
-    decide, seen = inner.decide, []
+    seen = []
 
-    def checked(view):
+    def check(view):
         for w in view.workers:
             walk = list(w.longest_first())
             assert walk == _scan(w)
             seen.append(len(walk))
-        yield from decide(view)
 
-    inner.decide = checked
-    r = simulate(scenario, inner, exact=exact)
+    r = simulate(scenario, Watching(make_policy(policy, scenario), check), exact=exact)
     assert r["trajectories_completed"] == 256 and max(seen) > 1

@@ -6,6 +6,8 @@ check that was dropped or loosened fails here.
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from cadencerl.core.actions import ActionError, Admit, Advance, Batch, Evict, Interrupt, Place, UpdateInPlace
@@ -178,7 +180,7 @@ def _batch(*steps) -> Batch:
 
 def _books(ctl):
     return ([(w.kv_used, sorted(w.residents), w.sessions) for w in ctl.workers], len(ctl.fresh), ctl.credits.admitted,
-            vars(ctl.counters),
+            dataclasses.asdict(ctl.counters),
             dict(ctl.credits.outstanding_by_tag), len(ctl.pending), dict(ctl.active_by_class),
             sorted((t.id, t.state.value, t.worker, t.versions[-1] if t.versions else None)
                    for t in ctl.trajectories.values()))

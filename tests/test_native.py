@@ -50,9 +50,11 @@ def test_a_record_of_other_sources_or_other_modules_is_stale() -> None:
 
 @BUILT
 @pytest.mark.parametrize(("name", "policy", "exact"), [("16a16b8h", "cadence", False), ("16a16b8h", "areal", True),
-                                                       ("mixed-16a8h", "misa+cadence", False)])
+                                                       ("mixed-16a8h", "misa+cadence", False),
+                                                       ("16a16b8h", "laminar", False)])
 def test_compiled_and_plain_python_give_the_same_run(name: str, policy: str, exact: bool) -> None:
-    """Every figure of the run, to the last digit (the wall time aside)."""
+    """Every figure of the run, to the last digit (the wall time aside). Laminar, a plain-Python
+    policy, gives its traits as class attributes, which the compiled code must see (core/policy.py)."""
     s = builtin_scenario(name).with_overrides(**SMALL)
     r = simulate(s, make_policy(policy, s), exact=exact)
     here = {k: v for k, v in r.items() if k != "wall_time_s"}
@@ -101,7 +103,7 @@ def test_a_compiled_file_the_build_did_not_make_is_never_imported(tmp_path: Path
     """A leftover of another build (here a stand-in: another module's library under this name)."""
     copy, probe = _copy_and_probe(tmp_path)
     library = next((copy / "policies").glob("growth.*.so"))
-    shutil.copy(library, library.with_name(library.name.replace("growth", "base", 1)))
-    run = probe("from cadencerl import native; from cadencerl.policies import base; "
-                "print(native.compiled(), base.__file__)")
-    assert run.stdout.split() == ["True", str(copy / "policies" / "base.py")]
+    shutil.copy(library, library.with_name(library.name.replace("growth", "laminar", 1)))
+    run = probe("from cadencerl import native; from cadencerl.policies import laminar; "
+                "print(native.compiled(), laminar.__file__)")
+    assert run.stdout.split() == ["True", str(copy / "policies" / "laminar.py")]

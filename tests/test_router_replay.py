@@ -67,11 +67,23 @@ def _specs(n: int, rng: random.Random) -> list[TrajectorySpec]:
     return out
 
 
-def _controller(policy_name: str, specs: list[TrajectorySpec]) -> tuple[Controller, RecordedBackend]:
+class _Watched(Controller):
+    """A controller that lists the actions it applies while `watching` is a list (a compiled
+    controller's method takes no patch)."""
+
+    watching: list | None = None
+
+    def apply(self, action, now: float) -> None:
+        if self.watching is not None:
+            self.watching.extend(_keys(action))
+        super().apply(action, now)
+
+
+def _controller(policy_name: str, specs: list[TrajectorySpec]) -> tuple[_Watched, RecordedBackend]:
     workers = _workers()
     backend = RecordedBackend(workers)
     policy = router_policy(make_settings(workers=["http://a:1", "http://b:1"], policy=policy_name, classes=MIX))
-    ctl = Controller(policy, backend, workers, [Trajectory(s) for s in specs], batch_size=len(specs),
+    ctl = _Watched(policy, backend, workers, [Trajectory(s) for s in specs], batch_size=len(specs),
                      params=ControllerSpec(eta=ETA), train_time_s=0.0)
     return ctl, backend
 
@@ -130,16 +142,10 @@ def replay_sim(policy_name: str, specs: list[TrajectorySpec], events: list[tuple
     decisions = []
     for ev in events:
         if ev[0] == "decide":
-            view_actions = []
-            original = ctl.apply
-
-            def spy(action, now, _orig=original, _out=view_actions):
-                _out.extend(_keys(action))
-                _orig(action, now)
-            ctl.apply = spy
+            ctl.watching = []
             ctl._decide(ev[1])
-            ctl.apply = original
-            decisions.append(view_actions)
+            decisions.append(ctl.watching)
+            ctl.watching = None
         else:
             _apply_sim(ctl, ev, backend)
     return decisions

@@ -8,14 +8,17 @@ policy without its mechanism and charge the loss to admission.
 
 from __future__ import annotations
 
+from mypy_extensions import mypyc_attr
+
 from cadencerl.core.policy import AdmissionGate, Policy
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)
 class Gated(Policy):
     """`gate` decides which new sessions may start; `inner` places them and owns every other trait."""
 
     def __init__(self, gate: AdmissionGate, inner: Policy, name: str) -> None:
-        self.gate = gate
+        self._gate = gate
         self.inner = inner
         self.name = name
         self.kv_transfer = inner.kv_transfer
@@ -24,7 +27,12 @@ class Gated(Policy):
         self.queues_at_engine = inner.queues_at_engine
 
     @property
-    def updates_in_place(self) -> bool:     # read live: a tuned router's switch is set after wrapping
+    def gate(self) -> AdmissionGate:
+        return self._gate
+
+    @property
+    def updates_in_place(self) -> bool:
+        """Read live: a tuned router's switch is set after wrapping."""
         return self.inner.updates_in_place
 
 

@@ -16,6 +16,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from itertools import chain
 
+from mypy_extensions import mypyc_attr
+
 from cadencerl.admission.gated import Gated
 from cadencerl.admission.misa_goodput import GoodputClimb
 from cadencerl.admission.misa_learn import Learner
@@ -38,6 +40,7 @@ SHARE_EWMA = 0.05                     # weight of one look in the share of sessi
 
 
 @dataclass
+@mypyc_attr(allow_interpreted_subclasses=True)
 class MisaT:
     """MISA-T's state: per-worker session caps, per-class caps, and what it learned of each class."""
 
@@ -102,7 +105,7 @@ class MisaT:
 
     def _slot_caps(self, workers: list[Worker]) -> list[float]:
         """`_slot_cap` of each of `workers` (their factor on max_num_seqs is one for all)."""
-        per_seq = MAX_CAP_FACTOR
+        per_seq: int | float = MAX_CAP_FACTOR       # an int unless KV is pressure (the caps read as before)
         if self.kv_is_pressure:
             per_seq = min(MAX_CAP_FACTOR, HIGH / max(self.engine_share, 1e-3))
         return [per_seq * w.max_num_seqs for w in workers]
@@ -152,8 +155,8 @@ class MisaT:
             head = view.fresh.peek({cls})
             footprint[cls] = self.learner.footprint(cls, head.prompt_len if head else None,
                                                     _reply_bound(view, cls, head))
-        durations = {c: self.learner.duration(c) for c in self.target_mix}
-        if any(d is None for d in durations.values()):
+        durations = {c: d for c in self.target_mix if (d := self.learner.duration(c)) is not None}
+        if len(durations) < len(self.target_mix):
             durations = {c: 1.0 for c in self.target_mix}
         return footprint, durations
 
@@ -213,9 +216,9 @@ class MisaT:
         norm = sum(mix.values()) or 1.0
         mix = {c: m / norm for c, m in mix.items()}
         done = sum(counts.get(c, 0) for c in waiting) + 1
-        durations = {c: self.learner.duration(c) for c in waiting}
+        durations = {c: d for c in waiting if (d := self.learner.duration(c)) is not None}
         lead = {c: 0.0 for c in waiting}
-        if all(d is not None for d in durations.values()):
+        if len(durations) == len(waiting):
             mean = sum(mix[c] * durations[c] for c in waiting)
             fade = max(0.0, 1.0 - done / horizon) if horizon > 0 else 0.0
             lead = {c: fade * max(-horizon, min(horizon, self.learner.rate * (durations[c] - mean))) for c in waiting}
@@ -309,6 +312,7 @@ def overloaded(w: Worker, extra: int) -> bool:
     return w.num_waiting > 0 or w.kv_used + extra > HIGH * w.kv_capacity
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)
 class Admitted(Gated):
     """ADMISSION+PLACEMENT: MISA-T decides which new sessions may start; `inner` places them.
 
@@ -361,4 +365,5 @@ def _reply_bound(view: PoolView, cls: str, head: Trajectory | None) -> int | Non
     if head is None or head.spec.max_new_tokens is None:
         return None
     hints = [t.spec.max_new_tokens for t in view.fresh.in_order() if t.workload_class == cls]
-    return None if any(h is None for h in hints) else max(hints)
+    bounds = [h for h in hints if h is not None]
+    return max(bounds) if len(bounds) == len(hints) else None

@@ -81,9 +81,10 @@ class Learner:
         placed): their prefix stays cached on their home worker for the next turn to hit."""
         held: dict[int, int] = {}
         tool, pending = State.TOOL, State.PENDING
-        between = [t for t in self.tracked.values() if (t.state is tool or t.state is pending) and t.home is not None]
-        for traj in between:
-            held[traj.home] = held.get(traj.home, 0) + traj.context
+        for traj in self.tracked.values():
+            home = traj.home
+            if (traj.state is tool or traj.state is pending) and home is not None:
+                held[home] = held.get(home, 0) + traj.context
         return held
 
     def footprint(self, cls: str, prompt_hint: int | None, reply_hint: int | None = None) -> float:

@@ -10,6 +10,8 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from mypy_extensions import mypyc_attr
+
 from cadencerl.config import ControllerSpec
 from cadencerl.core.actions import ActionError, Admit, Advance, Batch, Evict, Interrupt, Place, UpdateInPlace
 from cadencerl.core.admission_checks import batch_steps, check_budget, check_fits, check_fresh, check_placement
@@ -45,6 +47,7 @@ class Counters:
     samples: list[tuple[float, int, float, int]] = field(default_factory=list)  # (t, worker, mean ctx, n)
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)
 class Controller:
     def __init__(self, policy: Policy, backend: Backend, workers: list[Worker], trajectories: list[Trajectory],
                  *, batch_size: int, params: ControllerSpec, train_time_s: float, train_time_per_token_s: float = 0.0,

@@ -10,6 +10,8 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 
+from mypy_extensions import mypyc_attr
+
 from cadencerl.config import ControllerSpec
 from cadencerl.core.actions import Action, ActionError, Interrupt
 from cadencerl.core.backend import Backend
@@ -17,7 +19,7 @@ from cadencerl.core.controller import Controller
 from cadencerl.core.credits import CreditModel
 from cadencerl.core.policy import Policy
 from cadencerl.core.residency import back_from_tool, detach, retire, to_tool
-from cadencerl.core.trajectory import State, Trajectory
+from cadencerl.core.trajectory import State, Trajectory, admitted_version
 from cadencerl.core.worker import Worker
 
 UNBOUNDED = 1 << 62     # no staleness budget (eta None): the clients pace their own requests
@@ -42,8 +44,10 @@ class ClientTrainer:
         return self.version
 
     def finished(self, traj: Trajectory) -> None:
-        self.staleness[self.version - traj.tag] += 1
-        self.ready[traj.tag] += 1
+        tag = traj.tag
+        assert tag is not None, f"trajectory {traj.id} finished but was never admitted"
+        self.staleness[self.version - tag] += 1
+        self.ready[tag] += 1
 
     def publish(self, now: float) -> None:
         """A batch was trained: the oldest completions are consumed, and the next version exists."""
@@ -58,6 +62,7 @@ class ClientTrainer:
         self.publish_times.append(now)
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)
 class LiveController(Controller):
     """`Controller` driven by a router: its entry points are the events a client's requests make."""
 
@@ -68,7 +73,8 @@ class LiveController(Controller):
         super().__init__(policy, backend, workers, [], batch_size=batch_size, params=params,
                          train_time_s=0.0, sample_every_s=float("inf"))
         self.credits = CreditModel(batch_size, UNBOUNDED if eta is None else eta, UNBOUNDED)
-        self.trainer = ClientTrainer(self.credits)
+        # the clients' trainer in the simulated one's place: it has every member the controller reads
+        self.trainer = ClientTrainer(self.credits)    # type: ignore[assignment]
         self.applied: list[Action] = []     # the actions of the decision pass under way
 
     # -- what the clients bring ------------------------------------------------------------------
@@ -112,7 +118,7 @@ class LiveController(Controller):
     def end_waiting(self, traj: Trajectory, when: float) -> None:
         """A session waiting on its client ends (its time to live passed, or the client said so): it
         finished at its last reply."""
-        self.tool_waiting[traj.version] -= 1
+        self.tool_waiting[admitted_version(traj)] -= 1
         self._close(traj, when, sample=True)
 
     def bounce(self, traj: Trajectory, now: float) -> None:
@@ -169,5 +175,7 @@ class LiveController(Controller):
         if sample:
             self.trainer.finished(traj)
         else:
-            self.credits.consumed(traj.tag)
+            tag = traj.tag
+            assert tag is not None, f"trajectory {traj.id} closed but was never admitted"
+            self.credits.consumed(tag)
         del self.trajectories[traj.id]

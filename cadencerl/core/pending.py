@@ -12,7 +12,7 @@ import bisect
 from collections.abc import Iterator
 from itertools import count
 
-from cadencerl.core.trajectory import Trajectory
+from cadencerl.core.trajectory import Trajectory, admitted_version
 
 _SHIFT = 40     # an entry's key is context << _SHIFT plus its arrival number (below 2**40): one int
 _ARRIVAL = 1 << _SHIFT      # compares faster than a (context, arrival) tuple; arrival breaks ties
@@ -28,7 +28,7 @@ class PendingSet:
         self._arrivals = count()
 
     def add(self, traj: Trajectory) -> None:
-        v = traj.version
+        v = admitted_version(traj)
         self._by_version.setdefault(v, {})[traj.id] = traj
         arrival = next(self._arrivals)
         self._arrived[arrival] = traj
@@ -36,7 +36,7 @@ class PendingSet:
         bisect.insort(self._ordered.setdefault(v, []), key)
 
     def remove(self, traj: Trajectory) -> None:
-        v = traj.version
+        v = admitted_version(traj)
         bucket = self._by_version[v]
         del bucket[traj.id]
         ordered = self._ordered[v]
@@ -48,7 +48,8 @@ class PendingSet:
             del self._ordered[v]
 
     def __contains__(self, traj: Trajectory) -> bool:
-        return traj.id in self._by_version.get(traj.version, ())
+        v = traj.version
+        return v is not None and traj.id in self._by_version.get(v, ())
 
     def at(self, version: int) -> list[Trajectory]:
         """In the order they departed."""

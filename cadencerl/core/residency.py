@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from cadencerl.core.actions import ActionError
 from cadencerl.core.pending import PendingSet
-from cadencerl.core.trajectory import State, Trajectory
+from cadencerl.core.trajectory import State, Trajectory, admitted_version
 from cadencerl.core.worker import Worker
 
 
@@ -47,7 +47,9 @@ def attach(traj: Trajectory, w: Worker, workers: list[Worker], now: float) -> No
 
 def detach(traj: Trajectory, workers: list[Worker], now: float) -> None:
     """Take `traj` off its worker, giving back its KV; it keeps its session home and its KV home there."""
-    w = workers[traj.worker]
+    wid = traj.worker
+    assert wid is not None, f"detach: trajectory {traj.id} is on no worker"
+    w = workers[wid]
     del w.residents[traj.id]
     w.kv_used -= traj.context
     traj.resident_time += now - traj.placed_at
@@ -59,13 +61,14 @@ def to_tool(traj: Trajectory, workers: list[Worker], tool_waiting: dict[int, int
     """A turn ended and the session waits on a tool: off its worker, counted under its version."""
     detach(traj, workers, now)
     traj.state = State.TOOL
-    tool_waiting[traj.version] = tool_waiting.get(traj.version, 0) + 1
+    v = admitted_version(traj)
+    tool_waiting[v] = tool_waiting.get(v, 0) + 1
 
 
 def back_from_tool(traj: Trajectory, observation_tokens: int, tool_waiting: dict[int, int], pending: PendingSet,
                    now: float) -> None:
     """The tool answered: its observation joins the context, and the next turn waits to be placed."""
-    tool_waiting[traj.version] -= 1
+    tool_waiting[admitted_version(traj)] -= 1
     traj.observation_tokens += observation_tokens
     traj.turn += 1
     traj.state = State.PENDING
@@ -75,7 +78,9 @@ def back_from_tool(traj: Trajectory, observation_tokens: int, tool_waiting: dict
 
 def retire(traj: Trajectory, workers: list[Worker], active_by_class: dict[str, int], when: float) -> None:
     """`traj`'s session is over (it is on no worker): its home forgets it, its class has one fewer."""
-    workers[traj.home].sessions -= 1
+    home = traj.home
+    assert home is not None, f"retire: trajectory {traj.id} has no home worker"
+    workers[home].sessions -= 1
     traj.home = None
     active_by_class[traj.workload_class] -= 1
     traj.state = State.DONE

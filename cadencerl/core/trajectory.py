@@ -91,6 +91,14 @@ class Trajectory:
         return self.versions[-1] if self.versions else None
 
 
+def admitted_version(traj: Trajectory) -> int:
+    """The version an admitted trajectory runs under (one it has from its admission on)."""
+    v = traj.version
+    if v is None:
+        raise ValueError(f"trajectory {traj.id} was never admitted: it has no version")
+    return v
+
+
 def contexts(trajs: Iterable[Trajectory]) -> list[int]:
     """Each trajectory's `context`, by the same sum, in one comprehension rather than a property
     call each: a policy that sheds a worker reads every resident's."""

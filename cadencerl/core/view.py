@@ -3,15 +3,13 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Iterator, Protocol
+from typing import Iterator, Protocol
 
+from cadencerl.core.credits import CreditModel
 from cadencerl.core.fresh import FreshQueue
 from cadencerl.core.pending import PendingSet
 from cadencerl.core.trajectory import Trajectory
 from cadencerl.core.worker import Worker
-
-if TYPE_CHECKING:
-    from cadencerl.core.credits import CreditModel
 
 
 def off_worker(pending: PendingSet, tool_waiting: dict[int, int], version: int) -> int:

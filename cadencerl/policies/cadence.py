@@ -14,6 +14,8 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+from mypy_extensions import mypyc_attr
+
 from cadencerl.config import CadenceSpec
 from cadencerl.core.actions import Action, Admit, Advance, Batch, Evict, Place
 from cadencerl.core.policy import Policy
@@ -25,6 +27,7 @@ from cadencerl.policies.cadence_rooms import FirstFit, RoomIndex, RoomTerms
 from cadencerl.policies.growth import GrowthMeter
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)
 class Cadence(Policy):
     def __init__(self, params: CadenceSpec, tick_s: float, name: str = "cadence") -> None:
         self.name = name
@@ -138,14 +141,15 @@ class Cadence(Policy):
         # The budget falls by one per admission (every credit constraint at or above v does), so
         # without an admission layer it is read once; with one it is re-read every time (the layer
         # holds its own count), which the layer's view of each admission as it is applied allows.
-        fresh_in_order = None if gated else view.fresh_in_order()
+        fresh_in_order: Iterator[Trajectory] = iter(()) if gated else view.fresh_in_order()
         budget, fresh, fresh_context = view.admissible(v), None, 0
         nxt = next(pending, None)
         nxt_context = nxt.context if nxt is not None else 0
         delta = self.delta
-        rule = self._home_rule(v) if spread else None   # binds are recorded only by shedding, before the stream
+        # how far a prompt's home is followed (binds are recorded only by shedding, before the stream)
+        rule = self._home_rule(v) if spread else "home-first"
         shares = None   # held to a fair share only until KV stays bound (then every version binds)
-        if spread and self.params.spread.fair_share and rule != "home-first":
+        if self.params.spread.fair_share and rule != "home-first":
             shares = self._fair_shares(view, v)
         while True:
             if gated:
@@ -167,7 +171,8 @@ class Cadence(Policy):
             else:
                 traj, index, context = nxt, every, nxt_context
             need = context + delta
-            if spread and rule != "home-first":   # None: no feasible worker under its share, the rest waits
+            assert traj is not None     # fresh or pending work is left (else the stream returned)
+            if rule != "home-first":   # None: no feasible worker under its share, the rest waits
                 w = self._spread_pick(rule, traj, index, need, residents / len(every), shares if is_fresh else None)
             else:
                 w = self._home(traj, index, need) or pick(index, need)

@@ -14,6 +14,8 @@ import hashlib
 from bisect import bisect_right
 from collections.abc import Iterator
 
+from mypy_extensions import mypyc_attr
+
 from cadencerl.config import ConfigError
 from cadencerl.core.actions import Action, Admit, Place
 from cadencerl.core.policy import Policy
@@ -26,6 +28,7 @@ from cadencerl.policies.prefix_tree import PrefixTree
 VERSION_SWITCHES = {"when-idle": advance_idle, "interrupt": interrupt_behind, "in-place": update_behind_in_place}
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)
 class Router(Policy):
     """The routing loop shared by every router: continuations first, then new sessions. A pinned
     trajectory (`Trajectory.pin`) goes to its worker or waits: no other worker can serve it; an
@@ -72,6 +75,7 @@ def _least_loaded(workers: list[Worker]) -> Worker:
     return min(workers, key=lambda w: (w.load, w.id))
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)
 class RoundRobin(Router):
     name = "round-robin"
 
@@ -82,6 +86,7 @@ class RoundRobin(Router):
         return self._rotation.next(workers)
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)
 class LeastLoadedRouter(Router):
     name = "least-loaded-router"
 
@@ -89,6 +94,7 @@ class LeastLoadedRouter(Router):
         return _least_loaded(workers)
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)
 class ConsistentHash(Router):
     """The request's route key (a live router's session id, `user` or whole prompt; the
     simulator's trajectory id) on a hash ring with virtual nodes; the first live worker clockwise.
@@ -122,6 +128,7 @@ class ConsistentHash(Router):
         return _least_loaded(workers)
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)
 class StickyLeastLoaded(Router):
     name = "sticky-least-loaded"
 
@@ -130,6 +137,7 @@ class StickyLeastLoaded(Router):
         return home or _least_loaded(workers)
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)
 class CacheAware(Router):
     """vLLM Router's `cache_aware` policy; defaults are the router's CLI defaults."""
 
