@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
@@ -75,5 +76,6 @@ def ran_in_plain_python(request: pytest.FixtureRequest) -> bool:
     run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", request.node.nodeid],
                          cwd=request.config.rootpath, env={**os.environ, native.PURE_ENV: "1"},
                          capture_output=True, text=True, timeout=600)
-    assert run.returncode == 0, f"in plain Python:\n{run.stdout[-4000:]}\n{run.stderr[-2000:]}"
+    assert run.returncode == 0 and re.search(r"^1 passed in ", run.stdout, re.M), \
+        f"in plain Python:\n{run.stdout[-4000:]}\n{run.stderr[-2000:]}"
     return True

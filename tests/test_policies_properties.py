@@ -11,7 +11,8 @@ from cadencerl.config import load_scenario_dict
 from cadencerl.core.actions import Evict
 from cadencerl.policies import cadence as cadence_mod
 from cadencerl.runs.registry import policy_names
-from tests.conftest import sim
+from cadencerl.runs.simulate import simulate
+from tests.conftest import sim, small
 
 ACCELS = [("H800", 1), ("A910X", 2), ("BI-V150", 2), ("L40S", 1), ("H100", 1)]
 
@@ -79,11 +80,16 @@ def test_multi_turn_sessions_complete(policy, scenario):
 @SETTINGS
 @given(scenario=scenarios())
 def test_concentration_never_evicts_while_pending_is_non_empty(scenario):
-    original = cadence_mod.Cadence._concentrate
+    check(simulate(scenario, _Guarded(scenario.cadence, scenario.controller.tick_s)), scenario)
 
-    def guarded(self, view, v, workers):
+
+class _Guarded(cadence_mod.Cadence):
+    """CadenceRL whose concentration is checked as it goes (a subclass: a compiled policy's method
+    takes no patch, and its override is what the compiled `decide` calls)."""
+
+    def _concentrate(self, view, v, workers):
         cascade = False  # the evictions of one drain all start from an empty P_v
-        for action in original(self, view, v, workers):
+        for action in super()._concentrate(view, v, workers):
             if isinstance(action, Evict):
                 assert cascade or view.pending.count(v) == 0, "concentration evicted past the gate"
                 cascade = True
@@ -91,11 +97,20 @@ def test_concentration_never_evicts_while_pending_is_non_empty(scenario):
                 cascade = False
             yield action
 
-    cadence_mod.Cadence._concentrate = guarded
-    try:
-        check(sim(scenario, "cadence"), scenario)
-    finally:
-        cadence_mod.Cadence._concentrate = original
+
+def test_a_plain_python_override_of_a_compiled_policys_step_is_the_one_run():
+    """What `_Guarded` relies on, compiled or not: CadenceRL's `decide` calls a subclass's `_concentrate`."""
+    class Counted(cadence_mod.Cadence):
+        def _concentrate(self, view, v, workers):
+            calls.append(v)
+            yield from super()._concentrate(view, v, workers)
+
+    calls: list[int] = []
+    scenario = small()
+    r = simulate(scenario, Counted(scenario.cadence, scenario.controller.tick_s))
+    plain = sim(scenario, "cadence")
+    assert calls and {k: v for k, v in r.items() if k != "wall_time_s"} == \
+        {k: v for k, v in plain.items() if k != "wall_time_s"}
 
 
 def test_dora_refuses_a_heterogeneous_pool():

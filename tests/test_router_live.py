@@ -105,6 +105,7 @@ def test_withdraw_bounce_and_exclude() -> None:
     assert t.traj.state is State.RESIDENT
 
 
+@pytest.mark.timeout(120)    # compiled, it runs again in a plain-Python interpreter
 def test_a_live_router_refuses_actions_it_cannot_apply(request) -> None:
     if ran_in_plain_python(request):        # it patches the policy's method
         return

@@ -20,12 +20,15 @@ thresholds come from its sweep instead of a new one.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
+if __name__ == "__main__":   # it samples each decision by replacing the policy's `decide`, which a compiled
+    os.environ["CADENCERL_PURE_PYTHON"] = "1"   # policy (`make native`) does not allow: plain Python, here and in its workers
 
 import matplotlib  # noqa: E402
 

@@ -89,7 +89,8 @@ class Policy:
     @property
     def gate(self) -> AdmissionGate | None:
         """The admission layer in front of placement; the controller hands it to every view it builds.
-        (A property: mypyc leaves a protocol-typed class default of None unset.)"""
+        A policy gets one by being wrapped in `admission.gated.Gated` (a property, not a field: mypyc
+        leaves a protocol-typed class default of None unset)."""
         return None
 
     def decide(self, view: PoolView) -> Iterable[Action]:
