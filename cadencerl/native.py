@@ -35,7 +35,10 @@ MODULES = ("cadencerl.sim.engine", "cadencerl.sim.backend", "cadencerl.sim.prefi
            "cadencerl.core.fresh", "cadencerl.core.credits", "cadencerl.core.view", "cadencerl.core.residency",
            "cadencerl.core.policy", "cadencerl.core.controller", "cadencerl.core.live", "cadencerl.policies.base",
            "cadencerl.policies.cadence", "cadencerl.policies.routers", "cadencerl.policies.prefix_tree",
-           "cadencerl.admission.gated", "cadencerl.admission.misa", "cadencerl.admission.misa_learn")
+           "cadencerl.admission.gated", "cadencerl.admission.misa", "cadencerl.admission.misa_learn",
+           # the router's own part of a request: its parse, its session's entry and release, the pass's service
+           "cadencerl.router.requests", "cadencerl.router.prompt_keys", "cadencerl.router.live",
+           "cadencerl.router.engines", "cadencerl.router.service")
 PURE_ENV = "CADENCERL_PURE_PYTHON"
 
 

@@ -23,17 +23,16 @@ def _placed(f: Fleet) -> list[int]:
 
 def test_a_background_response_holds_its_place_until_it_is_generated() -> None:
     with Fleet(stubs=1) as f, httpx.Client(base_url=f.url, timeout=10) as c:
-        released, release = [], f.service.release
-        f.service.release = lambda session, generated, last: released.append(generated) or release(session, generated, last)
         f.states[0].token_delay_s = 0.4                  # generated in 4 s: answered before that
         r = c.post("/v1/responses", json=BACKGROUND)
         assert r.status_code == 200 and r.json()["status"] == "queued"
         rid = r.json()["id"]
         assert _placed(f) == [0] and f.service.state.workers[0].load == 1, "still placed while generated"
+        traj = next(iter(f.service.state.live.values())).traj
         assert settle(lambda: not _placed(f), timeout_s=20)
         assert f.service.state.completed["agent"] == 1 and f.service.state.workers[0].load == 0
         assert f.service.owners.context(rid) == 110, "the server's usage once final: 100 in, 10 out"
-        assert released == [10], "released once, with the response's output tokens"
+        assert traj.generated == 10, "released once, with the response's output tokens"
         assert c.get(f"/v1/responses/{rid}").json()["status"] == "completed"
 
 

@@ -15,12 +15,16 @@ import itertools
 from collections import Counter, OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from cadencerl.admission.gated import placement_of
 from cadencerl.core.actions import Action, ActionError
 from cadencerl.core.backend import EngineStats
+from cadencerl.core.credits import CreditModel
+from cadencerl.core.fresh import FreshQueue
 from cadencerl.core.journal import JournalSink, NullJournal
 from cadencerl.core.live import LiveController
+from cadencerl.core.pending import PendingSet
 from cadencerl.core.policy import Policy
 from cadencerl.core.spec import HiddenLength, TrajectorySpec
 from cadencerl.core.trajectory import State, Trajectory
@@ -75,12 +79,12 @@ class LiveState:
         self.controller.add_worker(worker)
 
     @property
-    def hold(self):
+    def hold(self) -> FreshQueue:
         """The HOLD queue: new sessions in arrival order, per class (the controller's fresh queue)."""
         return self.controller.fresh
 
     @property
-    def pending(self):
+    def pending(self) -> PendingSet:
         return self.controller.pending
 
     @property
@@ -92,7 +96,7 @@ class LiveState:
         return self.controller.tool_waiting
 
     @property
-    def credits(self):
+    def credits(self) -> CreditModel:
         return self.controller.credits
 
     # -- events -----------------------------------------------------------------------------------
@@ -236,7 +240,7 @@ class LiveState:
         ok = [w for w in self.workers if w.alive and w.id not in exclude]
         if not ok:
             return None
-        placement = placement_of(self.policy)
+        placement: Any = placement_of(self.policy)     # a placement policy with its own rule, `route`
         spec = TrajectorySpec(id=OUTSIDE, group=group, prompt_len=max(1, prompt_len),
                               response=HiddenLength(0, _SEALED), workload_class="", route_key=route_key)
         return placement.route(self.view(now), Trajectory(spec), ok).id

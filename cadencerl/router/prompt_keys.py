@@ -52,7 +52,8 @@ def prefix_chain(prompt: object, ids: bytes | None = None) -> tuple[int, ...]:
             return ()
         step = 8 * LINK_TOKENS
         view = memoryview(data)
-        links = [view[end - step:end] for end in range(step, min(len(data), MAX_LINKS * step) + 1, step)]
+        ends = range(step, min(len(data), MAX_LINKS * step) + 1, step)
+        links: list[bytes | memoryview] = [view[end - step:end] for end in ends]
     else:
         if isinstance(prompt, list) and prompt and isinstance(prompt[0], dict):
             prompt = "".join(f"{m.get('role')}:{text_of(m.get('content'))}\n" for m in prompt)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from typing import cast
 
 import msgspec
 from starlette.datastructures import Headers
@@ -153,7 +154,7 @@ def _route(raw: bytes, headers, field: str, classes: dict[str, float], default_c
     return Routed(raw, bool(body.get("stream", False)), key, route_key, cls, last, prompt_len(prompt), group,
                   previous, field == "input" and body.get("store", True) is True, field == "input",
                   field == "input" and body.get("background") is True, _max_new_tokens(body, field, prompt),
-                  tuple(prompt) if _resumes(body, field, prompt, headers) else None, prefix_chain(prompt, ids))
+                  tuple(cast(list, prompt)) if _resumes(body, field, prompt, headers) else None, prefix_chain(prompt, ids))
 
 
 def _resumes(body: dict, field: str, prompt: object, headers) -> bool:

@@ -11,6 +11,7 @@ import asyncio
 import time
 from collections import OrderedDict
 from collections.abc import Callable
+from typing import cast
 
 import httpx
 
@@ -36,9 +37,7 @@ GROUPS_PER_WORKER = 4096    # prompt groups remembered per server, for the route
 
 class RouterService:
     def __init__(self, settings: RouterSettings, clock: Callable[[], float] = time.monotonic) -> None:
-        self.settings = settings
-        self.clock = clock
-        self._t0 = clock()
+        self.settings, self.clock, self._t0 = settings, clock, clock()
         self.upstreams: list[Upstream] = []
         self.described = described_workers(settings)     # --config's pool: what each server is
         self.state = LiveState(router_policy(settings), [], settings.target_mix, settings.session_ttl_s,
@@ -63,7 +62,7 @@ class RouterService:
         self.state.engines.on_place = self._wake
         self.state.engines.on_evict = self.resumes.evicted
         self.state.engines.on_version = lambda worker, version: self.weights.switched(
-            self.client, self.upstreams[worker].url, version)
+            cast(httpx.AsyncClient, self.client), self.upstreams[worker].url, version)
         for url in settings.workers:
             self.add_worker(url)
         self.journal = open_sessions_journal(self.state, settings.journal)
@@ -153,7 +152,7 @@ class RouterService:
                 fut.set_exception(exc)
 
     def _pinned_too_long(self, session: Session) -> ApiError:
-        kv = self.state.workers[session.traj.pin].kv_capacity
+        kv = self.state.workers[cast(int, session.traj.pin)].kv_capacity
         return ApiError(400, f"input: about {session.traj.context} tokens in all, more than the server that "
                              f"holds previous_response_id can hold ({kv - 1} at most)", "input")
 
@@ -165,8 +164,8 @@ class RouterService:
     async def _poll(self, up: Upstream, after_s: float = 0.0) -> None:
         if after_s > 0:
             await asyncio.sleep(after_s)
-        figures = await poll(self.client, up, max(1.0, 2 * self.settings.metrics_interval_s),
-                             self.settings.failures_to_down)
+        figures = await poll(cast(httpx.AsyncClient, self.client), up,
+                             max(1.0, 2 * self.settings.metrics_interval_s), self.settings.failures_to_down)
         if figures is not None:
             self.state.set_figures(up.id, figures)
         self.state.workers[up.id].alive = up.routable
@@ -379,8 +378,8 @@ class RouterService:
             self.release(session, 0, last=last)
         else:
             self.followers.start(session.traj.id, response_id, lambda wake: follow(
-                self.client, self.upstreams[worker], self.settings, self.owners, response_id, session.traj.context,
-                lambda generated: self.release(session, generated, last=last), wake))
+                cast(httpx.AsyncClient, self.client), self.upstreams[worker], self.settings, self.owners,
+                response_id, session.traj.context, lambda generated: self.release(session, generated, last=last), wake))
 
     async def settle_background(self, key: str | None, previous_response_id: str | None) -> None:
         """A turn may continue a background response the router still follows: see it end first."""
