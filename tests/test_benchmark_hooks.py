@@ -110,3 +110,18 @@ def test_sim_speed_bad_input_is_one_line(args, field):
     result = _sim_speed(*args)
     assert result.returncode == 2 and "Traceback" not in result.stderr
     assert result.stderr.startswith(f"error: {field}:") and len(result.stderr.splitlines()) == 1, result.stderr
+
+
+def test_owner_cost_forwards_every_request_and_times_each_part():
+    """The Rust data path's Python side on a fake `_datapath`: every ask forwarded (else it exits), each part timed."""
+    import subprocess
+    import sys
+
+    result = subprocess.run([sys.executable, str(REPO / "benchmarks" / "owner_cost.py"), "--rounds", "1",
+                             "--requests", "300", "--policies", "misa+cache-aware"],
+                            cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    figures = json.loads(result.stdout.splitlines()[-1])["policies"]["misa+cache-aware"]["this tree"]
+    parts = figures["us_per_request"]
+    assert set(parts) == {"ask", "end", "end's pass", "total"} and all(v > 0 for v in parts.values())
+    assert isinstance(figures["compiled"], bool)

@@ -5,7 +5,6 @@ text), its group (the whole prompt hashed: one prompt, one prefix-tree entry) an
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import zlib
 from array import array
@@ -28,8 +27,10 @@ def id_bytes(prompt: object) -> bytes | None:
     """A token-id prompt as 8-byte integers, which its group and its chain hash (80 us for 4,096 ids,
     so a request's parse makes them once); None for any other prompt, or one with an id past 2**63."""
     if isinstance(prompt, list) and prompt and type(prompt[0]) is int:
-        with contextlib.suppress(OverflowError):
+        try:
             return array("q", prompt).tobytes()
+        except OverflowError:
+            pass
     return None
 
 
