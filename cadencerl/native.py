@@ -31,10 +31,11 @@ MODULES = ("cadencerl.sim.engine", "cadencerl.sim.backend", "cadencerl.sim.prefi
            "cadencerl.policies.growth", "cadencerl.policies.cadence_rooms",
            # the controller, its state and the policies a run or a router decides with most: compiled
            # with the classes they read, since plain Python reads a compiled class's fields slowly
-           "cadencerl.core.trajectory", "cadencerl.core.worker", "cadencerl.core.actions", "cadencerl.core.pending",
-           "cadencerl.core.fresh", "cadencerl.core.credits", "cadencerl.core.view", "cadencerl.core.residency",
-           "cadencerl.core.policy", "cadencerl.core.controller", "cadencerl.core.live", "cadencerl.policies.base",
-           "cadencerl.policies.cadence", "cadencerl.policies.routers", "cadencerl.policies.prefix_tree",
+           "cadencerl.core.spec", "cadencerl.core.trajectory", "cadencerl.core.worker", "cadencerl.core.actions",
+           "cadencerl.core.pending", "cadencerl.core.fresh", "cadencerl.core.credits", "cadencerl.core.view",
+           "cadencerl.core.residency", "cadencerl.core.policy", "cadencerl.core.controller", "cadencerl.core.live",
+           "cadencerl.policies.base", "cadencerl.policies.cadence", "cadencerl.policies.routers",
+           "cadencerl.policies.prefix_tree",
            "cadencerl.admission.gated", "cadencerl.admission.misa", "cadencerl.admission.misa_learn",
            # the router's own part of a request: its parse, its session's entry and release, the pass's service
            "cadencerl.router.requests", "cadencerl.router.prompt_keys", "cadencerl.router.live",

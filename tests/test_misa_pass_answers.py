@@ -51,10 +51,11 @@ def test_outside_a_pass_nothing_is_kept() -> None:
     calls = []
     assert misa._keep("k", lambda view: calls.append(view) or len(calls), view) == 1
     assert misa._keep("k", lambda view: calls.append(view) or len(calls), view) == 2
-    with misa.within_pass():
-        assert [misa._keep("k", lambda view: calls.append(view) or len(calls), view) for _ in range(2)] == [3, 3]
-        misa.applied()
-        assert misa._keep("k", lambda view: calls.append(view) or len(calls), view) == 4
+    misa.begin_pass()
+    assert [misa._keep("k", lambda view: calls.append(view) or len(calls), view) for _ in range(2)] == [3, 3]
+    misa.applied()
+    assert misa._keep("k", lambda view: calls.append(view) or len(calls), view) == 4
+    misa.end_pass()
     assert misa._kept is None
 
 

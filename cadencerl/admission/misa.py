@@ -12,7 +12,6 @@ The formulas, the reasons and what was measured for each: docs/policies/misa-t.m
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from itertools import chain
 
@@ -58,7 +57,7 @@ class MisaT:
     boost: float = 1.0              # the climber's multiplier on the KV bands (1: hold what is measured)
     engine_share: float = 1.0       # of the admitted sessions, the share running or queued at an engine
     _next_adapt: float = 0.0
-    _kept: dict | None = None       # this pass's answers, until the next action is applied (`within_pass`)
+    _kept: dict | None = None       # this pass's answers, until the next action is applied (`begin_pass`)
 
     @property
     def pooled(self) -> bool:
@@ -183,16 +182,15 @@ class MisaT:
 
     # -- the gate ---------------------------------------------------------------------------------
 
-    @contextmanager
-    def within_pass(self) -> Iterator[None]:
-        """Answers kept from one applied action to the next of a decision pass: only an applied action
-        changes what they read there, and a router asks the same ones up to three times an admission
-        (the policy's choice, its workers, the controller's check); `applied` forgets them."""
+    def begin_pass(self) -> None:
+        """Answers kept from one applied action to the next of a decision pass, until `end_pass`: only
+        an applied action changes what they read there, and a router asks the same ones up to three
+        times an admission (the policy's choice, its workers, the controller's check); `applied`
+        forgets them. (Not a context manager: a generator's, a pass, was 2% of a router's request.)"""
         self._kept = {}
-        try:
-            yield
-        finally:
-            self._kept = None
+
+    def end_pass(self) -> None:
+        self._kept = None
 
     def applied(self) -> None:
         """An action of the pass was applied: the kept answers may be stale."""
@@ -333,12 +331,15 @@ class Admitted(Gated):
     def decide(self, view: PoolView) -> Iterator[Action]:
         misa = self.misa
         misa.observe(view)
-        with misa.within_pass():
+        misa.begin_pass()
+        try:
             for action in chain(keep_home(view) if self.queues_at_engine else (), self.inner.decide(view)):
                 yield action
                 misa.applied()                 # by the controller, before it asks for the next
                 if isinstance(action, Admit):
                     misa.admitted_session(view.workers[action.worker].residents[action.traj])
+        finally:
+            misa.end_pass()
 
 
 def keep_home(view: PoolView) -> Iterator[Action]:
