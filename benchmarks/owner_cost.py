@@ -1,6 +1,6 @@
 """What the Rust data path's Python side costs a request at one connection, without HTTP.
 
-`cadencerl router --data-path rust` hands each request to Python (`rust_path.RustOwner`): its ask
+`cadencerl router --data-path rust` hands each request to Python (`rust_owner.RustOwner`): its ask
 (the parse, the session's entry and the decision pass that places it) lies on the request's path;
 its end and the pass the end schedules run while the reply travels. Here a fake `_datapath` takes
 the answers, one request at a time as one connection sends them (an ask, then its end with the
@@ -44,12 +44,17 @@ class FakeDataPath:
 
 async def one_policy(policy: str, requests: int) -> dict[str, float]:
     """Microseconds a request of each part, in this process (this tree's `cadencerl`)."""
-    from cadencerl.router import rust_path
     from cadencerl.router.app import create_app
     from cadencerl.router.settings import make_settings
 
-    fake = rust_path._datapath = FakeDataPath()
-    owner = rust_path.RustOwner(create_app(make_settings(workers=["http://127.0.0.1:9"], policy=policy)), "")
+    fake, app = FakeDataPath(), create_app(make_settings(workers=["http://127.0.0.1:9"], policy=policy))
+    try:
+        from cadencerl.router.rust_owner import RustOwner
+        owner = RustOwner(app, "", fake)
+    except ImportError:         # a tree from before the owner had a module of its own (--compare-tree)
+        from cadencerl.router import rust_path
+        rust_path._datapath = fake
+        owner = rust_path.RustOwner(app, "")
     spent = dict.fromkeys(PARTS, 0.0)
     warm = 2_000
     for rid in range(warm + requests):

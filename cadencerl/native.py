@@ -39,7 +39,7 @@ MODULES = ("cadencerl.sim.engine", "cadencerl.sim.backend", "cadencerl.sim.prefi
            "cadencerl.admission.gated", "cadencerl.admission.misa", "cadencerl.admission.misa_learn",
            # the router's own part of a request: its parse, its session's entry and release, the pass's service
            "cadencerl.router.requests", "cadencerl.router.prompt_keys", "cadencerl.router.live",
-           "cadencerl.router.engines", "cadencerl.router.service")
+           "cadencerl.router.engines", "cadencerl.router.service", "cadencerl.router.rust_owner")
 PURE_ENV = "CADENCERL_PURE_PYTHON"
 
 

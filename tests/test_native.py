@@ -107,3 +107,19 @@ def test_a_compiled_file_the_build_did_not_make_is_never_imported(tmp_path: Path
     run = probe("from cadencerl import native; from cadencerl.policies import laminar; "
                 "print(native.compiled(), laminar.__file__)")
     assert run.stdout.split() == ["True", str(copy / "policies" / "laminar.py")]
+
+
+@pytest.mark.parametrize("module", native.MODULES)
+def test_no_compiled_function_catches_two_kinds_under_one_name(module):
+    """mypyc types a name by its first binding: a second `except Other as exc` in the same function
+    then fails with a TypeError where it should catch (a router's refusal once became a 500)."""
+    import ast
+
+    for fn in ast.walk(ast.parse(native.source(module).read_text())):
+        if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            kinds: dict[str, str] = {}
+            for node in ast.walk(fn):
+                if isinstance(node, ast.ExceptHandler) and node.name and node.type is not None:
+                    kind = kinds.setdefault(node.name, ast.unparse(node.type))
+                    assert kind == ast.unparse(node.type), \
+                        f"{module}.{fn.name}: `{node.name}` is {kind} and {ast.unparse(node.type)}"

@@ -253,8 +253,8 @@ class RouterService:
         timer = loop.call_later(self.settings.hold_timeout_s, expire, fut)   # (not wait_for: a task a wait)
         try:
             await fut
-        except TooLong as exc:            # withdrawn already (`_refuse_unfittable`)
-            raise too_long(exc.tokens, field, exc.largest) from None
+        except TooLong as long:           # withdrawn already (`_refuse_unfittable`)
+            raise too_long(long.tokens, field, long.largest) from None
         except BaseException as exc:      # the wait passed its bound, or the client left
             self.waiters.pop(traj.id, None)
             timed_out = isinstance(exc, TimeoutError)
