@@ -1,5 +1,7 @@
 """The simulator's hot modules, the controller, the state it reads and the policies it runs most
-(CadenceRL, the request routers, MISA-T) compiled to C by mypyc (`make native`), or run as plain Python.
+(CadenceRL, the request routers, MISA-T), and the router's own part of a request (its parse, its
+session's entry and release, the Rust data path's owner) compiled to C by mypyc (`make native`), or
+run as plain Python.
 Compiled, a policy's traits and the controller are still subclassed and overridden in plain Python
 (core/policy.py says how); a compiled class takes no patched method (tests/conftest.py).
 
