@@ -16,10 +16,10 @@ from typing import Any, Protocol, cast
 from cadencerl.core.trajectory import State
 from cadencerl.router.app import enter_at_once, place, rejection
 from cadencerl.router.backpressure import InFlightLimit
+from cadencerl.router.live import Session
 from cadencerl.router.proxy import _completion_tokens, timed_out
 from cadencerl.router.rejections import Rejected
 from cadencerl.router.requests import ApiError, check_content_type, parse_request
-from cadencerl.router.live import Session
 from cadencerl.router.service import RouterService
 
 FIELDS = {"/v1/completions": "prompt", "/v1/chat/completions": "messages"}
