@@ -302,7 +302,7 @@ class LocalPool:
                     stdout=log,
                     stderr=subprocess.STDOUT,
                     env=env,
-                    start_new_session=True,
+                    process_group=0,    # its own group, the caller's session: docs/internals.md
                     cwd=self.state_dir,
                     preexec_fn=term_with_parent if cfg.die_with_parent else None,
                 )

@@ -26,7 +26,7 @@ from cadencerl.devpool.tiny_model import FORMAT_VERSION, MARKER, TINY_ARCH, buil
 from cadencerl.engine.client import Timeouts, VLLMClient
 from cadencerl.engine.errors import EngineConnectionError, EngineHTTPError, EngineTimeoutError, ModelMismatchError
 from cadencerl.engine.server_metrics import parse_metrics
-from tests.engine.waits import poll_metrics, wait_for_tokens
+from tests.engine.waits import pause_while_running, poll_metrics, wait_for_tokens
 
 T = TypeVar("T")
 MODEL = "tiny"
@@ -226,12 +226,11 @@ def test_abort_then_resume_on_other_server(engine_pool: LocalPool) -> None:
 @pytest.mark.engine
 @pytest.mark.timeout(330)
 def test_cancel_disconnects_and_metrics_parse(engine_pool: LocalPool) -> None:
-    """Once the streaming request has tokens, the server is paused with the request and its KV kept
-    in flight (vLLM's `/pause?mode=keep&clear_cache=false`), so the gauges are read while it cannot finish: they lag the stream
-    (they refresh on the engine's stats), and a starved machine used to let the request end before a
-    reading showed it. On a starved machine it can still finish before the pause lands; that attempt
-    is retried with a new id (three tries). Cancelling the stream then disconnects, and once resumed
-    the server shows the request gone and its KV freed."""
+    """The server is paused with the streaming request and its KV kept in flight (vLLM's
+    `/pause?mode=keep&clear_cache=false`), so the gauges are read while it cannot finish: they lag
+    the stream (they refresh on the engine's stats). On a starved machine it can still finish before
+    the pause lands; that attempt is retried with a new id (three tries). Cancelling the stream then
+    disconnects, and once resumed the server shows the request gone and its KV freed."""
     prompt = PROMPT * 2
     long = engine_pool.config.max_model_len * 3 // 4 - len(prompt)   # a quarter of the KV left spare
     url = engine_pool.urls[1]
@@ -245,21 +244,15 @@ def test_cancel_disconnects_and_metrics_parse(engine_pool: LocalPool) -> None:
                 for attempt in range(3):
                     streamed: list[int] = []
                     task = asyncio.create_task(client.generate(f"cancel-{attempt}", prompt, long, streamed.extend))
-                    await wait_for_tokens(streamed, 8, task)
-                    # keep the request and its KV (vLLM 0.32 clears caches on any pause unless told not to)
-                    keep = {"mode": "keep", "clear_cache": "false"}
-                    (await dev.post("/pause", params=keep, timeout=30)).raise_for_status()
-                    busy = await poll_metrics(
-                        client,
+                    busy = await pause_while_running(
+                        client, dev, task, streamed,
                         lambda m: m.num_requests_running == 1
                         and 0 < m.kv_cache_usage
                         and m.prefix_cache_hits_total >= before.prefix_cache_hits_total + 64,
                         "the streaming request running with its prefix hit",
-                        unless=task.done,
                     )
                     if busy is not None:
                         break
-                    (await dev.post("/resume", timeout=30)).raise_for_status()
                     assert (await task).finish_reason == "length"
                 assert busy is not None, "three requests finished before the pause landed"
                 assert busy.kv_cache_usage <= 1

@@ -23,7 +23,7 @@ from cadencerl.config import builtin_scenario
 from cadencerl.devpool.local_pool import SERVED_MODEL_NAME, LocalPool
 from cadencerl.devpool.weights import WeightPusher, WeightVersions, perturb_safetensors
 from cadencerl.engine.client import GenerationOutcome, VLLMClient
-from tests.engine.waits import poll_metrics
+from tests.engine.waits import pause_while_running, poll_metrics
 
 pytestmark = pytest.mark.timeout(420)
 
@@ -148,10 +148,9 @@ def test_an_update_in_place_keeps_the_request_in_flight_and_goes_on_with_the_new
                 httpx.AsyncClient(base_url=url, trust_env=False) as dev:
             base = await client.generate(f"base-{version}", prompt, n)
             kept = asyncio.create_task(client.generate(f"kept-{version}", prompt, n))
-            await asyncio.sleep(1.0)       # admitted by then; its gauges may lag until the pause (see above)
-            (await dev.post("/pause", params={"mode": "keep", "clear_cache": "false"}, timeout=30)).raise_for_status()
-            frozen = await poll_metrics(client, lambda m: m.num_requests_running == 1 and m.kv_cache_usage > 0,
-                                        "the request frozen on its KV", unless=kept.done)
+            frozen = await pause_while_running(client, dev, kept, [],
+                                               lambda m: m.num_requests_running == 1 and m.kv_cache_usage > 0,
+                                               "the request frozen on its KV")
             await asyncio.to_thread(pusher, 1, url, version, keep_kv=True)   # pauses as kept, reloads, resumes
             outcome = await kept
             after = await poll_metrics(client, lambda m: m.num_requests_running == 0, "the request's end counted")
