@@ -44,11 +44,14 @@ def free_port() -> int:
 
 
 class Proc:
-    """A child process in its own process group, stopped (TERM, then KILL) on exit."""
+    """A child process in its own process group, stopped (TERM, then KILL) on exit. It stays in the
+    caller's session: under per-session scheduling (autogroup) a session of its own made it an equal
+    of everything else on the machine, and a woken thread of it could wait seconds on the run queue
+    (docs/internals.md, devpool)."""
 
     def __init__(self, args: list[str], log: Path, env: dict | None = None, tree: Path = ROOT) -> None:
         self.log = log.open("w")
-        self.p = subprocess.Popen(args, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True,
+        self.p = subprocess.Popen(args, stdout=self.log, stderr=subprocess.STDOUT, process_group=0,
                                   cwd=tree, env={**os.environ, "PYTHONPATH": str(tree), **(env or {})})
 
     def wait_http(self, url: str, timeout_s: float = 60.0, processes: int = 1) -> None:
