@@ -139,8 +139,8 @@ def test_an_update_in_place_keeps_the_request_in_flight_and_goes_on_with_the_new
     pause lands (streamed chunks can arrive in one burst at the end), and that attempt is retried
     at the next version (three tries)."""
     url, prompt = engine_pool.urls[1], [5, 901, 77, 1234, 42, 3000]
-    n = engine_pool.config.max_model_len // 3   # long: the API server, sharing the cores with the
-    # engine, may answer nothing for seconds while it decodes (a 1,024-token request ended unseen);
+    n = engine_pool.config.max_model_len // 3   # long: a starved client may see nothing for seconds
+    # while the server decodes (a 1,024-token request ended unseen; docs/internals.md, devpool);
     # not longer: an attempt decodes it twice, at about 60 tokens/s on a loaded CI machine
 
     async def attempt(version: int) -> tuple[list[int], GenerationOutcome, int] | None:

@@ -17,8 +17,9 @@ from cadencerl.engine.server_metrics import EngineMetrics
 async def wait_for_tokens(received: list[int], count: int, task: asyncio.Task[Any],
                           timeout_s: float = 90.0) -> int:
     """Until `count` tokens arrived or `task` (the request) ended, whichever first: a starved
-    machine can hold a stream's chunks back until its request ends (seen in CI: none of 6,000 tokens
-    in 30 s while the server was generating), and the caller then retries. The bound fails only when
+    client can see a stream only at its request's end (seen in CI: none of 6,000 tokens in 30 s
+    while the server was generating; with the servers in sessions of their own, docs/internals.md,
+    devpool), and the caller then retries. The bound fails only when
     it has passed on two wake-ups in a row, so a stall of this loop itself (the reader not yet run)
     is not mistaken for a silent stream. Returns the tokens seen by then (fewer than `count`: the
     request ended first), for the caller's message."""
