@@ -16,12 +16,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
+
+from tree_child import run_child
 
 ROWS = [(policy, classes, servers) for servers in (1, 64) for policy in ("misa+cache-aware", "cache-aware")
         for classes in (1, 3)]
@@ -66,14 +66,8 @@ def one_row(policy: str, classes: int, servers: int, in_flight: int, per_pass: i
 
 def run_tree(tree: Path | None, args: argparse.Namespace) -> dict[str, float]:
     """Every row in a fresh process on `tree` (None: this one); microseconds by row name."""
-    env = dict(os.environ, CADENCERL_PURE_PYTHON="1")
-    if tree is not None:
-        env["PYTHONPATH"] = str(tree)
-    cmd = [sys.executable, __file__, "--child", "--in-flight", str(args.in_flight), "--per-pass", str(args.per_pass),
-           "--requests", str(args.requests)]
-    out = subprocess.run(cmd, env=env, cwd=tree or Path(__file__).resolve().parent.parent, check=True,
-                         capture_output=True, text=True).stdout
-    return json.loads(out.strip().splitlines()[-1])
+    return run_child(__file__, ["--in-flight", str(args.in_flight), "--per-pass", str(args.per_pass),
+                                "--requests", str(args.requests)], tree, CADENCERL_PURE_PYTHON="1")
 
 
 def row_name(policy: str, classes: int, servers: int) -> str:

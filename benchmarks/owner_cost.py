@@ -17,12 +17,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
+
+from tree_child import run_child
 
 BODY = b'{"model": "tiny", "prompt": [1, 2, 3, 4, 5, 6, 7, 8], "max_tokens": 16, "stream": false}'
 HEADERS = {"content-type": "application/json", "host": "router", "content-length": str(len(BODY))}
@@ -75,13 +75,7 @@ async def one_policy(policy: str, requests: int) -> dict[str, float]:
 
 def run_tree(tree: Path | None, policy: str, requests: int) -> dict:
     """One policy in a fresh process on `tree` (None: this one)."""
-    env = dict(os.environ)
-    if tree is not None:
-        env["PYTHONPATH"] = str(tree)
-    cmd = [sys.executable, __file__, "--child", "--policies", policy, "--requests", str(requests)]
-    out = subprocess.run(cmd, env=env, cwd=tree or Path(__file__).resolve().parent.parent, check=True,
-                         capture_output=True, text=True).stdout
-    return json.loads(out.strip().splitlines()[-1])
+    return run_child(__file__, ["--policies", policy, "--requests", str(requests)], tree)
 
 
 def main() -> None:
