@@ -102,17 +102,18 @@ def test_a_push_changes_greedy_decoding_and_the_reported_version(engine_pool: Lo
 
 
 @pytest.mark.engine
-def test_a_run_pushes_every_version_and_consumes_nothing_staler_than_eta(engine_pool: LocalPool,
-                                                                         pusher: WeightPusher) -> None:
+def test_a_run_pushes_the_versions_it_samples_and_consumes_nothing_staler_than_eta(engine_pool: LocalPool,
+                                                                                   pusher: WeightPusher) -> None:
     s = builtin_scenario("cpu-pair").with_overrides(
         workload={"trajectories": 48, "response": {"median": 64, "sigma": 1.0, "cap": 480}},
         trainer={"batch_size": 12})
     eta = s.controller.eta
     with RolloutPool.from_scenario(s, engine_pool.urls, kv_tokens=1536, deadline_s=240,
                                    weight_update=pusher) as pool:
-        published = []
+        published, generated_by = [], set()
         for batch in pool.batches():
             assert max(batch.staleness()) <= eta
+            generated_by.update(v for sample in batch.samples for v in sample.versions)
             published.append(pool.publish())
         result = pool.result()
     assert result["trajectories_completed"] == 48
@@ -122,7 +123,11 @@ def test_a_run_pushes_every_version_and_consumes_nothing_staler_than_eta(engine_
         mine = [p.version for p in pushes if p.worker == worker]
         assert mine and mine == sorted(set(mine)), mine           # each version once, in order
         assert pusher.server_version(url) == str(mine[-1])
-    assert {p.version for p in pushes} >= {1, 2, 3}
+    # A worker moves to the newest version when it empties, so one busy across a publish skips that
+    # version: which versions were pushed is timing. What must hold: every version that generated a
+    # token the trainer got was in a server (0 is the base the servers start with).
+    assert generated_by - {0} <= {p.version for p in pushes} <= {0, *published}
+    assert max(generated_by) >= len(published) - 1 - eta       # the last batch is within eta of the trainer
     pauses = [p.pause_s for p in pushes]
     print(f"\n{len(pauses)} pushes; pause median {1000 * statistics.median(pauses):.0f} ms, "
           f"max {1000 * max(pauses):.0f} ms")
