@@ -2,7 +2,14 @@
 
 from __future__ import annotations
 
+import pytest
+
 from cadencerl.core.actions import Admit, Advance, Evict, Place
+from cadencerl.core.worker import Worker
+from cadencerl.hardware import catalog
+from cadencerl.hardware.perf import make_perf
+from cadencerl.policies.cadence import Cadence
+from cadencerl.policies.decode_share import DecodeRate
 from tests.pools import cadence, pool, traj, worker
 
 
@@ -393,3 +400,50 @@ def test_live_servers_measure_growth_over_a_tick_unless_the_scenario_says_otherw
     assert live_scenario(s).cadence.growth_window_s == s.controller.tick_s
     assert live_scenario(s.with_knobs(delta=64)).cadence.growth_window_s == s.controller.tick_s   # an override keeps it
     assert live_scenario(s.with_overrides(cadence={"growth_window_s": 0.0})).cadence.growth_window_s == 0.0
+
+
+class FixedRates(DecodeRate):
+    """Decode rates given per worker id (None: no perf model for that worker)."""
+
+    def __init__(self, rates: dict[int, float | None]) -> None:
+        super().__init__({})
+        self.rates = rates
+
+    def __call__(self, w, context: int) -> float | None:
+        return self.rates[w.id]
+
+
+def test_a_decode_weighted_share_follows_what_a_worker_decodes_not_what_it_holds():
+    def placed(rates: dict[int, float | None] | None, share_by: str = "decode") -> dict[int, int]:
+        policy = Cadence(cadence(spread={"fair_share": 1.0, "share_by": share_by}).params, 1.0,
+                         decode_rate=None if rates is None else FixedRates(rates))
+        old = [worker(i, cap=10_000, residents=[traj(10 * i + j, 100) for j in range(1, 4)]) for i in (1, 2)]
+        small = worker(0, cap=10_000, version=1)
+        large = worker(3, cap=30_000, version=1, residents=[traj(40 + j, 100, group=40 + j) for j in range(5)])
+        fresh = [traj(100 + i, 50, group=100 + i) for i in range(12)]
+        acts = actions(view([small, *old, large], policy, fresh=fresh, trainer_version=1, tags={0: 100},
+                            consumed=100, batch=100, total=400))
+        return {wid: sum(a.worker == wid for a in acts) for wid in (0, 3)}
+
+    by_kv = {0: 4, 3: 7}     # shares of 6 at the mean weight: 4 for the small worker, 12 for the large one
+    assert placed(None, "kv") == by_kv
+    # the small worker decodes three times what each other one does: its share is 12, the large one's 4
+    # (already held 5 times over), so the whole budget goes to the small one
+    assert placed({0: 3.0, 1: 1.0, 2: 1.0, 3: 1.0}) == {0: 12, 3: 0}
+    assert placed({0: 3.0, 1: 1.0, 2: 1.0, 3: None}) == by_kv        # a worker without a model: KV
+    assert placed({0: 3.0, 1: 1.0, 2: 1.0, 3: 1.0}, "kv") == by_kv   # the option off: the rates are unused
+    assert placed(None) == by_kv                                     # no rates given: KV
+
+
+def test_decode_rate_is_a_full_worker_over_its_step_time_by_the_catalog():
+    model = catalog.model("tiny")
+    fast, slow = (make_perf(catalog.accelerator(a), model, 1) for a in ("cpu-fast", "cpu-slow"))
+    rate = DecodeRate({("cpu-fast", 1): fast, ("cpu-slow", 1): slow})
+    small_fast = Worker(0, "cpu-fast", "local", 1, 4096, 32, 0)
+    large_slow = Worker(1, "cpu-slow", "local", 1, 16384, 64, 1)
+    # KV bounds the fast worker at 512 tokens a context (8 of them), its 32 slots at 64
+    assert rate(small_fast, 512) == pytest.approx(8 / fast.decode_step_time(8, 512))
+    assert rate(small_fast, 64) == pytest.approx(32 / fast.decode_step_time(32, 64))
+    assert rate(Worker(2, "H800", "x", 1, 4096, 32, 0), 512) is None           # no model for it
+    # the pair CadenceRL trailed on: four times the KV, still less decoded at every context
+    assert all(rate(small_fast, c) > rate(large_slow, c) for c in (64, 256, 512, 1024))

@@ -81,3 +81,10 @@ def test_compare_grouped_gives_the_baselines_grouped_routing_and_leaves_cadence_
     assert r.exit_code == 0, r.output
     names = [x["policy"] for x in json.loads(r.stdout[r.stdout.index("["):])]
     assert names == ["cadence", "areal-grouped"]
+
+
+def test_the_decode_share_variant_gets_the_pools_perf_models_and_the_default_does_not():
+    s = builtin_scenario("cpu-hetero")
+    assert make_policy("cadence", s).decode_rate is None
+    policy = make_policy(str(ROOT / "benchmarks" / "variants" / "cadence-decode-share.yaml"), s)
+    assert policy.params.spread.share_by == "decode" and set(policy.decode_rate.perfs) == {("cpu-fast", 1), ("cpu-slow", 1)}

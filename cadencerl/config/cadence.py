@@ -27,7 +27,11 @@ class SpreadSpec(Strict):
     two versions in a row, under the version or the one before it, or never."""
     fair_share: float = Field(default=1.5, ge=0, le=1000)
     """Until the home is taken whenever feasible, a worker admits fresh work only up to this multiple
-    of its share (by KV capacity) of the pool's residents plus the admissible work; 0: no limit."""
+    of its share (by `share_by`) of the pool's residents plus the admissible work; 0: no limit."""
+    share_by: Literal["kv", "decode"] = "kv"
+    """What a worker's fair share follows: its KV capacity, or the tokens per second it decodes with
+    its KV and slots full at the pool's mean context (the pool's perf models; a worker without one,
+    such as a router's uniform fleet, falls back to KV)."""
 
 
 class DrainSpec(Strict):

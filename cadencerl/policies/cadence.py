@@ -24,14 +24,18 @@ from cadencerl.core.view import PoolView
 from cadencerl.core.worker import Worker
 from cadencerl.policies.base import PromptHomes
 from cadencerl.policies.cadence_rooms import FirstFit, RoomIndex, RoomTerms
+from cadencerl.policies.decode_share import DecodeRate
 from cadencerl.policies.growth import GrowthMeter
 
 
 @mypyc_attr(allow_interpreted_subclasses=True)
 class Cadence(Policy):
-    def __init__(self, params: CadenceSpec, tick_s: float, name: str = "cadence") -> None:
+    def __init__(self, params: CadenceSpec, tick_s: float, name: str = "cadence",
+                 decode_rate: DecodeRate | None = None) -> None:
+        """`decode_rate`: the pool's, for `spread.share_by: decode` (without it shares follow KV)."""
         self.name = name
         self.params = params
+        self.decode_rate = decode_rate if params.spread.share_by == "decode" else None
         self.delta = params.delta
         self.floor_frac = params.headroom_floor
         self.kv_transfer = params.kv_preparation
@@ -200,13 +204,28 @@ class Cadence(Policy):
 
     def _fair_shares(self, view: PoolView, v: int) -> dict[int, float]:
         """Each live worker's share of the pool's residents plus the fresh work admissible under `v`, in
-        proportion to its KV capacity and scaled by `spread.fair_share`: while spreading, a worker admits
-        fresh work only up to it, so the first worker to reach a version does not take the whole budget."""
+        proportion to its weight (`_share_weights`) and scaled by `spread.fair_share`: while spreading, a
+        worker admits fresh work only up to it, so the first worker to reach a version does not take the
+        whole budget."""
         live = view.alive()
         residents = sum(len(w.residents) for w in live)
         per_worker = int(self.params.spread.fair_share * (residents + max(view.admissible(v), 0)) / len(live)) + 1
-        mean_kv = sum(w.kv_capacity for w in live) / len(live)
-        return {w.id: per_worker * w.kv_capacity / mean_kv for w in live}
+        weights = self._share_weights(live, residents)
+        mean = sum(weights) / len(live)
+        return {w.id: per_worker * weight / mean for w, weight in zip(live, weights)}
+
+    def _share_weights(self, live: list[Worker], residents: int) -> list[float]:
+        """KV capacity, or with `spread.share_by: decode` what each worker decodes with its KV full at
+        the pool's mean committed context (the decode reserve while the pool is empty), in whole tokens
+        per second as KV is in whole tokens: equal workers then get exactly equal shares, where a
+        float's rounding would move a share across a whole resident."""
+        rate = self.decode_rate
+        if rate is not None:
+            context = sum(w.kv_used for w in live) // residents if residents else self.delta
+            rates = [rate(w, context) for w in live]
+            if all(r is not None for r in rates):
+                return [float(max(1, round(r or 0.0))) for r in rates]
+        return [float(w.kv_capacity) for w in live]
 
     def _spread_pick(self, rule: str, traj: Trajectory, index: RoomIndex, need: int, mean_load: float,
                      caps: dict[int, float] | None) -> Worker | None:

@@ -8,6 +8,7 @@ from cadencerl.core.spec import TrajectorySpec, total_tokens
 from cadencerl.core.worker import Worker
 from cadencerl.hardware import catalog
 from cadencerl.hardware.perf import WorkerPerf, make_perf
+from cadencerl.policies.decode_share import DecodeRate
 
 
 def sweep_rate(perf: WorkerPerf) -> float:
@@ -19,6 +20,13 @@ def sweep_rate(perf: WorkerPerf) -> float:
     """
     a = perf.accel
     return a.mem_bw_gbs * perf.tp * catalog.GB / (perf.kv_capacity_tokens() * perf.kv_bytes_per_token)
+
+
+def decode_rate(scenario: Scenario) -> DecodeRate:
+    """The pool's perf model per accelerator type and TP, for CadenceRL's decode-weighted fair share."""
+    model = catalog.model(scenario.model)
+    return DecodeRate({(g.accelerator, g.tp): make_perf(catalog.accelerator(g.accelerator), model, g.tp)
+                       for g in scenario.pool})
 
 
 def build_pool(scenario: Scenario) -> tuple[list[Worker], list[WorkerPerf]]:

@@ -25,6 +25,7 @@ from cadencerl.policies.least_loaded import LeastLoaded
 from cadencerl.policies.routers import (VERSION_SWITCHES, CacheAware, ConsistentHash, LeastLoadedRouter, RoundRobin,
                                         StickyLeastLoaded)
 from cadencerl.policies.sync import Synchronous
+from cadencerl.runs.assemble import decode_rate
 
 
 def _tuned_cache_aware(scenario: Scenario) -> Policy:
@@ -37,7 +38,8 @@ def _tuned_cache_aware(scenario: Scenario) -> Policy:
 
 def _cadence(name: str, **mechanism: bool) -> Callable[[Scenario], Policy]:
     """CadenceRL, or one of the paper's ablations: one mechanism switched off, under its own name."""
-    return lambda s: Cadence(s.cadence.model_copy(update=mechanism), s.controller.tick_s, name=name)
+    return lambda s: Cadence(s.cadence.model_copy(update=mechanism), s.controller.tick_s, name=name,
+                             decode_rate=decode_rate(s))
 
 
 CADENCE_ABLATIONS = {
@@ -143,7 +145,8 @@ def _placement(name: str, scenario: Scenario, grouped: bool, cache_aware: dict |
     """The placement policy `name` names: a registered one, or a CadenceRL variant file."""
     if is_variant_path(name):
         variant = load_variant_file(name)
-        return Cadence(variant.applied(scenario.cadence), scenario.controller.tick_s, name=variant.label)
+        return Cadence(variant.applied(scenario.cadence), scenario.controller.tick_s, name=variant.label,
+                       decode_rate=decode_rate(scenario))
     if name in RETIRED:
         raise ConfigError(f"policy: {name!r} {RETIRED[name]}")
     if name not in FACTORIES:
