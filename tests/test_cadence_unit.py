@@ -441,9 +441,10 @@ def test_decode_rate_is_a_full_worker_over_its_step_time_by_the_catalog():
     rate = DecodeRate({("cpu-fast", 1): fast, ("cpu-slow", 1): slow})
     small_fast = Worker(0, "cpu-fast", "local", 1, 4096, 32, 0)
     large_slow = Worker(1, "cpu-slow", "local", 1, 16384, 64, 1)
-    # KV bounds the fast worker at 512 tokens a context (8 of them), its 32 slots at 64
-    assert rate(small_fast, 512) == pytest.approx(8 / fast.decode_step_time(8, 512))
-    assert rate(small_fast, 64) == pytest.approx(32 / fast.decode_step_time(32, 64))
+    # KV bounds the fast worker at 512 tokens a context (8 of them), its 32 slots at 64; a step reads
+    # every resident's context
+    assert rate(small_fast, 512) == pytest.approx(8 / fast.decode_step_time(8, 8 * 512))
+    assert rate(small_fast, 64) == pytest.approx(32 / fast.decode_step_time(32, 32 * 64))
     assert rate(Worker(2, "H800", "x", 1, 4096, 32, 0), 512) is None           # no model for it
     # the pair CadenceRL trailed on: four times the KV, still less decoded at every context
     assert all(rate(small_fast, c) > rate(large_slow, c) for c in (64, 256, 512, 1024))

@@ -30,8 +30,8 @@ class SpreadSpec(Strict):
     of its share (by `share_by`) of the pool's residents plus the admissible work; 0: no limit."""
     share_by: Literal["kv", "decode"] = "kv"
     """What a worker's fair share follows: its KV capacity, or the tokens per second it decodes with
-    its KV and slots full at the pool's mean context (the pool's perf models; a worker without one,
-    such as a router's uniform fleet, falls back to KV)."""
+    its KV and slots full at the pool's mean context (the pool's perf models; if a worker has none,
+    such as in a router's uniform fleet, every share follows KV)."""
 
 
 class DrainSpec(Strict):

@@ -152,6 +152,7 @@ class WorkerPerf:
         return DecodeLine(base, mem0 + mem1 * context0, mem1 * batch, cmp0 + cmp1 * context0, cmp1 * batch)
 
     def decode_step_time(self, batch: int, context: int) -> float:
+        """One step of `batch` sequences whose contexts sum to `context`."""
         return self.decode_line(batch, context).step(0)
 
     def decode_alone(self, turns: list[tuple[int, int]]) -> float:

@@ -26,4 +26,4 @@ class DecodeRate:
             return None
         context = max(context, 1)
         batch = max(1, min(w.max_num_seqs, w.kv_capacity // context))
-        return batch / perf.decode_step_time(batch, context)
+        return batch / perf.decode_step_time(batch, batch * context)   # the step reads every context
