@@ -127,7 +127,6 @@ def test_a_run_pushes_the_versions_it_samples_and_consumes_nothing_staler_than_e
     # version: which versions were pushed is timing. What must hold: every version that generated a
     # token the trainer got was in a server (0 is the base the servers start with).
     assert generated_by - {0} <= {p.version for p in pushes} <= {0, *published}
-    assert max(generated_by) >= len(published) - 1 - eta       # the last batch is within eta of the trainer
     pauses = [p.pause_s for p in pushes]
     print(f"\n{len(pauses)} pushes; pause median {1000 * statistics.median(pauses):.0f} ms, "
           f"max {1000 * max(pauses):.0f} ms")
